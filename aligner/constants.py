@@ -1,0 +1,32 @@
+"""Names and numbers shared across the package: special tokens, model-directory files, defaults."""
+
+# Special token ids, identical in every vocabulary.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+
+# BPE continuation marker of subword-nmt ("Hans@@ ards" = "Hansards").
+BPE_SEPARATOR = "@@"
+
+# Directions. "fwd" models p(target | source), "rev" models p(source | target).
+DIRECTIONS = ("fwd", "rev")
+
+# Model directory layout (see README "Model directory").
+MODEL_FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+VERSION_NAME = "version"
+BPE_CODES_SRC = "bpe.src.codes"
+BPE_CODES_TGT = "bpe.tgt.codes"
+VOCAB_SRC = "vocab.src.json"
+VOCAB_TGT = "vocab.tgt.json"
+PARAMS_BEST = "params.best.pt"
+PARAMS_LAST = "params.last.pt"
+TRAINING_STATE = "training_state.pt"
+METRICS_NAME = "metrics.tsv"
+LOG_NAME = "train.log"
+
+# Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
+HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
+DEFAULT_HEURISTIC = "grow-diag"
+
+DEFAULT_SEED = 1
