@@ -1,0 +1,265 @@
+"""Alignment layer on a frozen transformer, and attention optimization (Zenkel et al., 2019).
+
+Zenkel, Wuebker and DeNero, *Adding Interpretable Attention to Neural Translation Models
+Improves Word Alignment* (2019). A trained transformer (the *base*) is frozen; on top of it one
+extra single-head attention layer learns to predict the next target word from the source alone:
+
+    q_i   = W_q s_i                       s_i: base decoder output at target position i (B, I+1, d)
+    k_j   = W_k E_j,  v_j = W_v E_j       E_j: source representation (B, J+1, d), see KEY_KINDS
+    α_ij  = softmax_j (q_i · k_j / √d)    over real source words only (EOS and padding masked)
+    c_i   = Σ_j α_ij v_j                  no residual, no self-attention, no feed-forward
+    p(e_i | e_<i, f) = softmax(W_o c_i + b_o)        the layer's own output softmax
+
+Keys and values come from one of (``--layer-keys``):
+
+* ``word`` — the base's source word embeddings (``Transformer.embed_source_words``),
+* ``enc``  — the base's encoder output (``Transformer.encode``),
+* ``add``  — their average (word + enc) / 2 (the default; the paper's best variant).
+
+Because the query only sees the left target context (the base decoder is causal) and the
+layer sees the source only through α, the attention must point at the source word that
+predicts e_i: α is the alignment (method ``layer``: argmax_j α_ij).
+
+**Attention optimization** (method ``layer-sgd``). For a known target word e_i the attention
+row A_i· is treated as a free variable, initialized from the forward pass (``init="forward"``)
+or uniformly at random in [0, 1] (``init="random"``). The softmax is replaced by a ReLU, so the
+layer output is the *unnormalized* mixture
+
+    c_i(A) = Σ_j relu(A_ij) v_j ,      log p(e_i | A) = log_softmax(W_o c_i(A) + b_o)[e_i],
+
+exactly as in the paper (no renormalization of relu(A)). N gradient *ascent* steps
+A ← A + lr · ∂ log p(e_i | A) / ∂A (default N = 3, lr = 1) are taken for all target positions
+and sentences in parallel: the objective is the sum of log p(e_i | A) over non-pad positions,
+and row i of A only influences the term of position i, so the summed gradient is the
+per-position gradient. EOS and padding columns are held at zero in every step. The alignment
+is argmax_j of the optimized A; with N = 0 it equals the ``layer`` alignment.
+
+Index conventions follow aligner/models/base.py: src (B, J+1) ends with EOS, tgt_in / tgt_out
+(B, I+1), scores (B, I+1, J+1) [batch, target position, source position].
+
+Saving: the model's state_dict holds the base transformer (``base.*``) *and* the layer
+(``layer.*``), so a model directory of kind ``alignment-layer`` is self-contained: its params
+files carry both, the base bit-identical to the one it was trained on.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aligner.constants import DEFAULT_SEED, EOS_ID, PAD_ID
+from aligner.models.base import AlignmentModel
+from aligner.utils import check_condition
+
+#: where the layer's keys and values come from (see module docstring)
+KEY_KINDS = ("word", "enc", "add")
+DEFAULT_KEYS = "add"
+#: initializations of the attention optimization
+INITS = ("forward", "random")
+DEFAULT_SGD_STEPS = 3
+DEFAULT_SGD_LR = 1.0
+
+
+def source_mask(src: torch.Tensor) -> torch.Tensor:
+    """Source positions the layer may attend to: real words, not EOS, not padding.
+
+    src: LongTensor (B, J+1) → BoolTensor (B, 1, J+1), broadcastable over target positions.
+    """
+    return ((src != PAD_ID) & (src != EOS_ID)).unsqueeze(1)
+
+
+def combine_keys(word: torch.Tensor, enc: torch.Tensor, kind: str) -> torch.Tensor:
+    """Source representation E (B, J+1, d) for keys and values: `word`, `enc` or their average `add`."""
+    if kind == "word":
+        return word
+    if kind == "enc":
+        return enc
+    if kind == "add":
+        return (word + enc) / 2
+    raise ValueError(f"unknown key kind {kind!r}; expected one of {KEY_KINDS}")
+
+
+class AlignmentLayer(nn.Module):
+    """One single-head attention layer with its own output softmax (no residual, no FFN).
+
+    Pure tensors in, tensors out: it knows nothing of the base model.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, vocab_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def attention(self, states: torch.Tensor, source: torch.Tensor,
+                  allowed: torch.Tensor) -> torch.Tensor:
+        """Attention weights α (B, I+1, J+1); each row sums to 1 over allowed positions, 0 elsewhere.
+
+        states: (B, I+1, d) query side (base decoder output); source: (B, J+1, d) keys' input E;
+        allowed: BoolTensor (B, 1, J+1) from `source_mask`. A row with no allowed position (empty
+        source) is all zeros rather than NaN.
+        """
+        query = self.query(states)
+        key = self.key(source)
+        logits = torch.matmul(query, key.transpose(1, 2)) / self.d_model ** 0.5
+        logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+        return torch.softmax(logits, dim=-1) * allowed
+
+    def values(self, source: torch.Tensor) -> torch.Tensor:
+        """Projected values W_v E: (B, J+1, d)."""
+        return self.value(source)
+
+    def output_logits(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits (B, I+1, V) of the context Σ_j weights_ij · values_j.
+
+        weights: (B, I+1, J+1) — softmax attention, or relu(A) during attention optimization;
+        values: (B, J+1, d) from `values`.
+        """
+        return self.output(self.dropout(torch.matmul(weights, values)))
+
+    def forward(self, states: torch.Tensor, source: torch.Tensor,
+                allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(logits (B, I+1, V), attention α (B, I+1, J+1))."""
+        weights = self.attention(states, source, allowed)
+        return self.output_logits(weights, self.values(source)), weights
+
+
+def target_log_probs(layer: AlignmentLayer, weights: torch.Tensor, values: torch.Tensor,
+                     tgt_out: torch.Tensor) -> torch.Tensor:
+    """log p(tgt_out_i | weights) for every target position: (B, I+1) (0 at padding)."""
+    log_probs = torch.log_softmax(layer.output_logits(weights, values).float(), dim=-1)
+    picked = log_probs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)
+    return picked.masked_fill(tgt_out == PAD_ID, 0.0)
+
+
+def optimize_attention(layer: AlignmentLayer, init: torch.Tensor, values: torch.Tensor,
+                       tgt_out: torch.Tensor, allowed: torch.Tensor,
+                       steps: int = DEFAULT_SGD_STEPS, lr: float = DEFAULT_SGD_LR) -> torch.Tensor:
+    """Attention optimization: `steps` gradient-ascent steps on log p(e_i | relu(A)).
+
+    init: (B, I+1, J+1) starting attention A (forward-pass α or random); values: (B, J+1, d)
+    projected values; tgt_out: (B, I+1) the known target words; allowed: (B, 1, J+1).
+    Returns the optimized A (B, I+1, J+1), detached, zero at EOS/padding columns. The layer's
+    parameters are not changed. Works when called under torch.no_grad() or inference_mode().
+    """
+    check_condition(steps >= 0, f"--sgd-steps must be >= 0, got {steps}")
+    with torch.inference_mode(False), torch.enable_grad():
+        # clones turn possible inference-mode tensors into ordinary ones autograd may save
+        mask = allowed.clone().to(init.dtype)
+        values = values.detach().clone()
+        attention = (init.detach().clone() * mask).requires_grad_(True)
+        was_training = layer.training
+        layer.eval()  # no dropout while optimizing
+        try:
+            for _ in range(steps):
+                objective = target_log_probs(layer, torch.relu(attention) * mask, values,
+                                             tgt_out.clone()).sum()
+                (gradient,) = torch.autograd.grad(objective, attention)
+                attention = ((attention + lr * gradient) * mask).detach().requires_grad_(True)
+        finally:
+            layer.train(was_training)
+        return attention.detach()
+
+
+def random_attention(shape: Tuple[int, ...], allowed: torch.Tensor, seed: int) -> torch.Tensor:
+    """Uniform [0, 1) attention (B, I+1, J+1) from a seeded CPU generator, zero where not allowed."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.rand(shape, generator=generator).to(allowed.device)
+    return weights * allowed
+
+
+class AlignmentLayerModel(AlignmentModel):
+    """A frozen base `Transformer` plus one `AlignmentLayer` (one direction).
+
+    Only the layer has trainable parameters; the base is kept in eval mode (no dropout) even
+    when the model is put in training mode, so its outputs during stage-2 training equal those
+    at extraction. `loss` trains the layer; `alignment_scores` serves the base's methods
+    (``attention``, ``attention-avg``) and ``layer`` / ``layer-sgd``.
+    """
+
+    LAYER_METHODS: Tuple[str, ...] = ("layer", "layer-sgd")
+
+    def __init__(self, base: nn.Module, layer_keys: str = DEFAULT_KEYS,
+                 layer_dropout: float = 0.1) -> None:
+        super().__init__()
+        check_condition(layer_keys in KEY_KINDS,
+                        f"--layer-keys must be one of {', '.join(KEY_KINDS)}, got {layer_keys!r}")
+        self.base = base
+        self.layer_keys = layer_keys
+        for parameter in self.base.parameters():
+            parameter.requires_grad_(False)
+        d_model = base.config.d_model
+        self.layer = AlignmentLayer(d_model, base.config.tgt_vocab_size, layer_dropout)
+        self.base.eval()
+
+    @property
+    def config(self):
+        """The base transformer's config (vocabulary sizes, d_model, ...)."""
+        return self.base.config
+
+    def train(self, mode: bool = True) -> "AlignmentLayerModel":
+        """Training mode for the layer only; the frozen base always stays in eval mode."""
+        super().train(mode)
+        self.base.eval()
+        return self
+
+    def _features(self, src: torch.Tensor,
+                  tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Frozen base features: decoder states (B, I+1, d), source E (B, J+1, d), mask (B, 1, J+1)."""
+        with torch.no_grad():
+            memory = self.base.encode(src)
+            states, _ = self.base.decode(tgt_in, memory, src)
+            source = combine_keys(self.base.embed_source_words(src), memory, self.layer_keys)
+        return states, source, source_mask(src)
+
+    def layer_forward(self, src: torch.Tensor,
+                      tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(logits (B, I+1, V), attention α (B, I+1, J+1)) of the alignment layer."""
+        states, source, allowed = self._features(src, tgt_in)
+        return self.layer(states, source, allowed)
+
+    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Cross-entropy of the layer's own softmax, summed over non-pad target tokens.
+
+        Gradients reach only the layer. Returns (loss_sum, n_tokens) like every model.
+        """
+        logits, _ = self.layer_forward(src, tgt_in)
+        loss_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt_out.reshape(-1),
+                                   ignore_index=PAD_ID, reduction="sum",
+                                   label_smoothing=label_smoothing)
+        return loss_sum, (tgt_out != PAD_ID).sum()
+
+    def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                         method: str, sgd_steps: int = DEFAULT_SGD_STEPS,
+                         sgd_lr: float = DEFAULT_SGD_LR, init: str = "forward",
+                         seed: Optional[int] = None, **options) -> torch.Tensor:
+        """Scores (B, I+1, J+1) for `method`.
+
+        ``layer``: the layer's attention α. ``layer-sgd``: α (or uniform random, `init`)
+        optimized by `sgd_steps` ascent steps of rate `sgd_lr` (see `optimize_attention`);
+        `seed` fixes the random init (default constants.DEFAULT_SEED). Other methods go to the
+        base transformer with `options`.
+        """
+        if method not in self.LAYER_METHODS:
+            return self.base.alignment_scores(src, tgt_in, tgt_out, method, **options)
+        check_condition(init in INITS, f"--init must be one of {', '.join(INITS)}, got {init!r}")
+        states, source, allowed = self._features(src, tgt_in)
+        with torch.no_grad():
+            weights = self.layer.attention(states, source, allowed)
+            values = self.layer.values(source)
+        if method == "layer":
+            return weights
+        if init == "random":
+            weights = random_attention(tuple(weights.shape), allowed,
+                                       DEFAULT_SEED if seed is None else seed).to(weights.dtype)
+        return optimize_attention(self.layer, weights, values, tgt_out, allowed, sgd_steps, sgd_lr)
+
+    def extra_state(self) -> Dict:
+        """The key kind is needed to rebuild the model (it is also in the config)."""
+        return {"layer_keys": self.layer_keys}

@@ -1,0 +1,209 @@
+"""Alignment layer (Zenkel et al. 2019) and attention optimization.
+
+Part 1: the layer and the optimization over plain tensors (hand-computed gradients, masking,
+independence of positions). Part 2: the model on a tiny frozen transformer (base stays
+bit-identical while the layer trains, `layer-sgd` with 0 steps equals `layer`). Part 3: the
+CLI round trip.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aligner.constants import EOS_ID, PAD_ID
+from aligner.models.alignment_layer import (AlignmentLayer, combine_keys, optimize_attention,
+                                            random_attention, source_mask, target_log_probs)
+from aligner.utils import AlignerError
+
+VOCAB = 11
+D = 8
+
+
+def _layer(seed: int = 0, d: int = D, vocab: int = VOCAB) -> AlignmentLayer:
+    torch.manual_seed(seed)
+    layer = AlignmentLayer(d, vocab, dropout=0.0)
+    return layer.eval()
+
+
+def _batch():
+    """Two sentence pairs: source lengths 3 and 1 (+EOS, padded), target lengths 2 and 3 (+EOS)."""
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, EOS_ID, PAD_ID, PAD_ID]])
+    tgt_out = torch.tensor([[4, 9, EOS_ID, PAD_ID], [10, 4, 5, EOS_ID]])
+    torch.manual_seed(1)
+    states = torch.randn(2, 4, D)
+    source = torch.randn(2, 4, D)
+    return src, tgt_out, states, source
+
+
+# ---------------------------------------------------------------- layer over plain tensors
+
+def test_source_mask_excludes_eos_and_padding():
+    src, *_ = _batch()
+    assert source_mask(src).tolist() == [[[True, True, True, False]], [[True, False, False, False]]]
+
+
+def test_combine_keys():
+    word, enc = torch.ones(1, 2, 3), torch.full((1, 2, 3), 3.0)
+    assert torch.equal(combine_keys(word, enc, "word"), word)
+    assert torch.equal(combine_keys(word, enc, "enc"), enc)
+    assert torch.equal(combine_keys(word, enc, "add"), torch.full((1, 2, 3), 2.0))
+    with pytest.raises(ValueError):
+        combine_keys(word, enc, "sum")
+
+
+def test_attention_is_a_distribution_over_real_source_words():
+    src, _, states, source = _batch()
+    weights = _layer().attention(states, source, source_mask(src))
+    assert weights.shape == (2, 4, 4)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4))
+    assert (weights[0, :, 3] == 0).all()          # EOS
+    assert (weights[1, :, 1:] == 0).all()         # EOS and padding
+    assert torch.allclose(weights[1, :, 0], torch.ones(4))  # one real word gets everything
+
+
+def test_attention_matches_explicit_formula():
+    src, _, states, source = _batch()
+    layer = _layer()
+    weights = layer.attention(states, source, source_mask(src))
+    q = states[0] @ layer.query.weight.T + layer.query.bias
+    k = source[0, :3] @ layer.key.weight.T + layer.key.bias
+    expected = torch.softmax(q @ k.T / D ** 0.5, dim=-1)
+    assert torch.allclose(weights[0, :, :3], expected, atol=1e-6)
+
+
+def test_empty_source_gives_zero_attention_not_nan():
+    src = torch.tensor([[EOS_ID, PAD_ID]])
+    weights = _layer().attention(torch.randn(1, 3, D), torch.randn(1, 2, D), source_mask(src))
+    assert torch.equal(weights, torch.zeros(1, 3, 2))
+
+
+def test_forward_logits_are_output_projection_of_context():
+    src, _, states, source = _batch()
+    layer = _layer()
+    logits, weights = layer(states, source, source_mask(src))
+    context = weights @ (source @ layer.value.weight.T + layer.value.bias)
+    assert torch.allclose(logits, context @ layer.output.weight.T + layer.output.bias, atol=1e-5)
+
+
+def test_target_log_probs_pick_the_target_word_and_zero_padding():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    with torch.no_grad():
+        weights = layer.attention(states, source, source_mask(src))
+        values = layer.values(source)
+    picked = target_log_probs(layer, weights, values, tgt_out)
+    full = torch.log_softmax(layer.output_logits(weights, values), -1)
+    picked, full = picked.detach(), full.detach()
+    assert picked[0, 1] == pytest.approx(full[0, 1, 9].item())
+    assert picked[1, 3] == pytest.approx(full[1, 3, EOS_ID].item())
+    assert picked[0, 3] == 0.0
+
+
+# ---------------------------------------------------------------- attention optimization
+
+def test_zero_steps_return_the_initial_attention():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    allowed = source_mask(src)
+    weights = layer.attention(states, source, allowed)
+    optimized = optimize_attention(layer, weights, layer.values(source), tgt_out, allowed, steps=0)
+    assert torch.equal(optimized, weights)
+
+
+def test_one_step_equals_hand_computed_gradient():
+    """d log p(e)/d A_j = (v_j W_o^T)·(onehot(e) − p) where relu(A_j) > 0, else 0."""
+    layer = _layer(seed=3, d=2, vocab=3)
+    src = torch.tensor([[5, 6, 7, EOS_ID]])
+    tgt_out = torch.tensor([[2]])
+    values = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0], [5.0, 5.0]]])
+    init = torch.tensor([[[0.5, -0.2, 0.3, 0.0]]])          # position 1 inactive under relu
+    allowed = source_mask(src)
+    step = optimize_attention(layer, init, values, tgt_out, allowed, steps=1, lr=0.5)
+
+    context = 0.5 * values[0, 0] + 0.3 * values[0, 2]
+    probs = torch.softmax(layer.output.weight @ context + layer.output.bias, -1)
+    direction = torch.nn.functional.one_hot(torch.tensor(2), 3).float() - probs
+    gradient = (values[0] @ layer.output.weight.T) @ direction   # (J+1,)
+    expected = init[0, 0] + 0.5 * gradient * torch.tensor([1.0, 0.0, 1.0, 0.0])
+    expected[3] = 0.0                                             # EOS held at zero
+    assert torch.allclose(step[0, 0], expected, atol=1e-6)
+
+
+def test_steps_raise_the_target_word_probability():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    allowed = source_mask(src)
+    weights = layer.attention(states, source, allowed)
+    values = layer.values(source)
+    before = target_log_probs(layer, weights, values, tgt_out)
+    real = tgt_out != PAD_ID
+    # a small step raises every single position's probability (first-order ascent) ...
+    small = optimize_attention(layer, weights, values, tgt_out, allowed, steps=1, lr=0.01)
+    after_small = target_log_probs(layer, torch.relu(small), values, tgt_out)
+    assert (after_small[real] > before[real]).all()
+    # ... and the default 3 steps of rate 1 raise it a lot in total
+    optimized = optimize_attention(layer, weights, values, tgt_out, allowed)
+    after = target_log_probs(layer, torch.relu(optimized), values, tgt_out)
+    assert after[real].sum() > before[real].sum() + 1.0
+    assert (after[real] >= before[real]).float().mean() > 0.8
+
+
+def test_masked_columns_stay_zero_and_layer_is_unchanged():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    snapshot = {k: v.clone() for k, v in layer.state_dict().items()}
+    allowed = source_mask(src)
+    init = torch.rand(2, 4, 4) + 0.5                            # nonzero everywhere on purpose
+    optimized = optimize_attention(layer, init, layer.values(source), tgt_out, allowed, steps=5)
+    assert (optimized[0, :, 3] == 0).all() and (optimized[1, :, 1:] == 0).all()
+    assert all(torch.equal(snapshot[k], v) for k, v in layer.state_dict().items())
+    assert all(p.grad is None for p in layer.parameters())
+
+
+def test_positions_and_sentences_are_optimized_independently():
+    """Optimizing one target position of one sentence alone gives the same row as the batch."""
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    allowed = source_mask(src)
+    weights = layer.attention(states, source, allowed)
+    values = layer.values(source)
+    together = optimize_attention(layer, weights, values, tgt_out, allowed, steps=3)
+    for b in range(2):
+        for i in range(4):
+            if tgt_out[b, i] == PAD_ID:
+                continue
+            alone = optimize_attention(layer, weights[b:b + 1, i:i + 1], values[b:b + 1],
+                                       tgt_out[b:b + 1, i:i + 1], allowed[b:b + 1], steps=3)
+            assert torch.allclose(alone[0, 0], together[b, i], atol=1e-5)
+
+
+def test_optimization_works_under_no_grad_and_inference_mode():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    allowed = source_mask(src)
+    weights = layer.attention(states, source, allowed).detach()
+    values = layer.values(source).detach()
+    reference = optimize_attention(layer, weights, values, tgt_out, allowed)
+    with torch.no_grad():
+        assert torch.equal(optimize_attention(layer, weights, values, tgt_out, allowed), reference)
+    with torch.inference_mode():
+        w, v, t, a = weights.clone(), values.clone(), tgt_out.clone(), allowed.clone()
+        assert torch.equal(optimize_attention(layer, w, v, t, a), reference)
+
+
+def test_negative_steps_are_a_user_error():
+    src, tgt_out, states, source = _batch()
+    layer = _layer()
+    with pytest.raises(AlignerError, match="sgd-steps"):
+        optimize_attention(layer, torch.zeros(2, 4, 4), layer.values(source), tgt_out,
+                           source_mask(src), steps=-1)
+
+
+def test_random_attention_is_seeded_uniform_and_masked():
+    src, *_ = _batch()
+    allowed = source_mask(src)
+    first = random_attention((2, 4, 4), allowed, seed=7)
+    assert torch.equal(first, random_attention((2, 4, 4), allowed, seed=7))
+    assert not torch.equal(first, random_attention((2, 4, 4), allowed, seed=8))
+    assert (first >= 0).all() and (first < 1).all()
+    assert (first[0, :, 3] == 0).all() and (first[1, :, 1:] == 0).all()
