@@ -1,0 +1,194 @@
+"""HMM algorithms on batched tensors in log space (pure functions, no parameters).
+
+Used by the direct-HMM models (aligner/models/direct_hmm.py); knows nothing of models or data.
+
+Conventions (all functions):
+
+* Target positions i = 0..I-1 are the HMM's time steps, source positions j = 0..J-1 its states.
+* ``log_emission``   (B, I, J): log p(e_i | state j) (any real scores work; nothing here
+  assumes normalization).
+* ``log_initial``    (B, J): log p(b_0 = j | start state).
+* ``log_transition`` (B, I, J, J): ``log_transition[b, i, j', j]`` = log p(b_i = j | b_{i-1} = j'),
+  the step *into* position i. Entry i = 0 is never read (position 0 uses ``log_initial``); it is
+  kept so that the tensor lines up with ``log_emission``.
+* ``target_lengths`` (B,) long, 1 <= length <= I: positions i >= length are padding. They do not
+  enter any score; a sentence's log Z is read at its own last position.
+* ``source_mask``    (B, J) bool, True at real states: padded states get probability 0 (their
+  emissions are replaced by a very negative constant, so no path through them counts).
+
+-inf inputs are allowed (e.g. from a masked log_softmax): every input is clamped to ``NEG``, a
+finite stand-in for log 0, so that gradients never become NaN (0 · inf) in the masked corners.
+
+Posteriors are not hand-written: γ(i, j) = p(b_i = j | e) = ∂ log Z / ∂ log_emission[i, j]
+(forward–backward is backprop; Eisner 2016), see :func:`posteriors`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+#: finite stand-in for log 0 (exp underflows to exactly 0 in float32 and float64)
+NEG = -1e30
+
+
+def _clamp(scores: torch.Tensor) -> torch.Tensor:
+    """Replace -inf (and anything below NEG) by NEG; gradient 0 there, identity elsewhere."""
+    return scores.clamp_min(NEG)
+
+
+def _prepare(log_emission: torch.Tensor, target_lengths: Optional[torch.Tensor],
+             source_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Clamped emissions with padded states at NEG (B, I, J), and the target lengths (B,)."""
+    batch, steps, states = log_emission.shape
+    emission = _clamp(log_emission)
+    if source_mask is not None:
+        emission = emission.masked_fill(~source_mask[:, None, :], NEG)
+    if target_lengths is None:
+        target_lengths = torch.full((batch,), steps, dtype=torch.long, device=emission.device)
+    return emission, target_lengths
+
+
+def zero_order_log_likelihood(log_alignment: torch.Tensor, log_emission: torch.Tensor,
+                              source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Zero-order (mixture) log-likelihood per target position.
+
+    log p(e_i) = log Σ_j exp(log_alignment[i, j] + log_emission[i, j]).
+
+    Args:
+        log_alignment: (B, I, J) log α(j | i).
+        log_emission: (B, I, J) log p_lex(e_i | j).
+        source_mask: (B, J) bool, True at real source positions (others get α = 0).
+    Returns:
+        (B, I) log p(e_i | e_<i, f). The caller masks padded target positions.
+    """
+    joint = _clamp(log_alignment) + _clamp(log_emission)
+    if source_mask is not None:
+        joint = joint.masked_fill(~source_mask[:, None, :], NEG)
+    return torch.logsumexp(joint, dim=-1)
+
+
+def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor,
+                         source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Zero-order posterior p(b_i = j | e_i) ∝ α(j | i) · p_lex(e_i | j), (B, I, J).
+
+    Sums to 1 over real source positions j; exactly 0 at padded ones.
+    """
+    joint = _clamp(log_alignment) + _clamp(log_emission)
+    if source_mask is not None:
+        joint = joint.masked_fill(~source_mask[:, None, :], NEG)
+    return torch.softmax(joint, dim=-1)
+
+
+def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
+                  log_transition: torch.Tensor, target_lengths: Optional[torch.Tensor] = None,
+                  source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """First-order HMM: log Z = log Σ_paths p(path, e), by the forward recursion (a loop over I).
+
+    Q(0, j) = log_initial[j] + log_emission[0, j]
+    Q(i, j) = log Σ_j' exp(Q(i-1, j') + log_transition[i, j', j]) + log_emission[i, j]
+    log Z   = log Σ_j exp(Q(length-1, j))
+
+    Shapes as in the module docstring. Returns (B,). Differentiable (autograd gives the
+    backward pass; see :func:`posteriors`).
+    """
+    emission, lengths = _prepare(log_emission, target_lengths, source_mask)
+    transition = _clamp(log_transition)
+    forward = _clamp(log_initial) + emission[:, 0]                       # (B, J)
+    for i in range(1, emission.shape[1]):
+        step = torch.logsumexp(forward.unsqueeze(2) + transition[:, i], dim=1) + emission[:, i]
+        forward = torch.where((i < lengths).unsqueeze(1), step, forward)  # padding: carry Q
+    return torch.logsumexp(forward, dim=-1)
+
+
+def log_matmul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Matrix product in the log semiring: out[.., a, c] = log Σ_b exp(left[.., a, b] + right[.., b, c]).
+
+    Computed as a real matrix product of shifted exponentials (one BLAS call instead of a
+    (.., A, B, C) broadcast): entries are shifted by their row maximum of ``left`` and column
+    maximum of ``right``. A term underflows only when it lies more than ~87 nats (float32) below
+    both maxima, i.e. when it is negligible next to the dominant terms of its row and column.
+    Shapes: left (.., A, K), right (.., K, C) -> (.., A, C).
+    """
+    left_max = left.amax(dim=-1, keepdim=True).detach()                 # (.., A, 1)
+    right_max = right.amax(dim=-2, keepdim=True).detach()               # (.., 1, C)
+    product = torch.matmul((left - left_max).exp(), (right - right_max).exp())
+    tiny = torch.finfo(product.dtype).tiny
+    return product.clamp_min(tiny).log() + left_max + right_max
+
+
+def forward_log_z_parallel(log_emission: torch.Tensor, log_initial: torch.Tensor,
+                           log_transition: torch.Tensor,
+                           target_lengths: Optional[torch.Tensor] = None,
+                           source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Same value as :func:`forward_log_z`, by a tree reduction in O(log I) sequential steps.
+
+    Each step i >= 1 is a (J', J) matrix M_i[j', j] = log_transition[i, j', j] + log_emission[i, j];
+    log Z = logsumexp(Q(0) ⊗ M_1 ⊗ ... ⊗ M_{I-1}) in the log semiring (⊗ = :func:`log_matmul`).
+    The product is associative, so neighbouring matrices are multiplied pairwise, halving the
+    count each round. Padded positions (i >= length) become the semiring identity (0 on the
+    diagonal, log 0 elsewhere). Work is O(I J^3) instead of the loop's O(I J^2), but with
+    ceil(log2 I) rounds of batched matmuls instead of I small steps.
+    Shapes as in the module docstring. Returns (B,).
+    """
+    emission, lengths = _prepare(log_emission, target_lengths, source_mask)
+    batch, steps, states = emission.shape
+    start = _clamp(log_initial) + emission[:, 0]                          # (B, J)
+    if steps == 1:
+        return torch.logsumexp(start, dim=-1)
+    matrices = _clamp(log_transition[:, 1:]) + emission[:, 1:].unsqueeze(2)  # (B, I-1, J', J)
+    identity = torch.full((states, states), NEG, dtype=emission.dtype, device=emission.device)
+    identity.fill_diagonal_(0.0)
+    positions = torch.arange(1, steps, device=emission.device)
+    padded = (positions.unsqueeze(0) >= lengths.unsqueeze(1))[:, :, None, None]  # (B, I-1, 1, 1)
+    matrices = torch.where(padded, identity, matrices)
+    while matrices.shape[1] > 1:
+        count = matrices.shape[1]
+        paired = log_matmul(matrices[:, 0:count - 1:2], matrices[:, 1:count:2])
+        if count % 2:
+            paired = torch.cat([paired, matrices[:, -1:]], dim=1)
+        matrices = paired
+    final = torch.logsumexp(start.unsqueeze(2) + matrices[:, 0], dim=1)  # (B, J)
+    return torch.logsumexp(final, dim=-1)
+
+
+def posteriors(log_z: torch.Tensor, log_emission: torch.Tensor,
+               create_graph: bool = False) -> torch.Tensor:
+    """State posteriors γ(i, j) = p(b_i = j | e, f) = ∂ log Z / ∂ log_emission[i, j], (B, I, J).
+
+    ``log_z`` (B,) must have been computed from ``log_emission`` (which must require grad).
+    Rows sum to 1 at real target positions and are 0 at padded ones.
+    """
+    (gradient,) = torch.autograd.grad(log_z.sum(), log_emission, create_graph=create_graph)
+    return gradient
+
+
+def viterbi(log_emission: torch.Tensor, log_initial: torch.Tensor, log_transition: torch.Tensor,
+            target_lengths: Optional[torch.Tensor] = None,
+            source_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Best state path (max-product with back-pointers).
+
+    Shapes as in the module docstring. Returns (path (B, I) long, score (B,)): path[b, i] is the
+    state of position i on the best path, -1 at padded positions; score is its log probability.
+    """
+    emission, lengths = _prepare(log_emission, target_lengths, source_mask)
+    transition = _clamp(log_transition)
+    batch, steps, states = emission.shape
+    best = _clamp(log_initial) + emission[:, 0]                          # (B, J)
+    stay = torch.arange(states, device=emission.device).expand(batch, states)
+    pointers = []                                                        # per i >= 1: (B, J)
+    for i in range(1, steps):
+        candidates = best.unsqueeze(2) + transition[:, i]                 # (B, J', J)
+        step_best, step_pointer = candidates.max(dim=1)
+        active = (i < lengths).unsqueeze(1)
+        best = torch.where(active, step_best + emission[:, i], best)
+        pointers.append(torch.where(active, step_pointer, stay))         # padding: stay put
+    score, state = best.max(dim=-1)                                      # (B,)
+    path = [state]
+    for pointer in reversed(pointers):
+        state = pointer.gather(1, state.unsqueeze(1)).squeeze(1)
+        path.append(state)
+    path_tensor = torch.stack(path[::-1], dim=1)                         # (B, I)
+    positions = torch.arange(steps, device=emission.device).unsqueeze(0)
+    path_tensor = path_tensor.masked_fill(positions >= lengths.unsqueeze(1), -1)
+    return path_tensor, score
