@@ -207,3 +207,153 @@ def test_random_attention_is_seeded_uniform_and_masked():
     assert not torch.equal(first, random_attention((2, 4, 4), allowed, seed=8))
     assert (first >= 0).all() and (first < 1).all()
     assert (first[0, :, 3] == 0).all() and (first[1, :, 1:] == 0).all()
+
+
+# ---------------------------------------------------------------- the model on a tiny base
+
+def _model(keys: str = "add", seed: int = 0, dropout: float = 0.3):
+    from aligner.models.alignment_layer import AlignmentLayerConfig, AlignmentLayerModel
+    torch.manual_seed(seed)
+    config = AlignmentLayerConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16,
+                                  n_heads=2, enc_layers=1, dec_layers=2, d_ff=32,
+                                  dropout=dropout, layer_keys=keys)
+    return AlignmentLayerModel(config)
+
+
+def _ids():
+    """src (B, J+1) = ids + EOS, tgt_in = BOS + ids, tgt_out = ids + EOS (padded)."""
+    from aligner.constants import BOS_ID
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID]])
+    tgt_out = torch.tensor([[4, 9, 10, EOS_ID], [6, EOS_ID, PAD_ID, PAD_ID]])
+    tgt_in = torch.tensor([[BOS_ID, 4, 9, 10], [BOS_ID, 6, EOS_ID, PAD_ID]])
+    tgt_in[1, 2] = PAD_ID
+    return src, tgt_in, tgt_out
+
+
+def test_only_the_layer_is_trainable_and_base_stays_in_eval_mode():
+    model = _model()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(name.startswith("layer.") for name in trainable)
+    model.train()
+    assert model.training and model.layer.training
+    assert not any(module.training for module in model.base.modules())
+
+
+@pytest.mark.parametrize("keys", ["word", "enc", "add"])
+def test_layer_trains_while_base_stays_bit_identical(keys):
+    model = _model(keys)
+    base_before = {k: v.clone() for k, v in model.base.state_dict().items()}
+    layer_before = {k: v.clone() for k, v in model.layer.state_dict().items()}
+    src, tgt_in, tgt_out = _ids()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    model.train()
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss, n_tokens = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
+        (loss / n_tokens).backward()
+        optimizer.step()
+        losses.append(loss.item() / n_tokens.item())
+    assert n_tokens.item() == 6
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(torch.equal(base_before[k], v) for k, v in model.base.state_dict().items())
+    assert all(p.grad is None for p in model.base.parameters())
+    assert any(not torch.equal(layer_before[k], v) for k, v in model.layer.state_dict().items())
+
+
+def test_base_features_ignore_training_mode():
+    model = _model(dropout=0.5)
+    src, tgt_in, _ = _ids()
+    model.train()
+    states_train, source_train, _ = model._features(src, tgt_in)
+    model.eval()
+    states_eval, source_eval, _ = model._features(src, tgt_in)
+    assert torch.equal(states_train, states_eval) and torch.equal(source_train, source_eval)
+
+
+def test_layer_scores_are_the_attention_and_never_point_at_eos_or_padding():
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    scores = model.alignment_scores(src, tgt_in, tgt_out, "layer")
+    assert scores.shape == (2, 4, 4)
+    assert torch.allclose(scores.sum(-1), torch.ones(2, 4))
+    assert (scores[0, :, 3] == 0).all() and (scores[1, :, 2:] == 0).all()
+    _, weights = model.layer_forward(src, tgt_in)
+    assert torch.equal(scores, weights)
+
+
+def test_layer_sgd_with_zero_steps_equals_layer():
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    layer = model.alignment_scores(src, tgt_in, tgt_out, "layer")
+    sgd0 = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps=0)
+    assert torch.equal(layer, sgd0)
+
+
+def test_layer_sgd_raises_the_target_word_probability_of_the_model():
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    states, source, allowed = model._features(src, tgt_in)
+    values = model.layer.values(source).detach()
+    real = tgt_out != PAD_ID
+    before = target_log_probs(model.layer, model.alignment_scores(src, tgt_in, tgt_out, "layer"),
+                              values, tgt_out)
+    for init in ("forward", "random"):
+        optimized = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init=init)
+        after = target_log_probs(model.layer, torch.relu(optimized), values, tgt_out)
+        assert after[real].sum() > before[real].sum()
+
+
+def test_random_init_is_seeded():
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    first = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init="random", sgd_steps=0)
+    again = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init="random", sgd_steps=0)
+    other = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init="random", sgd_steps=0,
+                                   seed=5)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert (first[0, :, 3] == 0).all()
+
+
+def test_base_methods_pass_through_to_the_transformer():
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    for method in ("attention", "attention-avg"):
+        assert torch.equal(model.alignment_scores(src, tgt_in, tgt_out, method),
+                           model.base.alignment_scores(src, tgt_in, tgt_out, method))
+    assert torch.equal(model.alignment_scores(src, tgt_in, tgt_out, "attention", layer=1),
+                       model.base.alignment_scores(src, tgt_in, tgt_out, "attention", layer=1))
+    assert set(model.METHODS) == {"attention", "attention-avg", "layer", "layer-sgd"}
+
+
+def test_bad_options_are_user_errors():
+    from aligner.models.alignment_layer import AlignmentLayerConfig
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    with pytest.raises(AlignerError, match="--init"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init="zeros")
+    with pytest.raises(AlignerError, match="--layer-keys"):
+        AlignmentLayerConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, layer_keys="sum")
+
+
+def test_state_dict_holds_base_and_layer_and_round_trips():
+    model = _model(keys="enc").eval()
+    state = model.state_dict()
+    assert any(k.startswith("base.") for k in state) and any(k.startswith("layer.") for k in state)
+    clone = _model(keys="enc", seed=9).eval()
+    clone.load_state_dict(state)
+    src, tgt_in, tgt_out = _ids()
+    for method in ("layer", "layer-sgd", "attention"):
+        assert torch.equal(model.alignment_scores(src, tgt_in, tgt_out, method),
+                           clone.alignment_scores(src, tgt_in, tgt_out, method))
+
+
+def test_load_base_copies_a_trained_transformer_and_freezes_it():
+    from aligner.models.transformer import Transformer
+    model = _model()
+    torch.manual_seed(4)
+    base = Transformer(model.config.base_config())
+    model.load_base(base.state_dict())
+    assert all(torch.equal(base.state_dict()[k], v) for k, v in model.base.state_dict().items())
+    assert not any(p.requires_grad for p in model.base.parameters())
+    assert model.config.base_config() == base.config

@@ -43,6 +43,8 @@ files carry both, the base bit-identical to the one it was trained on.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -51,6 +53,7 @@ from torch import nn
 
 from aligner.constants import DEFAULT_SEED, EOS_ID, PAD_ID
 from aligner.models.base import AlignmentModel
+from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.utils import check_condition
 
 #: where the layer's keys and values come from (see module docstring)
@@ -173,6 +176,28 @@ def random_attention(shape: Tuple[int, ...], allowed: torch.Tensor, seed: int) -
     return weights * allowed
 
 
+@dataclass
+class AlignmentLayerConfig(TransformerConfig):
+    """The base transformer's hyper-parameters plus those of the alignment layer."""
+
+    #: keys = values of the layer: word embeddings, encoder output or their average
+    layer_keys: str = DEFAULT_KEYS
+    #: dropout on the layer's context vector during stage-2 training
+    layer_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_condition(self.layer_keys in KEY_KINDS, f"--layer-keys must be one of "
+                                                      f"{', '.join(KEY_KINDS)}, got {self.layer_keys!r}")
+        check_condition(0.0 <= self.layer_dropout < 1.0,
+                        f"layer dropout must be in [0, 1): {self.layer_dropout}")
+
+    def base_config(self) -> TransformerConfig:
+        """The config of the base transformer alone."""
+        names = {field.name for field in dataclasses.fields(TransformerConfig)}
+        return TransformerConfig(**{k: v for k, v in self.to_dict().items() if k in names})
+
+
 class AlignmentLayerModel(AlignmentModel):
     """A frozen base `Transformer` plus one `AlignmentLayer` (one direction).
 
@@ -180,27 +205,34 @@ class AlignmentLayerModel(AlignmentModel):
     when the model is put in training mode, so its outputs during stage-2 training equal those
     at extraction. `loss` trains the layer; `alignment_scores` serves the base's methods
     (``attention``, ``attention-avg``) and ``layer`` / ``layer-sgd``.
+
+    Two-stage training: build the model, copy a trained transformer's weights in with
+    `load_base` (stage 1 output, or ``--base MODEL``), then run the ordinary trainer: it only
+    sees the layer's parameters (the base's have requires_grad False).
     """
 
     LAYER_METHODS: Tuple[str, ...] = ("layer", "layer-sgd")
+    METHODS: Tuple[str, ...] = Transformer.METHODS + LAYER_METHODS
+    config_class = AlignmentLayerConfig
 
-    def __init__(self, base: nn.Module, layer_keys: str = DEFAULT_KEYS,
-                 layer_dropout: float = 0.1) -> None:
+    def __init__(self, config: AlignmentLayerConfig) -> None:
         super().__init__()
-        check_condition(layer_keys in KEY_KINDS,
-                        f"--layer-keys must be one of {', '.join(KEY_KINDS)}, got {layer_keys!r}")
-        self.base = base
-        self.layer_keys = layer_keys
+        self.config = config
+        self.layer_keys = config.layer_keys
+        self.base = Transformer(config.base_config())
+        self.freeze_base()
+        self.layer = AlignmentLayer(config.d_model, config.tgt_vocab_size, config.layer_dropout)
+
+    def freeze_base(self) -> None:
+        """requires_grad False for every base parameter, and eval mode for the base."""
         for parameter in self.base.parameters():
             parameter.requires_grad_(False)
-        d_model = base.config.d_model
-        self.layer = AlignmentLayer(d_model, base.config.tgt_vocab_size, layer_dropout)
         self.base.eval()
 
-    @property
-    def config(self):
-        """The base transformer's config (vocabulary sizes, d_model, ...)."""
-        return self.base.config
+    def load_base(self, state_dict: Dict[str, torch.Tensor]) -> None:
+        """Copy a trained transformer's weights (its state_dict) into the frozen base."""
+        self.base.load_state_dict(state_dict)
+        self.freeze_base()
 
     def train(self, mode: bool = True) -> "AlignmentLayerModel":
         """Training mode for the layer only; the frozen base always stays in eval mode."""
@@ -259,7 +291,3 @@ class AlignmentLayerModel(AlignmentModel):
             weights = random_attention(tuple(weights.shape), allowed,
                                        DEFAULT_SEED if seed is None else seed).to(weights.dtype)
         return optimize_attention(self.layer, weights, values, tgt_out, allowed, sgd_steps, sgd_lr)
-
-    def extra_state(self) -> Dict:
-        """The key kind is needed to rebuild the model (it is also in the config)."""
-        return {"layer_keys": self.layer_keys}
