@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple, Type
 
+from aligner.models.alignment_layer import AlignmentLayerModel
 from aligner.models.base import AlignmentModel
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.utils import check_condition
 
 MODELS: Dict[str, Type[AlignmentModel]] = {
     "transformer": Transformer,
+    "alignment-layer": AlignmentLayerModel,
 }
 
 #: extraction methods per model kind (first = default of ``align extract``)

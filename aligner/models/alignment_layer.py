@@ -211,8 +211,9 @@ class AlignmentLayerModel(AlignmentModel):
     sees the layer's parameters (the base's have requires_grad False).
     """
 
-    LAYER_METHODS: Tuple[str, ...] = ("layer", "layer-sgd")
-    METHODS: Tuple[str, ...] = Transformer.METHODS + LAYER_METHODS
+    LAYER_METHODS: Tuple[str, ...] = ("layer-sgd", "layer")
+    #: the first is the default of `align extract`: the paper's best method
+    METHODS: Tuple[str, ...] = LAYER_METHODS + Transformer.METHODS
     config_class = AlignmentLayerConfig
 
     def __init__(self, config: AlignmentLayerConfig) -> None:
