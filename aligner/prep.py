@@ -1,0 +1,295 @@
+"""Text preprocessing: tokenization (sacremoses), BPE (subword-nmt) and the subword->word map.
+
+The pipeline for one sentence is ``line --tokenize_line--> words --segment--> subwords``.
+Gold alignments and Pharaoh output index *words* (0-based), models see *subwords*; the
+``word_index`` of a :class:`Segmented` sentence maps every subword position back to its word.
+
+Words are separated by ASCII whitespace only (space, tab, ...), like fast_align and the gold
+sets; other Unicode spaces (e.g. U+00A0) stay inside their token, so word indices never shift.
+
+BPE is subword-nmt's: ``learn_bpe`` writes a codes file that starts with a ``#version: 0.2``
+header, ``apply_bpe.BPE`` applies it, and a subword that is not the last of its word carries
+the ``@@`` continuation marker ("Hans@@ ards" = "Hansards"). Joint BPE learns one codes file on
+the words of both sides and saves it under both names; separate BPE learns one per side.
+No torch here.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from aligner import constants as C
+from aligner.utils import AlignerError, atomic_output, check_condition
+
+logger = logging.getLogger(__name__)
+
+PREP_CONFIG_NAME = "prep.json"
+SIDES = ("src", "tgt")
+
+_ASCII_WHITESPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def split_words(line: str) -> List[str]:
+    """Split a line into tokens on ASCII whitespace (never on other Unicode spaces)."""
+    return [token for token in _ASCII_WHITESPACE.split(line) if token]
+
+
+@dataclass
+class PrepConfig:
+    """How raw lines become subwords. Saved as ``prep.json`` in the model directory.
+
+    tokenize: run the Moses tokenizer (sacremoses, no escaping, no aggressive dash splitting)
+        on each line; off by default because gold sets index pre-tokenized words.
+    lowercase: lowercase after tokenization.
+    bpe_merges: number of BPE merge operations (0 = no BPE, words are the units).
+    joint_bpe: one codes file learned on both sides (True) or one per side.
+    bpe_min_frequency: stop merging when the most frequent pair occurs less often.
+    bpe_sample_sentences: learn BPE on at most this many sentence pairs (a seeded random
+        sample; 0 = all). The merges depend on word counts only, so a large sample changes little.
+    """
+
+    tokenize: bool = False
+    src_lang: str = "en"
+    tgt_lang: str = "fr"
+    lowercase: bool = False
+    bpe_merges: int = 10000
+    joint_bpe: bool = True
+    bpe_min_frequency: int = 2
+    bpe_sample_sentences: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "PrepConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        check_condition(not unknown, f"unknown preprocessing option(s): {', '.join(unknown)}")
+        return cls(**values)
+
+
+@dataclass
+class Segmented:
+    """One sentence after BPE.
+
+    subwords: the BPE units, "@@" marking a unit that continues into the next one.
+    word_index: word_index[k] = 0-based index of the input word that subwords[k] belongs to;
+        non-decreasing, len(word_index) == len(subwords).
+    """
+
+    subwords: List[str]
+    word_index: List[int]
+
+    def words(self) -> List[str]:
+        """The input words back: the pieces of each word joined, continuation markers removed."""
+        sep = C.BPE_SEPARATOR
+        words: List[str] = []
+        for k, (piece, word) in enumerate(zip(self.subwords, self.word_index)):
+            continues = k + 1 < len(self.word_index) and self.word_index[k + 1] == word
+            if continues:  # every piece but the last of its word carries the marker
+                assert piece.endswith(sep), f"subword {piece!r} inside a word lacks {sep!r}"
+                piece = piece[: -len(sep)]
+            if word == len(words):
+                words.append(piece)
+            else:
+                words[word] += piece
+        return words
+
+
+class _Bpe:
+    """A thin wrapper over subword-nmt's BPE that segments one word at a time (cached)."""
+
+    def __init__(self, codes_text: str):
+        from subword_nmt.apply_bpe import BPE
+
+        self.codes_text = codes_text
+        merges = [line for line in codes_text.split("\n")[1:] if line.strip()]
+        # subword-nmt cannot read a codes file without merges: then every word stays whole
+        self._bpe = BPE(io.StringIO(codes_text), separator=C.BPE_SEPARATOR) if merges else None
+        self.n_merges = len(merges)
+        self._cache: Dict[str, Tuple[str, ...]] = {}
+
+    def pieces(self, word: str) -> Tuple[str, ...]:
+        cached = self._cache.get(word)
+        if cached is None:
+            cached = tuple(self._bpe.segment_tokens([word])) if self._bpe is not None else (word,)
+            self._cache[word] = cached
+        return cached
+
+
+def _learn_codes(counts: Counter, config: PrepConfig, what: str) -> str:
+    """Run subword-nmt's learn_bpe on word counts; returns the codes file text (with header)."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    check_condition(len(counts) > 0, f"cannot learn BPE for {what}: the training text has no words")
+    start = time.time()
+    # dictionary input ("word count" lines) skips subword-nmt's own pass over the text
+    dict_text = "".join(f"{word} {count}\n" for word, count in counts.items())
+    codes = io.StringIO()
+    if any(len(word) > 1 for word in counts):
+        learn_bpe(io.StringIO(dict_text), codes, config.bpe_merges,
+                  min_frequency=config.bpe_min_frequency, is_dict=True)
+    else:  # only one-character words: nothing to merge (learn_bpe would fail on empty stats)
+        codes.write("#version: 0.2\n")
+    text = codes.getvalue()
+    n_merges = sum(1 for line in text.split("\n")[1:] if line.strip())
+    logger.info("learned %d BPE merges for %s (%d word types) in %.1fs", n_merges, what,
+                len(counts), time.time() - start)
+    return text
+
+
+class Preprocessor:
+    """Tokenizes lines and segments words into BPE subwords for both sides of a bitext.
+
+    Build with :meth:`learn` (training) or :meth:`load` (from a model directory).
+    """
+
+    def __init__(self, config: PrepConfig, codes_src: Optional[str] = None,
+                 codes_tgt: Optional[str] = None):
+        self.config = config
+        self._bpe: Dict[str, Optional[_Bpe]] = {"src": None, "tgt": None}
+        if config.bpe_merges > 0:
+            check_condition(codes_src is not None and codes_tgt is not None,
+                            "BPE is enabled but codes are missing")
+            self._bpe = {"src": _Bpe(codes_src), "tgt": _Bpe(codes_tgt)}
+        self._tokenizers: Dict[str, Any] = {}
+
+    # -- learning -------------------------------------------------------------------------
+
+    @classmethod
+    def learn(cls, config: PrepConfig, src_sentences: Sequence[Sequence[str]],
+              tgt_sentences: Sequence[Sequence[str]], seed: int = C.DEFAULT_SEED
+              ) -> "Preprocessor":
+        """Learn BPE codes from tokenized training sentences (lists of words, both sides).
+
+        Callers tokenize first with :meth:`tokenize_line` of a Preprocessor built from the same
+        config (``Preprocessor(config)`` works before learning). With
+        ``config.bpe_sample_sentences`` > 0 a seeded random sample of that many pairs is used.
+        """
+        check_condition(config.bpe_merges >= 0, "the number of BPE merges must be >= 0")
+        check_condition(len(src_sentences) == len(tgt_sentences),
+                        f"source and target have different numbers of sentences "
+                        f"({len(src_sentences)} vs {len(tgt_sentences)})")
+        if config.bpe_merges == 0:
+            return cls(config)
+        chosen: Iterable[int] = range(len(src_sentences))
+        if 0 < config.bpe_sample_sentences < len(src_sentences):
+            chosen = sorted(random.Random(seed).sample(range(len(src_sentences)),
+                                                       config.bpe_sample_sentences))
+            logger.info("learning BPE on a sample of %d of %d sentence pairs",
+                        config.bpe_sample_sentences, len(src_sentences))
+        src_counts: Counter = Counter()
+        tgt_counts: Counter = Counter()
+        for k in chosen:
+            src_counts.update(src_sentences[k])
+            tgt_counts.update(tgt_sentences[k])
+        for counts in (src_counts, tgt_counts):
+            bad = [word for word in counts if not word or _ASCII_WHITESPACE.search(word)]
+            check_condition(not bad, f"BPE training words must be non-empty and without spaces: "
+                                     f"{bad[:3]!r}")
+        if config.joint_bpe:
+            codes = _learn_codes(src_counts + tgt_counts, config, "both sides (joint)")
+            return cls(config, codes, codes)
+        return cls(config, _learn_codes(src_counts, config, "the source side"),
+                   _learn_codes(tgt_counts, config, "the target side"))
+
+    # -- applying -------------------------------------------------------------------------
+
+    def tokenize_line(self, line: str, side: str) -> List[str]:
+        """Words of one raw line: Moses-tokenized when ``config.tokenize`` (escape off, no
+        aggressive dash splitting), else split on ASCII whitespace; lowercased when set."""
+        _check_side(side)
+        if self.config.tokenize:
+            tokenizer = self._tokenizers.get(side)
+            if tokenizer is None:
+                from sacremoses import MosesTokenizer
+
+                lang = self.config.src_lang if side == "src" else self.config.tgt_lang
+                tokenizer = self._tokenizers[side] = MosesTokenizer(lang=lang)
+            # sacremoses can return tokens with inner spaces for odd input; re-split them
+            words = [w for token in tokenizer.tokenize(line, escape=False,
+                                                       aggressive_dash_splits=False)
+                     for w in split_words(token)]
+        else:
+            words = split_words(line)
+        if self.config.lowercase:
+            words = [w.lower() for w in words]
+        return words
+
+    def segment(self, words: Sequence[str], side: str) -> Segmented:
+        """BPE-segment a sentence given as words; returns subwords and their word indices."""
+        _check_side(side)
+        bpe = self._bpe[side]
+        subwords: List[str] = []
+        word_index: List[int] = []
+        for i, word in enumerate(words):
+            if not word:
+                raise ValueError(f"empty word at position {i}")
+            pieces = bpe.pieces(word) if bpe is not None else (word,)
+            subwords.extend(pieces)
+            word_index.extend([i] * len(pieces))
+        return Segmented(subwords, word_index)
+
+    def codes(self, side: str) -> Optional[str]:
+        """The codes file text of one side (None without BPE)."""
+        _check_side(side)
+        bpe = self._bpe[side]
+        return bpe.codes_text if bpe is not None else None
+
+    # -- model directory ------------------------------------------------------------------
+
+    def save(self, model_dir: str) -> None:
+        """Write ``prep.json`` and (with BPE) the two codes files into `model_dir`."""
+        with atomic_output(os.path.join(model_dir, PREP_CONFIG_NAME)) as out:
+            json.dump(self.config.to_dict(), out, indent=2)
+            out.write("\n")
+        if self.config.bpe_merges > 0:
+            for side, name in (("src", C.BPE_CODES_SRC), ("tgt", C.BPE_CODES_TGT)):
+                with atomic_output(os.path.join(model_dir, name)) as out:
+                    out.write(self.codes(side))
+
+    @classmethod
+    def load(cls, model_dir: str) -> "Preprocessor":
+        """Read a Preprocessor saved by :meth:`save`; AlignerError naming the missing file."""
+        path = os.path.join(model_dir, PREP_CONFIG_NAME)
+        check_condition(os.path.isfile(path), f"{path}: missing (model directory incomplete)")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                config = PrepConfig.from_dict(json.load(handle))
+        except (ValueError, TypeError) as error:
+            raise AlignerError(f"{path}: not a valid preprocessing config ({error})") from None
+        codes: Dict[str, Optional[str]] = {"src": None, "tgt": None}
+        if config.bpe_merges > 0:
+            for side, name in (("src", C.BPE_CODES_SRC), ("tgt", C.BPE_CODES_TGT)):
+                codes_path = os.path.join(model_dir, name)
+                check_condition(os.path.isfile(codes_path),
+                                f"{codes_path}: missing (model directory incomplete)")
+                with open(codes_path, encoding="utf-8") as handle:
+                    text = handle.read()
+                _check_codes(text, codes_path)
+                codes[side] = text
+        return cls(config, codes["src"], codes["tgt"])
+
+
+def _check_side(side: str) -> None:
+    if side not in SIDES:
+        raise ValueError(f"side must be 'src' or 'tgt', not {side!r}")
+
+
+def _check_codes(text: str, path: str) -> None:
+    """One clear line for a damaged codes file (subword-nmt itself would sys.exit)."""
+    lines = text.split("\n")
+    check_condition(lines[0].startswith("#version:"),
+                    f"{path}:1: not a subword-nmt codes file (no '#version:' header)")
+    for number, line in enumerate(lines[1:], start=2):
+        if line.strip() and len(line.strip("\r\n ").split(" ")) != 2:
+            raise AlignerError(f"{path}:{number}: a BPE merge must be two units separated by "
+                               f"one space, got {line!r}")
