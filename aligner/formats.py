@@ -1,0 +1,297 @@
+"""Every file format `align` reads or writes: bitext, Pharaoh alignments, gold alignments.
+
+Conventions, shared by the whole package:
+
+* A *link* is a pair ``(i, j)`` of 0-based word indices, ``i`` in the source sentence and ``j``
+  in the target sentence (source–target orientation), whatever model direction produced it.
+* A sentence pair's alignment is a ``set`` of links; a corpus is a list with one set per line.
+* Files are UTF-8 and line-aligned. Lines are split on ``\\n`` only (a trailing ``\\r`` is
+  removed), so a stray carriage return or Unicode line separator inside a line never shifts the
+  lines that follow. Tokens are separated by ASCII spaces and tabs only: a non-breaking space
+  stays inside its token, as it does for fast_align and the Moses tools.
+* A user error raises :class:`aligner.utils.AlignerError` with one line ``"file:line: message"``.
+
+Pharaoh format: one line per sentence pair, links ``i-j`` separated by spaces, an empty line
+when nothing is linked. Gold ("talp") format: the same, with ``ipj`` or ``i?j`` for a
+possible-only link. NAACL/WPT format (Mihalcea & Pedersen 2003): one link per line,
+``sentence source target [S|P] [confidence]``, all 1-based, position 0 = NULL (dropped), a link
+without a label is sure.
+
+This module does not import torch.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
+
+from aligner.utils import AlignerError, atomic_output, check_condition
+
+Link = Tuple[int, int]
+Alignment = Set[Link]
+
+GOLD_FORMATS = ("talp", "naacl")
+
+_LINK = re.compile(r"(\d+)-(\d+)")
+_GOLD_LINK = re.compile(r"(\d+)([-p?])(\d+)")
+_TOKEN_SEPARATOR = re.compile(r"[ \t]+")
+JOINT_SEPARATOR = "|||"
+
+
+@dataclass
+class Bitext:
+    """Tokenized parallel text: ``source[k]`` and ``target[k]`` are the words of line ``k + 1``.
+
+    An empty input line gives ``[]``; the lists always have one entry per input line and the
+    same length. ``source_name``/``target_name`` are the file names used in error messages
+    (the same file for a joint ``source ||| target`` file).
+    """
+
+    source: List[List[str]]
+    target: List[List[str]]
+    source_name: str
+    target_name: str
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+@dataclass
+class GoldAlignment:
+    """Gold links of one sentence pair: ``sure`` ⊆ ``possible`` (0-based, source–target)."""
+
+    sure: Alignment = field(default_factory=set)
+    possible: Alignment = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.possible = set(self.possible) | set(self.sure)
+
+
+def tokenize_line(line: str) -> List[str]:
+    """Split a pre-tokenized line on ASCII spaces and tabs (never on other Unicode spaces)."""
+    return [token for token in _TOKEN_SEPARATOR.split(line) if token]
+
+
+def read_lines(path: str) -> List[str]:
+    """Read a UTF-8 text file as a list of lines, without their line ends.
+
+    ``path`` ``"-"`` reads standard input. Raises AlignerError for a missing file, a
+    directory, a file that is empty (0 bytes) or not UTF-8 (naming the first bad line).
+    A final line without ``\\n`` counts as a line; a trailing ``\\r`` (Windows line end) is
+    removed.
+    """
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        check_condition(os.path.exists(path), f"{path}: no such file")
+        check_condition(not os.path.isdir(path), f"{path}: is a directory, expected a file")
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as error:
+            raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
+    check_condition(len(data) > 0, f"{path}: empty file")
+    raw_lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        raw_lines.pop()
+    lines = []
+    for line_no, raw in enumerate(raw_lines, start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise AlignerError(f"{path}:{line_no}: not valid UTF-8 "
+                               f"(byte 0x{raw[error.start]:02x} at column {error.start + 1})"
+                               ) from None
+    return lines
+
+
+def check_same_length(name_a: str, count_a: int, name_b: str, count_b: int) -> None:
+    """Raise AlignerError naming both files when their line counts differ."""
+    if count_a != count_b:
+        raise AlignerError(f"{name_b}:{min(count_a, count_b) + 1}: line counts differ: "
+                           f"{name_a} has {count_a} lines, {name_b} has {count_b}")
+
+
+def read_bitext(source: Optional[str] = None, target: Optional[str] = None,
+                joint: Optional[str] = None) -> Bitext:
+    """Read parallel text from two line-aligned files or one ``source ||| target`` file.
+
+    Give either ``source`` and ``target``, or ``joint`` alone. Every line is kept (an empty
+    line gives an empty sentence); errors name the file and line: not UTF-8, empty file,
+    different line counts, a joint line without (or with more than one) ``|||``.
+    """
+    if joint is not None:
+        check_condition(source is None and target is None, "give either a joint file (-i) "
+                                                           "or source and target files (-s/-t)")
+        src_sentences, tgt_sentences = [], []
+        for line_no, line in enumerate(read_lines(joint), start=1):
+            parts = line.split(JOINT_SEPARATOR)
+            check_condition(len(parts) > 1, f"{joint}:{line_no}: missing '{JOINT_SEPARATOR}' "
+                                            "between source and target")
+            check_condition(len(parts) == 2, f"{joint}:{line_no}: more than one "
+                                             f"'{JOINT_SEPARATOR}' on the line")
+            src_sentences.append(tokenize_line(parts[0]))
+            tgt_sentences.append(tokenize_line(parts[1]))
+        return Bitext(src_sentences, tgt_sentences, joint, joint)
+    check_condition(source is not None and target is not None,
+                    "give source and target files (-s and -t) or one joint file (-i)")
+    src_lines = read_lines(source)
+    tgt_lines = read_lines(target)
+    check_same_length(source, len(src_lines), target, len(tgt_lines))
+    return Bitext([tokenize_line(line) for line in src_lines],
+                  [tokenize_line(line) for line in tgt_lines], source, target)
+
+
+def parse_links(text: str, name: str, line_no: int) -> Alignment:
+    """Parse one Pharaoh line (``"0-0 1-2"``) into a set of ``(i, j)`` links.
+
+    Only ``i-j`` with non-negative integers is accepted; anything else raises
+    ``AlignerError("name:line_no: malformed link '...'")``. Repeated links count once.
+    """
+    links = set()
+    for token in tokenize_line(text):
+        match = _LINK.fullmatch(token)
+        if match is None:
+            raise AlignerError(f"{name}:{line_no}: malformed link '{token}' (expected i-j)")
+        links.add((int(match.group(1)), int(match.group(2))))
+    return links
+
+
+def flip(links: Iterable[Link]) -> Alignment:
+    """Swap the orientation of links: ``(i, j)`` becomes ``(j, i)``."""
+    return {(j, i) for i, j in links}
+
+
+def read_pharaoh(path: str, reverse: bool = False) -> List[Alignment]:
+    """Read a Pharaoh file: one set of ``(source, target)`` links per line.
+
+    ``reverse=True`` reads a file written target–source (GIZA++ style) and flips every link,
+    so the result is always source–target.
+    """
+    alignments = [parse_links(line, path, line_no)
+                  for line_no, line in enumerate(read_lines(path), start=1)]
+    return [flip(links) for links in alignments] if reverse else alignments
+
+
+def _parse_talp_line(text: str, name: str, line_no: int) -> GoldAlignment:
+    sure, possible = set(), set()
+    for token in tokenize_line(text):
+        match = _GOLD_LINK.fullmatch(token)
+        if match is None:
+            raise AlignerError(f"{name}:{line_no}: malformed gold link '{token}' "
+                               "(expected i-j for sure, ipj or i?j for possible)")
+        link = (int(match.group(1)), int(match.group(3)))
+        possible.add(link)
+        if match.group(2) == "-":
+            sure.add(link)
+    return GoldAlignment(sure, possible)
+
+
+def _read_naacl(path: str, n_sentences: Optional[int]) -> List[GoldAlignment]:
+    """NAACL/WPT: ``sentence source target [S|P] [confidence]``, 1-based, 0 = NULL."""
+    links = []  # (sentence index, link, sure)
+    for line_no, line in enumerate(read_lines(path), start=1):
+        fields = tokenize_line(line)
+        if not fields:
+            continue
+        where = f"{path}:{line_no}"
+        check_condition(3 <= len(fields) <= 5, f"{where}: malformed gold line '{line.strip()}' "
+                                               "(expected: sentence source target [S|P])")
+        check_condition(all(f.isdigit() for f in fields[:3]),
+                        f"{where}: malformed gold line '{line.strip()}' "
+                        "(sentence and positions must be non-negative integers)")
+        sentence, src, tgt = (int(f) for f in fields[:3])
+        label = fields[3] if len(fields) > 3 else "S"
+        check_condition(label in ("S", "P"), f"{where}: unknown link label '{label}' "
+                                             "(expected S or P)")
+        if len(fields) == 5:
+            try:
+                float(fields[4])
+            except ValueError:
+                raise AlignerError(f"{where}: malformed confidence '{fields[4]}'") from None
+        check_condition(sentence >= 1, f"{where}: sentence numbers start at 1, got 0")
+        if n_sentences is not None:
+            check_condition(sentence <= n_sentences,
+                            f"{where}: sentence {sentence} beyond the {n_sentences} sentence "
+                            "pairs of the hypothesis")
+        if src == 0 or tgt == 0:  # a NULL link: not a word-to-word link
+            continue
+        links.append((sentence - 1, (src - 1, tgt - 1), label == "S"))
+    size = n_sentences if n_sentences is not None else max((s for s, _, _ in links), default=-1) + 1
+    check_condition(size > 0, f"{path}: no links and no sentence count given")
+    gold = [GoldAlignment() for _ in range(size)]
+    for sentence, link, sure in links:
+        gold[sentence].possible.add(link)
+        if sure:
+            gold[sentence].sure.add(link)
+    return gold
+
+
+def read_gold(path: str, gold_format: str = "talp",
+              n_sentences: Optional[int] = None) -> List[GoldAlignment]:
+    """Read gold alignments, one :class:`GoldAlignment` per sentence pair (0-based links).
+
+    ``talp``: a Pharaoh-style line per sentence pair, ``i-j`` sure, ``ipj`` or ``i?j`` possible.
+    ``naacl``: ``sentence source target [S|P] [confidence]`` lines, 1-based, NULL (0) dropped,
+    no label = sure. Sentence ``k`` (1-based) becomes entry ``k - 1``; as sentences without
+    links do not appear, give ``n_sentences`` (the hypothesis line count) to fix the length,
+    otherwise it is the largest sentence number. For ``talp``, ``n_sentences`` is ignored (the
+    caller compares line counts and names the file).
+    """
+    check_condition(gold_format in GOLD_FORMATS, f"unknown gold format '{gold_format}' "
+                                                 f"(expected one of {', '.join(GOLD_FORMATS)})")
+    if gold_format == "naacl":
+        return _read_naacl(path, n_sentences)
+    return [_parse_talp_line(line, path, line_no)
+            for line_no, line in enumerate(read_lines(path), start=1)]
+
+
+def format_links(links: Iterable[Link]) -> str:
+    """Pharaoh text of a link set, sorted by source then target index: ``"0-0 1-2"``."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(set(links)))
+
+
+def format_gold(gold: GoldAlignment) -> str:
+    """talp text of a gold alignment: ``i-j`` for sure, ``ipj`` for possible-only links."""
+    return " ".join(f"{i}-{j}" if (i, j) in gold.sure else f"{i}p{j}"
+                    for i, j in sorted(gold.possible))
+
+
+def write_pharaoh(path: Optional[str], alignments: Iterable[Iterable[Link]]) -> None:
+    """Write one Pharaoh line per alignment (empty line for no links), atomically.
+
+    ``path`` None or ``"-"`` writes to stdout.
+    """
+    with atomic_output(path) as handle:
+        for links in alignments:
+            handle.write(format_links(links) + "\n")
+
+
+def check_links_in_range(links: Iterable[Link], src_len: int, tgt_len: int,
+                         name: str, line_no: int, reverse: bool = False) -> None:
+    """Raise AlignerError when a link points outside a ``src_len`` × ``tgt_len`` sentence pair.
+
+    ``links`` are source–target; ``reverse=True`` quotes them target–source in the message,
+    as they were written in a reversed file.
+    """
+    for i, j in sorted(links):
+        if i >= src_len or j >= tgt_len:
+            written = f"{j}-{i}" if reverse else f"{i}-{j}"
+            raise AlignerError(f"{name}:{line_no}: link '{written}' outside the sentence pair "
+                               f"(source has {src_len} words, target has {tgt_len})")
+
+
+def check_alignments_against_bitext(alignments: Sequence[Iterable[Link]], name: str,
+                                    bitext: Bitext, reverse: bool = False) -> None:
+    """Check line count and every link index of a corpus of alignments against its bitext.
+
+    ``alignments`` are source–target; ``reverse`` only changes how messages quote a link.
+    """
+    check_same_length(bitext.source_name, len(bitext), name, len(alignments))
+    for line_no, (links, src, tgt) in enumerate(zip(alignments, bitext.source, bitext.target),
+                                                start=1):
+        check_links_in_range(links, len(src), len(tgt), name, line_no, reverse)
