@@ -1,0 +1,441 @@
+"""Transformer-based direct HMM, zero-order (``hmm0``) and first-order (``hmm1``).
+
+Wang, Alkhouli, Herold, Ney: *Transformer-Based Direct Hidden Markov Model for Machine
+Translation* (ACL-SRW 2021), sec. 4.1 and 4.2. Notation: h_j encoder output (B, J+1, d),
+s_i decoder state (B, I+1, d); tensor conventions of aligner/models/base.py (src ends with EOS,
+tgt_in = BOS + ids, tgt_out = ids + EOS, scores (B, I+1, J+1) [batch, target i, source j]).
+
+Architecture (pre-norm, like aligner/models/transformer.py):
+
+* Encoder: the transformer's encoder, unchanged.
+* Decoder layers 1..L-1 (:class:`HMMDecoderLayer`): causal self-attention (with residual), then
+  the *HMM context* in place of cross-attention and its residual:
+  c_i = Σ_j α_h(j|i) · W1·relu(W2·h_j + W3·s_i), per head h (the relu features are split into H
+  head slices, each weighted by its own head's α_h; W1 is applied after the sum, which equals
+  applying it inside because W1 is linear), then a feed-forward block with residual.
+* Last layer (:class:`HMMOutputLayer`): causal self-attention (with residual) gives s_i^(L), then
+  - lexicon  log p_lex(e_i | j) = log_softmax(W4·relu(W5·h_j + W6·s_i^(L)))[e_i]
+    (W4 tied to the target embedding when ``tie_embeddings``), computed by
+    :func:`lexicon_log_probs` in chunks of target positions (never the whole (B, I, J, V));
+  - zero-order alignment α(j|i): ONE dedicated single-head attention of s_i^(L) over h_j
+    (its own query/key projections; not an average of heads);
+  - first-order alignment α(j|i,j') (:class:`FirstOrderAlignment`): query W_q·s_i^(L-1) (the
+    output of layer L-1, i.e. the last layer's normalized input) against the key
+    W_o·relu(W_a·h_j + W_b·h_j' + D[jump(j - j')]) — the transform of [h_j ; h_j'] needs the
+    non-linearity, otherwise h_j' adds the same constant to every j and cancels in the softmax.
+    D is a learned embedding of the clipped jump width (the classic HMM alignment feature).
+    The start state j' = "before the sentence" uses a learned vector in place of h_j' and
+    position -1.
+
+Alignment states: **all J+1 source positions, EOS included**. The target EOS (and target words
+with no counterpart) must be generated from some state; the source EOS serves as that state
+(a NULL-like word). Padded source positions get α = 0. Links to the source EOS are never output:
+inference masks the EOS column, and ``hmm-viterbi`` runs on paths that align every real target
+word to a real source word.
+
+Losses (summed over non-pad target tokens; label smoothing ε is applied to the lexicon:
+log p̃_lex(e_i|j) = (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j)):
+
+* hmm0: −Σ_i log Σ_j exp(log α(j|i) + log p̃_lex(e_i|j))
+* hmm1: −log Z, Z = Σ_j Q(I, j), forward recursion of aligner/models/hmm_algorithms.py; the
+  backward pass is autograd. Each sentence's log Z is read at its own last target position.
+
+Extraction methods (``alignment_scores``, (B, I+1, J+1), larger = more strongly aligned):
+
+* ``hmm-alignment`` — hmm0: α(j|i); hmm1: greedy α path, b_i = argmax_j α(j|i, b_{i-1}) as
+  one-hot rows (like hmm0's, it never looks at the word e_i itself).
+* ``hmm-posterior`` — hmm0: α(j|i)·p_lex(e_i|j) normalized over j; hmm1: the forward–backward
+  posterior γ(i,j) = ∂ log Z / ∂ log p_lex(e_i|j) (autograd).
+* ``hmm-viterbi`` (hmm1) — one-hot rows of the best path (max-product).
+Extraction uses the un-smoothed lexicon (ε = 0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from aligner.constants import EOS_ID, PAD_ID
+from aligner.models import hmm_algorithms
+from aligner.models.base import AlignmentModel
+from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHeadAttention,
+                                        TransformerConfig)
+from aligner.utils import AlignerError, check_condition
+
+
+@dataclass
+class DirectHMMConfig(TransformerConfig):
+    """Transformer hyper-parameters plus the direct HMM's own (saved in config.json)."""
+
+    #: target positions per lexicon chunk: only (B, chunk, J+1, V) logits exist at once, in the
+    #: forward and (by recomputation) the backward pass; 0 = no chunking (whole tensor)
+    lexicon_chunk: int = 8
+    #: first-order model: jump widths |j - j'| above this share one embedding
+    max_jump: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_condition(self.dec_layers >= 1, "the direct HMM needs at least one decoder layer")
+        check_condition(self.lexicon_chunk >= 0,
+                        f"lexicon_chunk must be >= 0 (0 = no chunking): {self.lexicon_chunk}")
+        check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
+
+
+# -- lexicon ---------------------------------------------------------------------------------
+
+def _lexicon_chunk(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                   weight: torch.Tensor, bias: Optional[torch.Tensor], targets: torch.Tensor,
+                   smoothing: float) -> torch.Tensor:
+    """Lexicon scores of one chunk of target positions.
+
+    source_hidden (B, J, k) = W5·h_j, target_hidden (B, c, k) = W6·s_i, weight (V, k) = W4,
+    targets (B, c) -> (B, c, J): (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j).
+    Materializes the (B, c, J, V) logits.
+    """
+    hidden = F.relu(source_hidden.unsqueeze(1) + target_hidden.unsqueeze(2))   # (B, c, J, k)
+    logits = F.linear(hidden, weight, bias)                                     # (B, c, J, V)
+    log_norm = torch.logsumexp(logits.float(), dim=-1)                          # (B, c, J)
+    index = targets[:, :, None, None].expand(-1, -1, logits.size(2), 1)
+    scores = logits.gather(-1, index).squeeze(-1).float() - log_norm
+    if smoothing > 0.0:
+        uniform = logits.float().mean(dim=-1) - log_norm
+        scores = (1.0 - smoothing) * scores + smoothing * uniform
+    return scores
+
+
+def lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                      weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      targets: torch.Tensor, smoothing: float = 0.0,
+                      chunk: int = 0) -> torch.Tensor:
+    """log p_lex(e_i | j) = log_softmax(W4·relu(W5·h_j + W6·s_i))[e_i] for all i, j: (B, I, J).
+
+    Args:
+        source_hidden: (B, J, k) = W5·h_j (bias included).
+        target_hidden: (B, I, k) = W6·s_i.
+        weight, bias: W4 as (V, k) and (V,) or None.
+        targets: (B, I) the observed words e_i (any id at padded positions).
+        smoothing: label smoothing ε of the lexicon (0 = plain log-probability).
+        chunk: target positions per chunk. With chunk > 0 the chunks run one after another
+            under torch.utils.checkpoint (when gradients are on), so forward and backward hold
+            the (B, chunk, J, V) logits of one chunk only; 0 = one chunk, no recomputation.
+    Returns:
+        (B, I, J) float32 scores; the caller masks padding.
+    """
+    steps = target_hidden.size(1)
+    if chunk <= 0 or chunk >= steps:
+        return _lexicon_chunk(source_hidden, target_hidden, weight, bias, targets, smoothing)
+    recompute = torch.is_grad_enabled() and (
+        source_hidden.requires_grad or target_hidden.requires_grad or weight.requires_grad)
+    pieces = []
+    for start in range(0, steps, chunk):
+        arguments = (source_hidden, target_hidden[:, start:start + chunk], weight, bias,
+                     targets[:, start:start + chunk], smoothing)
+        if recompute:
+            pieces.append(checkpoint(_lexicon_chunk, *arguments, use_reentrant=False))
+        else:
+            pieces.append(_lexicon_chunk(*arguments))
+    return torch.cat(pieces, dim=1)
+
+
+# -- layers ----------------------------------------------------------------------------------
+
+class HMMContext(nn.Module):
+    """c_i = W1 · Σ_j α_h(j|i) · relu(W2·h_j + W3·s_i) per head h (replaces cross-attention).
+
+    ``forward(s (B, I, d), memory (B, J, d), src_pad_mask (B, J) True = pad)`` ->
+    ``(context (B, I, d), α (B, H, I, J))``. Holds a (B, I, J, d) feature tensor.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.w1 = nn.Linear(d_model, d_model)
+        self.w2 = nn.Linear(d_model, d_model)
+        self.w3 = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, s: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        batch, steps, d_model = s.shape
+        states = memory.size(1)
+        q = self.query(s).view(batch, steps, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.key(memory).view(batch, states, self.n_heads, self.head_dim).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)           # (B, H, I, J)
+        scores = scores.masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
+        alpha = torch.softmax(scores.float(), dim=-1).to(s.dtype)
+        features = F.relu(self.w2(memory).unsqueeze(1) + self.w3(s).unsqueeze(2))  # (B, I, J, d)
+        features = features.view(batch, steps, states, self.n_heads, self.head_dim)
+        context = torch.einsum("bhij,bijhk->bihk", self.dropout(alpha), features)
+        return self.w1(context.reshape(batch, steps, d_model)), alpha
+
+
+class HMMDecoderLayer(nn.Module):
+    """Pre-norm: x + SelfAttn(LN(x)); then x = HMMContext(LN(x)) (no residual); x + FF(LN(x)).
+
+    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask)`` -> (B, I+1, d).
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_self = nn.LayerNorm(config.d_model)
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
+        self.norm_context = nn.LayerNorm(config.d_model)
+        self.context = HMMContext(config.d_model, config.n_heads, config.dropout)
+        self.norm_ff = nn.LayerNorm(config.d_model)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
+                src_pad_mask: torch.Tensor) -> torch.Tensor:
+        normed = self.norm_self(x)
+        attended, _ = self.self_attn(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)
+        x = x + self.dropout(attended)
+        context, _ = self.context(self.norm_context(x), memory, src_pad_mask)
+        x = self.dropout(context)
+        return x + self.dropout(self.ff(self.norm_ff(x)))
+
+
+class FirstOrderAlignment(nn.Module):
+    """log α(j | i, j') for j' in {start, 0..J-1}: (B, I, J+1, J) with the start state at j'=0.
+
+    score(i, j', j) = q_i · W_o·relu(W_a·h_j + W_b·h_j' + D[clip(j - j', ±max_jump)]) / √d,
+    q_i = W_q·s_i^(L-1); the start state uses a learned vector for h_j' and position j' = -1.
+    Softmax over j; padded source positions j get α = 0 (log α = -inf).
+    """
+
+    def __init__(self, d_model: int, max_jump: int):
+        super().__init__()
+        self.max_jump = max_jump
+        self.query = nn.Linear(d_model, d_model)
+        self.w_a = nn.Linear(d_model, d_model)
+        self.w_b = nn.Linear(d_model, d_model, bias=False)
+        self.w_o = nn.Linear(d_model, d_model)
+        self.start = nn.Parameter(torch.zeros(d_model))
+        self.jump = nn.Embedding(2 * max_jump + 1, d_model)
+        nn.init.normal_(self.start, std=d_model ** -0.5)
+        nn.init.normal_(self.jump.weight, std=d_model ** -0.5)
+
+    def forward(self, s_prev: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor
+                ) -> torch.Tensor:
+        batch, states, d_model = memory.shape
+        previous = torch.cat([self.start.expand(batch, 1, d_model).to(memory.dtype), memory], 1)
+        position = torch.arange(states, device=memory.device)
+        previous_position = torch.arange(-1, states, device=memory.device)
+        jump = (position.unsqueeze(0) - previous_position.unsqueeze(1)).clamp(
+            -self.max_jump, self.max_jump) + self.max_jump                       # (J+1, J)
+        hidden = F.relu(self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
+                        + self.jump(jump).to(memory.dtype))                      # (B, J+1, J, d)
+        keys = self.w_o(hidden)
+        scores = torch.einsum("bid,bkjd->bikj", self.query(s_prev), keys) / math.sqrt(d_model)
+        scores = scores.float().masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
+        return torch.log_softmax(scores, dim=-1)
+
+
+class HMMOutputLayer(nn.Module):
+    """Last decoder layer: causal self-attention, then lexicon features and alignment.
+
+    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask)`` ->
+    ``(log α, source_hidden (B, J+1, d) = W5·h, target_hidden (B, I+1, d) = W6·s^(L))`` where
+    log α is (B, I+1, J+1) for order 0 and (B, I+1, J+2, J+1) (start state first) for order 1.
+    """
+
+    def __init__(self, config: DirectHMMConfig, order: int):
+        super().__init__()
+        d_model = config.d_model
+        self.order = order
+        self.norm_self = nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, config.n_heads, config.dropout)
+        self.norm_out = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.w5 = nn.Linear(d_model, d_model)
+        self.w6 = nn.Linear(d_model, d_model, bias=False)
+        if order == 0:
+            self.align_query = nn.Linear(d_model, d_model)
+            self.align_key = nn.Linear(d_model, d_model)
+        else:
+            self.norm_prev = nn.LayerNorm(d_model)
+            self.first_order = FirstOrderAlignment(d_model, config.max_jump)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
+                src_pad_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.order == 1:
+            log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask)
+        normed = self.norm_self(x)
+        attended, _ = self.self_attn(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)
+        s = self.norm_out(x + self.dropout(attended))                           # s_i^(L)
+        if self.order == 0:
+            scores = self.align_query(s) @ self.align_key(memory).transpose(1, 2)
+            scores = scores.float() / math.sqrt(s.size(-1))
+            scores = scores.masked_fill(src_pad_mask[:, None, :], float("-inf"))
+            log_alpha = torch.log_softmax(scores, dim=-1)                       # (B, I+1, J+1)
+        return log_alpha, self.w5(memory), self.w6(self.dropout(s))
+
+
+# -- the models ------------------------------------------------------------------------------
+
+class DirectHMM(AlignmentModel):
+    """Shared body of hmm0 and hmm1 (the subclasses fix ``order`` and ``METHODS``)."""
+
+    order = 0
+    config_class = DirectHMMConfig
+
+    def __init__(self, config: DirectHMMConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.embed = Embedding(config.tgt_vocab_size, config.d_model, config.max_positions,
+                               config.dropout)
+        self.layers = nn.ModuleList(HMMDecoderLayer(config)
+                                    for _ in range(config.dec_layers - 1))
+        self.output_layer = HMMOutputLayer(config, self.order)
+        self.lexicon = nn.Linear(config.d_model, config.tgt_vocab_size)          # W4
+        if config.tie_embeddings:
+            self.lexicon.weight = self.embed.token.weight
+        else:
+            nn.init.normal_(self.lexicon.weight, mean=0.0, std=config.d_model ** -0.5)
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        """src (B, J+1) -> memory h (B, J+1, d)."""
+        return self.encoder(src)
+
+    def decode(self, src: torch.Tensor, tgt_in: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log α, W5·h (B, J+1, d), W6·s (B, I+1, d)); log α as in :class:`HMMOutputLayer`."""
+        memory = self.encode(src)
+        tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
+        x = self.embed(tgt_in)
+        for layer in self.layers:
+            x = layer(x, memory, tgt_pad_mask, src_pad_mask)
+        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask)
+
+    def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                    tgt_out: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+        """(B, I+1, J+1) log p_lex(tgt_out[i] | j), chunked by ``config.lexicon_chunk``."""
+        return lexicon_log_probs(source_hidden, target_hidden, self.lexicon.weight,
+                                 self.lexicon.bias, tgt_out, smoothing,
+                                 self.config.lexicon_chunk)
+
+    def scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+               smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(log α, log p̃_lex (B, I+1, J+1)) of a batch."""
+        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
+        return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing)
+
+    def _check_method(self, method: str, options) -> None:
+        check_condition(method in self.METHODS,
+                        f"unknown method '{method}' for model kind hmm{self.order} "
+                        f"(choose from {', '.join(self.METHODS)})")
+        check_condition(not options, f"method '{method}' takes no options "
+                                     f"({', '.join(sorted(options))})")
+
+
+class ZeroOrderHMM(DirectHMM):
+    """Zero-order direct HMM (``align train --model hmm0``)."""
+
+    METHODS: Tuple[str, ...] = ("hmm-posterior", "hmm-alignment")
+    order = 0
+
+    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, and their count."""
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
+        log_likelihood = hmm_algorithms.zero_order_log_likelihood(
+            log_alpha, log_lexicon, src.ne(PAD_ID))                              # (B, I+1)
+        target_mask = tgt_out.ne(PAD_ID)
+        return -(log_likelihood * target_mask).sum(), target_mask.sum()
+
+    def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                         method: str, **options) -> torch.Tensor:
+        """α(j|i) (``hmm-alignment``) or p(j | e_i, e_<i, f) (``hmm-posterior``): (B, I+1, J+1)."""
+        self._check_method(method, options)
+        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
+        if method == "hmm-alignment":
+            return log_alpha.exp()
+        log_lexicon = self.log_lexicon(source_hidden, target_hidden, tgt_out)
+        return hmm_algorithms.zero_order_posterior(log_alpha, log_lexicon, src.ne(PAD_ID))
+
+
+class FirstOrderHMM(DirectHMM):
+    """First-order direct HMM (``align train --model hmm1``)."""
+
+    METHODS: Tuple[str, ...] = ("hmm-posterior", "hmm-viterbi", "hmm-alignment")
+    order = 1
+
+    @staticmethod
+    def split(log_alpha: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(B, I+1, J+2, J+1) -> log_initial (B, J+1) and log_transition (B, I+1, J+1, J+1)."""
+        return log_alpha[:, 0, 0], log_alpha[:, :, 1:]
+
+    def log_z(self, log_alpha: torch.Tensor, log_lexicon: torch.Tensor, src: torch.Tensor,
+              tgt_out: torch.Tensor) -> torch.Tensor:
+        """Per-sentence log Z (B,) by the forward recursion over each sentence's own length."""
+        log_initial, log_transition = self.split(log_alpha)
+        return hmm_algorithms.forward_log_z(log_lexicon, log_initial, log_transition,
+                                            tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID))
+
+    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """−Σ_sentences log Z (forward algorithm; backward by autograd), and the token count."""
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
+        return -self.log_z(log_alpha, log_lexicon, src, tgt_out).sum(), tgt_out.ne(PAD_ID).sum()
+
+    def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                         method: str, **options) -> torch.Tensor:
+        """γ (``hmm-posterior``) or one-hot best/greedy path rows: (B, I+1, J+1)."""
+        self._check_method(method, options)
+        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
+        lengths = tgt_out.ne(PAD_ID).sum(1)
+        if method == "hmm-alignment":
+            return self._one_hot(self._greedy_path(log_alpha, lengths), src.size(1))
+        log_lexicon = self.log_lexicon(source_hidden, target_hidden, tgt_out)
+        if method == "hmm-posterior":
+            return self._posterior(log_alpha, log_lexicon, src, tgt_out)
+        if method == "hmm-viterbi":
+            log_initial, log_transition = self.split(log_alpha)
+            # real target words may not align to the source EOS; the target EOS row may
+            allowed = src.ne(PAD_ID).unsqueeze(1) & (
+                src.ne(EOS_ID).unsqueeze(1)
+                | (torch.arange(tgt_out.size(1), device=src.device)[None, :, None]
+                   == (lengths - 1)[:, None, None]))
+            log_lexicon = log_lexicon.masked_fill(~allowed, float("-inf"))
+            path, _ = hmm_algorithms.viterbi(log_lexicon, log_initial, log_transition, lengths,
+                                             src.ne(PAD_ID))
+            return self._one_hot(path, src.size(1))
+        raise AlignerError(f"unknown method '{method}'")  # unreachable after _check_method
+
+    def _posterior(self, log_alpha: torch.Tensor, log_lexicon: torch.Tensor, src: torch.Tensor,
+                   tgt_out: torch.Tensor) -> torch.Tensor:
+        """γ = ∂ log Z / ∂ log p_lex, with autograd switched on locally (extraction may run
+        under no_grad or inference_mode; the inputs are cloned into normal tensors)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            log_alpha = log_alpha.detach().clone()
+            emission = log_lexicon.detach().clone().requires_grad_(True)
+            log_z = self.log_z(log_alpha, emission, src.clone(), tgt_out.clone())
+            return hmm_algorithms.posteriors(log_z, emission)
+
+    @staticmethod
+    def _greedy_path(log_alpha: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """b_0 = argmax α(j|0,start), b_i = argmax_j α(j|i,b_{i-1}): (B, I+1), -1 at padding."""
+        batch, steps = log_alpha.shape[:2]
+        state = log_alpha[:, 0, 0].argmax(-1)
+        path = [state]
+        rows = torch.arange(batch, device=log_alpha.device)
+        for i in range(1, steps):
+            state = log_alpha[rows, i, state + 1].argmax(-1)      # +1: row 0 is the start state
+            path.append(state)
+        path_tensor = torch.stack(path, dim=1)
+        positions = torch.arange(steps, device=log_alpha.device).unsqueeze(0)
+        return path_tensor.masked_fill(positions >= lengths.unsqueeze(1), -1)
+
+    @staticmethod
+    def _one_hot(path: torch.Tensor, n_states: int) -> torch.Tensor:
+        """path (B, I+1) with -1 at padding -> (B, I+1, J+1) float, rows one-hot (0 at padding)."""
+        one_hot = F.one_hot(path.clamp_min(0), n_states).float()
+        return one_hot * path.ge(0).unsqueeze(-1)

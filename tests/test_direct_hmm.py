@@ -1,0 +1,302 @@
+"""Direct HMM models (hmm0, hmm1): losses against brute force, chunked lexicon, extraction."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aligner.constants import BOS_ID, EOS_ID, PAD_ID
+from aligner.models.direct_hmm import (DirectHMMConfig, FirstOrderHMM, ZeroOrderHMM,
+                                       lexicon_log_probs)
+from aligner.utils import AlignerError
+
+VOCAB = 11
+
+
+def _config(**changes) -> DirectHMMConfig:
+    values = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, n_heads=2,
+                  enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, lexicon_chunk=2,
+                  max_jump=3)
+    values.update(changes)
+    return DirectHMMConfig(**values)
+
+
+def _model(cls, seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    model = cls(_config(**changes))
+    model.eval()
+    return model
+
+
+def _batch(pairs):
+    """[(source ids, target ids)] -> src (B, J+1), tgt_in (B, I+1), tgt_out (B, I+1), padded."""
+    src_len = max(len(s) for s, _ in pairs) + 1
+    tgt_len = max(len(t) for _, t in pairs) + 1
+    src = torch.full((len(pairs), src_len), PAD_ID)
+    tgt_in = torch.full((len(pairs), tgt_len), PAD_ID)
+    tgt_out = torch.full((len(pairs), tgt_len), PAD_ID)
+    for b, (source, target) in enumerate(pairs):
+        src[b, :len(source) + 1] = torch.tensor(source + [EOS_ID])
+        tgt_in[b, :len(target) + 1] = torch.tensor([BOS_ID] + target)
+        tgt_out[b, :len(target) + 1] = torch.tensor(target + [EOS_ID])
+    return src, tgt_in, tgt_out
+
+
+PAIRS = [([4, 5, 6], [7, 8]), ([9, 4], [5, 6, 10, 4]), ([8], [9])]
+
+
+# -- lexicon ---------------------------------------------------------------------------------
+
+def _lexicon_reference(source_hidden, target_hidden, weight, bias, targets, smoothing):
+    """The whole (B, I, J, V) tensor, log_softmax, gather: what the chunks must reproduce."""
+    logits = F.linear(F.relu(source_hidden[:, None] + target_hidden[:, :, None]), weight, bias)
+    log_probs = torch.log_softmax(logits, -1)
+    gold = log_probs.gather(-1, targets[:, :, None, None].expand(-1, -1, logits.size(2), 1))
+    return (1 - smoothing) * gold.squeeze(-1) + smoothing * log_probs.mean(-1)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 2, 3, 5, 100])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_chunked_lexicon_equals_whole_tensor_in_value_and_gradient(chunk, smoothing):
+    generator = torch.Generator().manual_seed(chunk)
+    source = torch.randn(2, 4, 8, generator=generator, requires_grad=True)
+    target = torch.randn(2, 5, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(VOCAB, 8, generator=generator, requires_grad=True)
+    bias = torch.randn(VOCAB, generator=generator, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (2, 5), generator=generator)
+    upstream = torch.randn(2, 5, 4, generator=generator)
+    expected = _lexicon_reference(source, target, weight, bias, targets, smoothing)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), (source, target, weight, bias))
+    scores = lexicon_log_probs(source, target, weight, bias, targets, smoothing, chunk)
+    grads = torch.autograd.grad((scores * upstream).sum(), (source, target, weight, bias))
+    assert torch.allclose(scores, expected, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_lexicon_is_a_distribution_over_the_vocabulary():
+    """Summing exp(score) over all possible observed words gives 1 for every (i, j)."""
+    generator = torch.Generator().manual_seed(0)
+    source, target = torch.randn(1, 3, 8, generator=generator), torch.randn(1, 2, 8, generator=generator)
+    weight = torch.randn(VOCAB, 8, generator=generator)
+    total = sum(lexicon_log_probs(source, target, weight, None, torch.full((1, 2), v), 0.0, 1).exp()
+                for v in range(VOCAB))
+    assert torch.allclose(total, torch.ones(1, 2, 3), atol=1e-5)
+
+
+# -- zero order ------------------------------------------------------------------------------
+
+def test_hmm0_loss_equals_explicit_mixture_sum():
+    model = _model(ZeroOrderHMM)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    loss, n_tokens = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
+    with torch.no_grad():
+        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out, 0.1)
+    expected = 0.0
+    for b, (source, target) in enumerate(PAIRS):
+        for i in range(len(target) + 1):
+            expected -= math.log(sum(math.exp(log_alpha[b, i, j] + log_lexicon[b, i, j])
+                                     for j in range(len(source) + 1)))
+    assert n_tokens.item() == sum(len(t) + 1 for _, t in PAIRS)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_hmm0_alignment_is_a_distribution_over_real_source_positions():
+    model = _model(ZeroOrderHMM)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    for method in ZeroOrderHMM.METHODS:
+        scores = model.alignment_scores(src, tgt_in, tgt_out, method)
+        assert scores.shape == (3, 5, 4)
+        assert torch.allclose(scores.sum(-1), torch.ones(3, 5), atol=1e-5)
+        assert torch.all(scores.masked_select(src.eq(PAD_ID)[:, None, :].expand_as(scores)) == 0)
+
+
+def test_hmm0_posterior_is_bayes_rule_over_alignment_and_lexicon():
+    model = _model(ZeroOrderHMM)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+    joint = (log_alpha + log_lexicon).exp()
+    assert torch.allclose(posterior, joint / joint.sum(-1, keepdim=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_loss_of_a_sentence_does_not_depend_on_padding_or_batch_neighbours(cls):
+    model = _model(cls)
+    batch_loss, _ = model.loss(*_batch(PAIRS))
+    alone = sum(model.loss(*_batch([pair]))[0] for pair in PAIRS)
+    assert batch_loss.item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_chunking_changes_neither_loss_nor_gradient(cls):
+    batch = _batch(PAIRS)
+    losses, grads = [], []
+    for chunk in (0, 1, 3):
+        model = _model(cls, lexicon_chunk=chunk)
+        loss, _ = model.loss(*batch, label_smoothing=0.1)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) == pytest.approx(losses[2], rel=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-5) and torch.allclose(grads[0], grads[2], atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_alignment_at_position_i_ignores_later_target_words(cls):
+    model = _model(cls)
+    src, tgt_in, tgt_out = _batch([([4, 5, 6], [7, 8, 9])])
+    log_alpha, _, _ = model.decode(src, tgt_in)
+    changed = tgt_in.clone()
+    changed[0, 2:] = torch.tensor([10, 10])
+    log_alpha_changed, _, _ = model.decode(src, changed)
+    assert torch.allclose(log_alpha[:, :2], log_alpha_changed[:, :2], atol=1e-6)
+    assert not torch.allclose(log_alpha[:, 2:], log_alpha_changed[:, 2:], atol=1e-6)
+
+
+# -- first order -----------------------------------------------------------------------------
+
+def _paths(model, pair):
+    """All alignment paths of one pair with their log p(path, e) from the model's own scores."""
+    src, tgt_in, tgt_out = _batch([pair])
+    with torch.no_grad():
+        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+    steps, states = tgt_out.size(1), src.size(1)
+    scores = {}
+    for path in itertools.product(range(states), repeat=steps):
+        score = log_alpha[0, 0, 0, path[0]] + log_lexicon[0, 0, path[0]]
+        for i in range(1, steps):
+            score = score + log_alpha[0, i, path[i - 1] + 1, path[i]] + log_lexicon[0, i, path[i]]
+        scores[path] = score.item()
+    return scores
+
+
+def test_hmm1_loss_equals_brute_force_over_all_alignment_paths():
+    model = _model(FirstOrderHMM)
+    pair = ([4, 5], [7, 8, 9])                     # 3 states, 4 target positions: 81 paths
+    scores = _paths(model, pair)
+    log_z = math.log(sum(math.exp(s) for s in scores.values()))
+    loss, n_tokens = model.loss(*_batch([pair]))
+    assert n_tokens.item() == 4
+    assert loss.item() == pytest.approx(-log_z, rel=1e-5)
+
+
+def test_hmm1_transitions_are_distributions_with_a_start_state():
+    model = _model(FirstOrderHMM)
+    src, tgt_in, _ = _batch(PAIRS)
+    log_alpha, _, _ = model.decode(src, tgt_in)
+    assert log_alpha.shape == (3, 5, 5, 4)         # (B, I+1, start + J+1, J+1)
+    alpha = log_alpha.exp()
+    assert torch.allclose(alpha.sum(-1), torch.ones(3, 5, 5), atol=1e-5)
+    assert torch.all(alpha.masked_select(src.eq(PAD_ID)[:, None, None, :].expand_as(alpha)) == 0)
+
+
+def test_hmm1_posterior_equals_brute_force_marginals_even_under_inference_mode():
+    model = _model(FirstOrderHMM)
+    pair = ([4, 5], [7, 8, 9])
+    scores = _paths(model, pair)
+    log_z = math.log(sum(math.exp(s) for s in scores.values()))
+    expected = torch.zeros(4, 3)
+    for path, score in scores.items():
+        for i, j in enumerate(path):
+            expected[i, j] += math.exp(score - log_z)
+    with torch.inference_mode():
+        posterior = model.alignment_scores(*_batch([pair]), "hmm-posterior")
+    assert torch.allclose(posterior[0], expected, atol=1e-5)
+    with torch.no_grad():
+        batched = model.alignment_scores(*_batch(PAIRS), "hmm-posterior")
+    assert torch.allclose(batched.sum(-1), _batch(PAIRS)[2].ne(PAD_ID).float(), atol=1e-5)
+
+
+def test_hmm1_viterbi_is_the_best_path_that_aligns_words_to_words():
+    model = _model(FirstOrderHMM, seed=3)
+    pair = ([4, 5], [7, 8, 9])
+    eos = 2                                        # source EOS is state 2 of 3
+    scores = _paths(model, pair)
+    allowed = {p: s for p, s in scores.items() if eos not in p[:-1]}
+    best = max(allowed, key=allowed.get)
+    with torch.no_grad():
+        one_hot = model.alignment_scores(*_batch([pair]), "hmm-viterbi")
+    assert one_hot[0].argmax(-1).tolist() == list(best)
+    assert torch.all(one_hot.sum(-1) == 1)
+    # batched with padding: padded rows are all zero, real rows one-hot, no word on EOS
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        one_hot = model.alignment_scores(src, tgt_in, tgt_out, "hmm-viterbi")
+    assert torch.equal(one_hot.sum(-1), tgt_out.ne(PAD_ID).float())
+    for b, (source, target) in enumerate(PAIRS):
+        assert torch.all(one_hot[b, :len(target), len(source)] == 0)
+
+
+def test_hmm1_alignment_method_is_the_greedy_alpha_path():
+    model = _model(FirstOrderHMM, seed=1)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        one_hot = model.alignment_scores(src, tgt_in, tgt_out, "hmm-alignment")
+        log_alpha, _, _ = model.decode(src, tgt_in)
+    for b, (_, target) in enumerate(PAIRS):
+        previous = 0                               # the start state row
+        for i in range(len(target) + 1):
+            j = log_alpha[b, i, previous].argmax().item()
+            assert one_hot[b, i].argmax().item() == j and one_hot[b, i].sum() == 1
+            previous = j + 1
+
+
+def test_unknown_method_and_options_are_user_errors():
+    model = _model(ZeroOrderHMM)
+    with pytest.raises(AlignerError, match="hmm-viterbi"):
+        model.alignment_scores(*_batch(PAIRS), "hmm-viterbi")
+    with pytest.raises(AlignerError, match="options"):
+        model.alignment_scores(*_batch(PAIRS), "hmm-posterior", layer=3)
+    with pytest.raises(AlignerError, match="lexicon_chunk"):
+        _config(lexicon_chunk=-1)
+
+
+def test_registry_builds_both_kinds_from_a_saved_config():
+    from aligner.models import MODELS, build_model
+    assert MODELS["hmm0"] is ZeroOrderHMM and MODELS["hmm1"] is FirstOrderHMM
+    config = _config().to_dict()
+    model = build_model("hmm1", config)
+    assert isinstance(model, FirstOrderHMM) and model.config.lexicon_chunk == 2
+    with pytest.raises(AlignerError, match="unknown"):
+        build_model("hmm0", dict(config, lexicon_chnk=4))
+
+
+@pytest.mark.parametrize("cls,method", [(ZeroOrderHMM, "hmm-posterior"),
+                                        (FirstOrderHMM, "hmm-viterbi")])
+def test_training_learns_a_monotone_word_translation(cls, method):
+    """Target = word-by-word translation (id + 3) of the source: alignments become the diagonal."""
+    torch.manual_seed(0)
+    model = cls(_config(d_model=32, n_heads=2, d_ff=64, dec_layers=2, src_vocab_size=16,
+                        tgt_vocab_size=16, lexicon_chunk=0))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+
+    def sample(n):
+        pairs = []
+        for _ in range(n):
+            length = int(torch.randint(2, 6, (1,), generator=generator))
+            source = torch.randint(4, 13, (length,), generator=generator).tolist()
+            pairs.append((source, [w + 3 for w in source]))
+        return pairs
+
+    model.train()
+    for _ in range(150):
+        loss, n_tokens = model.loss(*_batch(sample(16)))
+        optimizer.zero_grad()
+        (loss / n_tokens).backward()
+        optimizer.step()
+    model.eval()
+    pairs = sample(20)
+    src, tgt_in, tgt_out = _batch(pairs)
+    with torch.no_grad():
+        scores = model.alignment_scores(src, tgt_in, tgt_out, method)
+    correct = total = 0
+    for b, (source, _) in enumerate(pairs):
+        links = scores[b, :len(source), :len(source)].argmax(-1)
+        correct += (links == torch.arange(len(source))).sum().item()
+        total += len(source)
+    assert correct / total > 0.9, (correct, total)
