@@ -14,12 +14,15 @@ from typing import Any, Dict, Tuple, Type
 
 from aligner.models.alignment_layer import AlignmentLayerModel
 from aligner.models.base import AlignmentModel
+from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.utils import check_condition
 
 MODELS: Dict[str, Type[AlignmentModel]] = {
     "transformer": Transformer,
     "alignment-layer": AlignmentLayerModel,
+    "hmm0": ZeroOrderHMM,
+    "hmm1": FirstOrderHMM,
 }
 
 #: extraction methods per model kind (first = default of ``align extract``)
