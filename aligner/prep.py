@@ -112,7 +112,7 @@ class _Bpe:
 
         self.codes_text = codes_text
         merges = [line for line in codes_text.split("\n")[1:] if line.strip()]
-        # subword-nmt cannot read a codes file without merges: then every word stays whole
+        # subword-nmt cannot read a codes file without merges; BPE without merges = characters
         self._bpe = BPE(io.StringIO(codes_text), separator=C.BPE_SEPARATOR) if merges else None
         self.n_merges = len(merges)
         self._cache: Dict[str, Tuple[str, ...]] = {}
@@ -120,7 +120,10 @@ class _Bpe:
     def pieces(self, word: str) -> Tuple[str, ...]:
         cached = self._cache.get(word)
         if cached is None:
-            cached = tuple(self._bpe.segment_tokens([word])) if self._bpe is not None else (word,)
+            if self._bpe is not None:
+                cached = tuple(self._bpe.segment_tokens([word]))
+            else:
+                cached = tuple(char + C.BPE_SEPARATOR for char in word[:-1]) + (word[-1],)
             self._cache[word] = cached
         return cached
 
