@@ -300,3 +300,17 @@ def test_training_learns_a_monotone_word_translation(cls, method):
         correct += (links == torch.arange(len(source))).sum().item()
         total += len(source)
     assert correct / total > 0.9, (correct, total)
+
+
+def test_inference_uses_the_viterbi_path_and_drops_eos_and_padding():
+    from aligner.inference import hard_alignment
+    model = _model(FirstOrderHMM, seed=2)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        path = model.alignment_path(src, tgt_in, tgt_out, "hmm-viterbi")
+        hard = hard_alignment(model, src, tgt_in, tgt_out, "hmm-viterbi")
+    for b, (source, target) in enumerate(PAIRS):
+        assert hard[b, :len(target)].tolist() == path[b, :len(target)].tolist()
+        assert torch.all(hard[b, len(target):] == -1)      # target EOS row and padding
+        assert all(0 <= j < len(source) for j in hard[b, :len(target)].tolist())
+    assert model.alignment_path(src, tgt_in, tgt_out, "hmm-posterior") is None

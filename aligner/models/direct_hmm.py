@@ -47,6 +47,8 @@ Extraction methods (``alignment_scores``, (B, I+1, J+1), larger = more strongly 
 * ``hmm-posterior`` — hmm0: α(j|i)·p_lex(e_i|j) normalized over j; hmm1: the forward–backward
   posterior γ(i,j) = ∂ log Z / ∂ log p_lex(e_i|j) (autograd).
 * ``hmm-viterbi`` (hmm1) — one-hot rows of the best path (max-product).
+For hmm1's two path methods ``alignment_path`` (the hook of aligner/inference.py) returns the
+path itself, so a word the greedy path puts on the source EOS stays unaligned.
 Extraction uses the un-smoothed lexicon (ε = 0).
 """
 from __future__ import annotations
@@ -388,27 +390,39 @@ class FirstOrderHMM(DirectHMM):
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
-        """γ (``hmm-posterior``) or one-hot best/greedy path rows: (B, I+1, J+1)."""
+        """γ (``hmm-posterior``) or one-hot rows of the Viterbi/greedy path: (B, I+1, J+1)."""
         self._check_method(method, options)
-        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
+        if method == "hmm-posterior":
+            log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out)
+            return self._posterior(log_alpha, log_lexicon, src, tgt_out)
+        path = self.alignment_path(src, tgt_in, tgt_out, method)
+        return F.one_hot(path.clamp_min(0), src.size(1)).float() * path.ge(0).unsqueeze(-1)
+
+    def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       method: str, **options) -> Optional[torch.Tensor]:
+        """Hard path (B, I+1), source position per target position, -1 at padding, for
+        ``hmm-viterbi`` and ``hmm-alignment``; None for ``hmm-posterior`` (argmax of γ).
+
+        The extraction hook of aligner/inference.py. The Viterbi path never puts a real target
+        word on the source EOS; the greedy α path may (inference drops such links: unaligned).
+        """
+        self._check_method(method, options)
+        if method == "hmm-posterior":
+            return None
         lengths = tgt_out.ne(PAD_ID).sum(1)
         if method == "hmm-alignment":
-            return self._one_hot(self._greedy_path(log_alpha, lengths), src.size(1))
-        log_lexicon = self.log_lexicon(source_hidden, target_hidden, tgt_out)
-        if method == "hmm-posterior":
-            return self._posterior(log_alpha, log_lexicon, src, tgt_out)
-        if method == "hmm-viterbi":
-            log_initial, log_transition = self.split(log_alpha)
-            # real target words may not align to the source EOS; the target EOS row may
-            allowed = src.ne(PAD_ID).unsqueeze(1) & (
-                src.ne(EOS_ID).unsqueeze(1)
-                | (torch.arange(tgt_out.size(1), device=src.device)[None, :, None]
-                   == (lengths - 1)[:, None, None]))
-            log_lexicon = log_lexicon.masked_fill(~allowed, float("-inf"))
-            path, _ = hmm_algorithms.viterbi(log_lexicon, log_initial, log_transition, lengths,
-                                             src.ne(PAD_ID))
-            return self._one_hot(path, src.size(1))
-        raise AlignerError(f"unknown method '{method}'")  # unreachable after _check_method
+            log_alpha, _, _ = self.decode(src, tgt_in)
+            return self._greedy_path(log_alpha, lengths)
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out)
+        log_initial, log_transition = self.split(log_alpha)
+        # real target words may not align to the source EOS; the target EOS row may
+        last = torch.arange(tgt_out.size(1), device=src.device)[None, :, None] \
+            == (lengths - 1)[:, None, None]
+        allowed = src.ne(PAD_ID).unsqueeze(1) & (src.ne(EOS_ID).unsqueeze(1) | last)
+        log_lexicon = log_lexicon.masked_fill(~allowed, float("-inf"))
+        path, _ = hmm_algorithms.viterbi(log_lexicon, log_initial, log_transition, lengths,
+                                         src.ne(PAD_ID))
+        return path
 
     def _posterior(self, log_alpha: torch.Tensor, log_lexicon: torch.Tensor, src: torch.Tensor,
                    tgt_out: torch.Tensor) -> torch.Tensor:
@@ -433,9 +447,3 @@ class FirstOrderHMM(DirectHMM):
         path_tensor = torch.stack(path, dim=1)
         positions = torch.arange(steps, device=log_alpha.device).unsqueeze(0)
         return path_tensor.masked_fill(positions >= lengths.unsqueeze(1), -1)
-
-    @staticmethod
-    def _one_hot(path: torch.Tensor, n_states: int) -> torch.Tensor:
-        """path (B, I+1) with -1 at padding -> (B, I+1, J+1) float, rows one-hot (0 at padding)."""
-        one_hot = F.one_hot(path.clamp_min(0), n_states).float()
-        return one_hot * path.ge(0).unsqueeze(-1)
