@@ -21,15 +21,14 @@ import logging
 import os
 from array import array
 from dataclasses import asdict, dataclass
-from itertools import zip_longest
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence,
                     Set, Tuple, TypeVar)
 
 import numpy as np
 
 from aligner import constants as C
-from aligner.prep import Preprocessor
-from aligner.utils import AlignerError, check_condition
+from aligner.prep import Preprocessor, paired
+from aligner.utils import check_condition
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,13 +107,7 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
     ids = {"src": array("i"), "tgt": array("i")}
     offsets = {"src": array("q", [0]), "tgt": array("q", [0])}
     kept_lines = array("q")
-    missing = object()
-    for k, (src_words, tgt_words) in enumerate(zip_longest(source_sentences, target_sentences,
-                                                             fillvalue=missing)):
-        if src_words is missing or tgt_words is missing:
-            side = "target" if tgt_words is missing else "source"
-            raise AlignerError(f"the {side} side has fewer sentences than the other "
-                               f"(it ends before pair {k + 1})")
+    for k, (src_words, tgt_words) in enumerate(paired(source_sentences, target_sentences)):
         stats.n_input += 1
         if not src_words or not tgt_words:
             stats.n_empty += 1

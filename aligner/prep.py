@@ -24,12 +24,14 @@ import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from itertools import zip_longest
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from aligner import constants as C
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PREP_CONFIG_NAME = "prep.json"
 SIDES = ("src", "tgt")
@@ -153,47 +155,52 @@ class Preprocessor:
     """Tokenizes lines and segments words into BPE subwords for both sides of a bitext.
 
     Build with :meth:`learn` (training) or :meth:`load` (from a model directory).
+    ``Preprocessor(config)`` without codes can tokenize (to get the words to learn BPE on)
+    but not segment, unless ``config.bpe_merges`` is 0.
     """
 
     def __init__(self, config: PrepConfig, codes_src: Optional[str] = None,
                  codes_tgt: Optional[str] = None):
         self.config = config
         self._bpe: Dict[str, Optional[_Bpe]] = {"src": None, "tgt": None}
-        if config.bpe_merges > 0:
-            check_condition(codes_src is not None and codes_tgt is not None,
-                            "BPE is enabled but codes are missing")
+        # Without codes a BPE config can tokenize but not segment (before learning).
+        self._has_codes = config.bpe_merges == 0 or (codes_src is not None
+                                                     and codes_tgt is not None)
+        if config.bpe_merges > 0 and self._has_codes:
             self._bpe = {"src": _Bpe(codes_src), "tgt": _Bpe(codes_tgt)}
         self._tokenizers: Dict[str, Any] = {}
 
     # -- learning -------------------------------------------------------------------------
 
     @classmethod
-    def learn(cls, config: PrepConfig, src_sentences: Sequence[Sequence[str]],
-              tgt_sentences: Sequence[Sequence[str]], seed: int = C.DEFAULT_SEED
+    def learn(cls, config: PrepConfig, src_sentences: Iterable[Sequence[str]],
+              tgt_sentences: Iterable[Sequence[str]], seed: int = C.DEFAULT_SEED
               ) -> "Preprocessor":
         """Learn BPE codes from tokenized training sentences (lists of words, both sides).
 
         Callers tokenize first with :meth:`tokenize_line` of a Preprocessor built from the same
-        config (``Preprocessor(config)`` works before learning). With
-        ``config.bpe_sample_sentences`` > 0 a seeded random sample of that many pairs is used.
+        config (``Preprocessor(config)`` works before learning). The inputs may be generators:
+        only word counts are kept, so a large corpus can be streamed. With
+        ``config.bpe_sample_sentences`` > 0 a seeded random sample (reservoir sampling) of that
+        many pairs is used instead of all.
         """
         check_condition(config.bpe_merges >= 0, "the number of BPE merges must be >= 0")
-        check_condition(len(src_sentences) == len(tgt_sentences),
-                        f"source and target have different numbers of sentences "
-                        f"({len(src_sentences)} vs {len(tgt_sentences)})")
+        pairs: Iterable[Tuple[Sequence[str], Sequence[str]]] = paired(src_sentences,
+                                                                      tgt_sentences)
         if config.bpe_merges == 0:
+            for _ in pairs:  # still check that the sides are line-aligned
+                pass
             return cls(config)
-        chosen: Iterable[int] = range(len(src_sentences))
-        if 0 < config.bpe_sample_sentences < len(src_sentences):
-            chosen = sorted(random.Random(seed).sample(range(len(src_sentences)),
-                                                       config.bpe_sample_sentences))
-            logger.info("learning BPE on a sample of %d of %d sentence pairs",
-                        config.bpe_sample_sentences, len(src_sentences))
+        if config.bpe_sample_sentences > 0:
+            pairs = _reservoir_sample(pairs, config.bpe_sample_sentences, seed)
         src_counts: Counter = Counter()
         tgt_counts: Counter = Counter()
-        for k in chosen:
-            src_counts.update(src_sentences[k])
-            tgt_counts.update(tgt_sentences[k])
+        n_pairs = 0
+        for src_words, tgt_words in pairs:
+            src_counts.update(src_words)
+            tgt_counts.update(tgt_words)
+            n_pairs += 1
+        logger.info("learning BPE (%d merges) on %d sentence pairs", config.bpe_merges, n_pairs)
         for counts in (src_counts, tgt_counts):
             bad = [word for word in counts if not word or _ASCII_WHITESPACE.search(word)]
             check_condition(not bad, f"BPE training words must be non-empty and without spaces: "
@@ -230,6 +237,8 @@ class Preprocessor:
     def segment(self, words: Sequence[str], side: str) -> Segmented:
         """BPE-segment a sentence given as words; returns subwords and their word indices."""
         _check_side(side)
+        if not self._has_codes:
+            raise RuntimeError("BPE codes are missing: use Preprocessor.learn or .load")
         bpe = self._bpe[side]
         subwords: List[str] = []
         word_index: List[int] = []
@@ -280,6 +289,31 @@ class Preprocessor:
                 _check_codes(text, codes_path)
                 codes[side] = text
         return cls(config, codes["src"], codes["tgt"])
+
+
+def paired(src_sentences: Iterable[T], tgt_sentences: Iterable[T]) -> Iterator[Tuple[T, T]]:
+    """zip() that raises AlignerError when one side ends before the other."""
+    missing = object()
+    for k, (src, tgt) in enumerate(zip_longest(src_sentences, tgt_sentences, fillvalue=missing)):
+        if src is missing or tgt is missing:
+            side, other = ("target", "source") if tgt is missing else ("source", "target")
+            raise AlignerError(f"the {side} side has fewer sentences than the {other} side "
+                               f"(it ends before sentence {k + 1})")
+        yield src, tgt  # type: ignore[misc]
+
+
+def _reservoir_sample(items: Iterable[T], size: int, seed: int) -> List[T]:
+    """A uniform random sample of `size` items (all if fewer), in input order (Algorithm R)."""
+    rng = random.Random(seed)
+    chosen: List[Tuple[int, T]] = []
+    for i, item in enumerate(items):
+        if i < size:
+            chosen.append((i, item))
+        else:
+            j = rng.randrange(i + 1)
+            if j < size:
+                chosen[j] = (i, item)
+    return [item for _, item in sorted(chosen, key=lambda pair: pair[0])]
 
 
 def _check_side(side: str) -> None:

@@ -108,6 +108,29 @@ def test_joint_versus_separate_codes():
     assert joint.segment(["zzzz"], "src").subwords == ["zzzz"]
 
 
+def test_learning_streams_generators():
+    config = PrepConfig(bpe_merges=30)
+    streamed = Preprocessor.learn(config, (s for s in SRC), (t for t in TGT))
+    assert streamed.codes("tgt") == Preprocessor.learn(config, SRC, TGT).codes("tgt")
+
+
+def test_sample_uses_only_the_sampled_pairs():
+    src = [["aaaa"], ["bbbb"], ["cccc"], ["dddd"]]
+    tgt = [["aaaa"], ["bbbb"], ["cccc"], ["dddd"]]
+    config = PrepConfig(bpe_merges=10, bpe_sample_sentences=1, bpe_min_frequency=1)
+    letters = set()
+    for seed in range(20):
+        codes = Preprocessor.learn(config, src, tgt, seed=seed).codes("src")
+        used = {c for c in codes.split("\n", 1)[1] if c.isalpha() and c not in "w"}
+        assert len(used) == 1  # merges of one word only
+        letters |= used
+    assert len(letters) > 1  # and the sample depends on the seed
+    # a sample as large as the corpus is the corpus
+    whole = PrepConfig(bpe_merges=10, bpe_sample_sentences=4, bpe_min_frequency=1)
+    assert Preprocessor.learn(whole, src, tgt, seed=1).codes("src") == \
+        Preprocessor.learn(PrepConfig(bpe_merges=10, bpe_min_frequency=1), src, tgt).codes("src")
+
+
 def test_learning_is_deterministic_and_sampling_is_seeded():
     config = PrepConfig(bpe_merges=30)
     assert Preprocessor.learn(config, SRC, TGT).codes("src") == \
@@ -119,8 +142,10 @@ def test_learning_is_deterministic_and_sampling_is_seeded():
 
 
 def test_learn_rejects_bad_input():
-    with pytest.raises(AlignerError, match="different numbers"):
+    with pytest.raises(AlignerError, match="target side has fewer sentences"):
         Preprocessor.learn(PrepConfig(), SRC, TGT[:-1])
+    with pytest.raises(AlignerError, match="source side has fewer sentences"):
+        Preprocessor.learn(PrepConfig(bpe_merges=0), iter(SRC[:2]), iter(TGT))
     with pytest.raises(AlignerError, match="no words"):
         Preprocessor.learn(PrepConfig(), [[]], [[]])
     with pytest.raises(AlignerError, match="without spaces"):
@@ -218,3 +243,10 @@ def test_real_enfr_round_trip(shared_data):
             seg = pre.segment(words, side)
             assert seg.words() == words
             assert joined(seg) == " ".join(words)
+
+
+def test_preprocessor_without_codes_tokenizes_but_cannot_segment():
+    pre = Preprocessor(PrepConfig(bpe_merges=100))
+    assert pre.tokenize_line("a b", "src") == ["a", "b"]
+    with pytest.raises(RuntimeError, match="codes"):
+        pre.segment(["a"], "src")
