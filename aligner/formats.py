@@ -34,8 +34,9 @@ Alignment = Set[Link]
 
 GOLD_FORMATS = ("talp", "naacl")
 
-_LINK = re.compile(r"(\d+)-(\d+)")
-_GOLD_LINK = re.compile(r"(\d+)([-p?])(\d+)")
+_LINK = re.compile(r"([0-9]+)-([0-9]+)")  # ASCII digits only (\d would accept "١-٢")
+_GOLD_LINK = re.compile(r"([0-9]+)([-p?])([0-9]+)")
+_NUMBER = re.compile(r"[0-9]+")
 _TOKEN_SEPARATOR = re.compile(r"[ \t]+")
 JOINT_SEPARATOR = "|||"
 
@@ -201,7 +202,7 @@ def _read_naacl(path: str, n_sentences: Optional[int]) -> List[GoldAlignment]:
         where = f"{path}:{line_no}"
         check_condition(3 <= len(fields) <= 5, f"{where}: malformed gold line '{line.strip()}' "
                                                "(expected: sentence source target [S|P])")
-        check_condition(all(f.isdigit() for f in fields[:3]),
+        check_condition(all(_NUMBER.fullmatch(f) for f in fields[:3]),
                         f"{where}: malformed gold line '{line.strip()}' "
                         "(sentence and positions must be non-negative integers)")
         sentence, src, tgt = (int(f) for f in fields[:3])
