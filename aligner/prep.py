@@ -4,8 +4,9 @@ The pipeline for one sentence is ``line --tokenize_line--> words --segment--> su
 Gold alignments and Pharaoh output index *words* (0-based), models see *subwords*; the
 ``word_index`` of a :class:`Segmented` sentence maps every subword position back to its word.
 
-Words are separated by ASCII whitespace only (space, tab, ...), like fast_align and the gold
-sets; other Unicode spaces (e.g. U+00A0) stay inside their token, so word indices never shift.
+Words are separated by ASCII spaces and tabs only, like fast_align, the gold sets and
+``aligner.formats``; other Unicode spaces (e.g. U+00A0) stay inside their token, so word
+indices never shift.
 
 BPE is subword-nmt's: ``learn_bpe`` writes a codes file that starts with a ``#version: 0.2``
 header, ``apply_bpe.BPE`` applies it, and a subword that is not the last of its word carries
@@ -28,6 +29,7 @@ from itertools import zip_longest
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from aligner import constants as C
+from aligner.formats import tokenize_line
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -36,12 +38,17 @@ T = TypeVar("T")
 PREP_CONFIG_NAME = "prep.json"
 SIDES = ("src", "tgt")
 
-_ASCII_WHITESPACE = re.compile(r"[ \t\n\r\f\v]+")
+_WORD_SEPARATOR = re.compile(r"[ \t]")
 
 
 def split_words(line: str) -> List[str]:
-    """Split a line into tokens on ASCII whitespace (never on other Unicode spaces)."""
-    return [token for token in _ASCII_WHITESPACE.split(line) if token]
+    """Tokens of a pre-tokenized line, exactly as :func:`aligner.formats.tokenize_line` splits
+    them (ASCII spaces and tabs only); a line end ("\n", "\r\n") is removed first."""
+    if line.endswith("\n"):
+        line = line[:-1]
+    if line.endswith("\r"):
+        line = line[:-1]
+    return tokenize_line(line)
 
 
 @dataclass
@@ -97,7 +104,8 @@ class Segmented:
         for k, (piece, word) in enumerate(zip(self.subwords, self.word_index)):
             continues = k + 1 < len(self.word_index) and self.word_index[k + 1] == word
             if continues:  # every piece but the last of its word carries the marker
-                assert piece.endswith(sep), f"subword {piece!r} inside a word lacks {sep!r}"
+                if not piece.endswith(sep):
+                    raise ValueError(f"subword {piece!r} inside a word lacks {sep!r}")
                 piece = piece[: -len(sep)]
             if word == len(words):
                 words.append(piece)
@@ -202,7 +210,7 @@ class Preprocessor:
             n_pairs += 1
         logger.info("learning BPE (%d merges) on %d sentence pairs", config.bpe_merges, n_pairs)
         for counts in (src_counts, tgt_counts):
-            bad = [word for word in counts if not word or _ASCII_WHITESPACE.search(word)]
+            bad = [word for word in counts if not word or _WORD_SEPARATOR.search(word)]
             check_condition(not bad, f"BPE training words must be non-empty and without spaces: "
                                      f"{bad[:3]!r}")
         if config.joint_bpe:
@@ -215,7 +223,8 @@ class Preprocessor:
 
     def tokenize_line(self, line: str, side: str) -> List[str]:
         """Words of one raw line: Moses-tokenized when ``config.tokenize`` (escape off, no
-        aggressive dash splitting), else split on ASCII whitespace; lowercased when set."""
+        aggressive dash splitting), else split on ASCII spaces and tabs (:func:`split_words`);
+        lowercased when set."""
         _check_side(side)
         if self.config.tokenize:
             tokenizer = self._tokenizers.get(side)
@@ -284,7 +293,7 @@ class Preprocessor:
                 codes_path = os.path.join(model_dir, name)
                 check_condition(os.path.isfile(codes_path),
                                 f"{codes_path}: missing (model directory incomplete)")
-                with open(codes_path, encoding="utf-8") as handle:
+                with open(codes_path, encoding="utf-8", newline="\n") as handle:
                     text = handle.read()
                 _check_codes(text, codes_path)
                 codes[side] = text
@@ -326,7 +335,9 @@ def _check_codes(text: str, path: str) -> None:
     lines = text.split("\n")
     check_condition(lines[0].startswith("#version:"),
                     f"{path}:1: not a subword-nmt codes file (no '#version:' header)")
+    if lines[-1] == "":  # the final line end
+        lines.pop()
     for number, line in enumerate(lines[1:], start=2):
-        if line.strip() and len(line.strip("\r\n ").split(" ")) != 2:
+        if len(line.strip("\r\n ").split(" ")) != 2:
             raise AlignerError(f"{path}:{number}: a BPE merge must be two units separated by "
                                f"one space, got {line!r}")

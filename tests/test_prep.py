@@ -6,6 +6,7 @@ import os
 import pytest
 
 from aligner import constants as C
+from aligner.formats import tokenize_line
 from aligner.prep import PREP_CONFIG_NAME, Preprocessor, PrepConfig, Segmented, split_words
 from aligner.utils import AlignerError
 
@@ -189,6 +190,9 @@ def test_load_reports_missing_and_damaged_files(tmp_path):
     (tmp_path / C.BPE_CODES_TGT).write_text("#version: 0.2\na b\nabc\n", encoding="utf-8")
     with pytest.raises(AlignerError, match=C.BPE_CODES_TGT + ":3:"):
         Preprocessor.load(str(tmp_path))
+    (tmp_path / C.BPE_CODES_TGT).write_text("#version: 0.2\na b\n\nc d\n", encoding="utf-8")
+    with pytest.raises(AlignerError, match=C.BPE_CODES_TGT + ":3:"):  # subword-nmt would exit
+        Preprocessor.load(str(tmp_path))
     (tmp_path / C.BPE_CODES_TGT).write_text("a b\n", encoding="utf-8")
     with pytest.raises(AlignerError, match="version"):
         Preprocessor.load(str(tmp_path))
@@ -213,6 +217,13 @@ def test_tokenize_off_splits_on_ascii_whitespace_only():
     assert pre.tokenize_line("  Tom &  don't\tgo.\u00a0x \n", "src") == \
         ["Tom", "&", "don't", "go.\u00a0x"]
     assert split_words("") == [] and split_words(" \t ") == []
+    assert split_words("a b\r\n") == ["a", "b"]
+
+
+@pytest.mark.parametrize("line", ["a  b\tc", " x\u00a0y \u2009z ", "p\vq\fr", "\u3000"])
+def test_split_words_agrees_with_formats(line):
+    assert split_words(line) == tokenize_line(line)
+    assert Preprocessor(PrepConfig(bpe_merges=0)).tokenize_line(line, "src") == tokenize_line(line)
 
 
 def test_tokenize_with_sacremoses_no_escaping():
@@ -250,3 +261,23 @@ def test_preprocessor_without_codes_tokenizes_but_cannot_segment():
     assert pre.tokenize_line("a b", "src") == ["a", "b"]
     with pytest.raises(RuntimeError, match="codes"):
         pre.segment(["a"], "src")
+
+
+def test_saved_codes_work_with_subword_nmt_itself(tmp_path):
+    """A user can apply the model directory's codes with subword-nmt and get the same units."""
+    from subword_nmt.apply_bpe import BPE
+
+    pre = Preprocessor.learn(PrepConfig(bpe_merges=40, joint_bpe=False), SRC, TGT)
+    pre.save(str(tmp_path))
+    for side, name, sentences in (("src", C.BPE_CODES_SRC, SRC), ("tgt", C.BPE_CODES_TGT, TGT)):
+        with open(tmp_path / name, encoding="utf-8") as codes:
+            reference = BPE(codes)
+        for words in sentences:
+            assert reference.segment(" ".join(words)).split() == pre.segment(words, side).subwords
+
+
+def test_codes_without_merges_survive_save_and_load(tmp_path):
+    pre = Preprocessor.learn(PrepConfig(bpe_merges=50, bpe_min_frequency=1000), SRC, TGT)
+    pre.save(str(tmp_path))
+    loaded = Preprocessor.load(str(tmp_path))
+    assert loaded.segment(["abc"], "tgt").subwords == ["a@@", "b@@", "c"]
