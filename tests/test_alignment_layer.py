@@ -304,6 +304,20 @@ def test_layer_sgd_raises_the_target_word_probability_of_the_model():
         assert after[real].sum() > before[real].sum()
 
 
+def test_options_arrive_as_text_or_json_values():
+    """`align extract -O sgd_steps=2 -O init=random` gives ints or strings; None = default."""
+    model = _model().eval()
+    src, tgt_in, tgt_out = _ids()
+    typed = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps=2, sgd_lr=0.5)
+    text = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps="2", sgd_lr="0.5",
+                                  init=None, seed=None)
+    assert torch.equal(typed, text)
+    default = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd")
+    explicit = model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps=3, sgd_lr=1,
+                                      init="forward")
+    assert torch.equal(default, explicit) and not torch.equal(default, typed)
+
+
 def test_random_init_is_seeded():
     model = _model().eval()
     src, tgt_in, tgt_out = _ids()
@@ -332,6 +346,18 @@ def test_bad_options_are_user_errors():
     src, tgt_in, tgt_out = _ids()
     with pytest.raises(AlignerError, match="--init"):
         model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", init="zeros")
+    with pytest.raises(AlignerError, match="--sgd-steps"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps=-2)
+    with pytest.raises(AlignerError, match="--sgd-steps"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_steps=1.5)
+    with pytest.raises(AlignerError, match="numbers"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", sgd_lr="fast")
+    with pytest.raises(AlignerError, match="takes no option"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer", sgd_steps=3)
+    with pytest.raises(AlignerError, match="takes no option"):
+        model.alignment_scores(src, tgt_in, tgt_out, "layer-sgd", layer=2)
+    with pytest.raises(AlignerError, match="takes no option"):
+        model.alignment_scores(src, tgt_in, tgt_out, "attention", sgd_steps=3)
     with pytest.raises(AlignerError, match="--layer-keys"):
         AlignmentLayerConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, layer_keys="sum")
 

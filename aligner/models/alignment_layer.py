@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ from torch import nn
 from aligner.constants import DEFAULT_SEED, EOS_ID, PAD_ID
 from aligner.models.base import AlignmentModel
 from aligner.models.transformer import Transformer, TransformerConfig
-from aligner.utils import check_condition
+from aligner.utils import AlignerError, check_condition
 
 #: where the layer's keys and values come from (see module docstring)
 KEY_KINDS = ("word", "enc", "add")
@@ -269,26 +269,54 @@ class AlignmentLayerModel(AlignmentModel):
         return loss_sum, (tgt_out != PAD_ID).sum()
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                         method: str, sgd_steps: int = DEFAULT_SGD_STEPS,
-                         sgd_lr: float = DEFAULT_SGD_LR, init: str = "forward",
-                         seed: Optional[int] = None, **options) -> torch.Tensor:
+                         method: str, **options: Any) -> torch.Tensor:
         """Scores (B, I+1, J+1) for `method`.
 
-        ``layer``: the layer's attention α. ``layer-sgd``: α (or uniform random, `init`)
-        optimized by `sgd_steps` ascent steps of rate `sgd_lr` (see `optimize_attention`);
-        `seed` fixes the random init (default constants.DEFAULT_SEED). Other methods go to the
-        base transformer with `options`.
+        ``layer``: the layer's attention α (no options). ``layer-sgd``: α, or uniform random
+        weights with ``init="random"``, optimized by ``sgd_steps`` (default 3) ascent steps of
+        rate ``sgd_lr`` (default 1.0), see `optimize_attention`; ``seed`` fixes the random init
+        (default constants.DEFAULT_SEED). Other methods go to the base transformer with
+        `options` (e.g. ``layer=`` for ``attention``). Unknown options are user errors.
         """
         if method not in self.LAYER_METHODS:
             return self.base.alignment_scores(src, tgt_in, tgt_out, method, **options)
-        check_condition(init in INITS, f"--init must be one of {', '.join(INITS)}, got {init!r}")
+        settings = layer_sgd_settings(method, options)
         states, source, allowed = self._features(src, tgt_in)
         with torch.no_grad():
             weights = self.layer.attention(states, source, allowed)
             values = self.layer.values(source)
         if method == "layer":
             return weights
-        if init == "random":
+        if settings["init"] == "random":
             weights = random_attention(tuple(weights.shape), allowed,
-                                       DEFAULT_SEED if seed is None else seed).to(weights.dtype)
-        return optimize_attention(self.layer, weights, values, tgt_out, allowed, sgd_steps, sgd_lr)
+                                       settings["seed"]).to(weights.dtype)
+        return optimize_attention(self.layer, weights, values, tgt_out, allowed,
+                                  settings["sgd_steps"], settings["sgd_lr"])
+
+
+def layer_sgd_settings(method: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """Validated options of ``layer`` (none) and ``layer-sgd`` (sgd_steps, sgd_lr, init, seed).
+
+    Values may arrive as text or JSON-typed (``align extract -O sgd_steps=5``); None = default.
+    """
+    defaults = {"sgd_steps": DEFAULT_SGD_STEPS, "sgd_lr": DEFAULT_SGD_LR, "init": "forward",
+                "seed": DEFAULT_SEED}
+    given = {key: value for key, value in options.items() if value is not None}
+    allowed_keys = set(defaults) if method == "layer-sgd" else set()
+    unknown = sorted(set(given) - allowed_keys)
+    check_condition(not unknown, f"method '{method}' takes no option(s) {', '.join(unknown)}"
+                                 + (f" (it takes {', '.join(sorted(allowed_keys))})"
+                                    if allowed_keys else ""))
+    settings = {**defaults, **given}
+    try:
+        steps = int(settings["sgd_steps"])
+        lr = float(settings["sgd_lr"])
+        seed = int(settings["seed"])
+    except (TypeError, ValueError):
+        raise AlignerError(f"layer-sgd options must be numbers: sgd_steps={settings['sgd_steps']!r}, "
+                           f"sgd_lr={settings['sgd_lr']!r}, seed={settings['seed']!r}") from None
+    check_condition(steps >= 0 and steps == float(settings["sgd_steps"]),
+                    f"--sgd-steps must be a whole number >= 0, got {settings['sgd_steps']!r}")
+    check_condition(settings["init"] in INITS,
+                    f"--init must be one of {', '.join(INITS)}, got {settings['init']!r}")
+    return {"sgd_steps": steps, "sgd_lr": lr, "init": settings["init"], "seed": seed}
