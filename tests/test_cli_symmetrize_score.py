@@ -292,7 +292,8 @@ def test_symmetrize_cli_matches_atools_on_giza_reverse_tgt_src(shared_data, tmp_
 
 @pytest.mark.parametrize("args", [
     ["symmetrize", "-f", TINY["fwd"], "-r", TINY["rev.src-tgt"], "-q"],
-    ["score-aer", "-g", TINY["talp"], "-a", TINY["fwd"]],
+    ["score-aer", "-g", TINY["talp"], "-a", TINY["fwd"], "--translations", TINY["tgt"],
+     "--references", TINY["tgt"]],
 ])
 def test_commands_do_not_import_torch(args):
     """The full `align` entry point (all commands registered) runs these without torch."""
@@ -306,3 +307,39 @@ def test_commands_do_not_import_torch(args):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "NO-TORCH"
+
+
+# --- translation metrics next to AER ------------------------------------------------------
+
+def test_translation_scores_perfect_and_against_sacrebleu(tmp_path):
+    refs = write(tmp_path, "ref.txt", "the cat sat on the mat .\nthere is a dog here\n")
+    perfect = run("score-aer", "--translations", refs, "--references", refs, "--json")
+    data = json.loads(stdout_of(perfect))
+    assert data["bleu"]["score"] == pytest.approx(100.0)
+    assert data["ter"]["score"] == pytest.approx(0.0)
+    assert data["bleu"]["signature"].startswith("nrefs:1|")
+    hyps = write(tmp_path, "hyp.txt", "the cat sat on a mat .\na dog is here\n")
+    from sacrebleu.metrics import BLEU, TER
+    expected_bleu = BLEU().corpus_score(["the cat sat on a mat .", "a dog is here"],
+                                        [["the cat sat on the mat .", "there is a dog here"]])
+    expected_ter = TER().corpus_score(["the cat sat on a mat .", "a dog is here"],
+                                      [["the cat sat on the mat .", "there is a dog here"]])
+    result = run("score-aer", "-g", TINY["talp"], "-a", grow_diag_file(tmp_path),
+                 "--translations", hyps, "--references", refs, "-w", "2")
+    lines = stdout_of(result).splitlines()
+    assert lines[0].startswith("AER 23.53  ")  # the alignment scores come first
+    assert lines[2].startswith("BLEU|nrefs:1|")
+    assert f" = {expected_bleu.score:.2f} " in lines[2]
+    assert lines[3].startswith("TER|nrefs:1|")
+    assert lines[3].endswith(f"= {expected_ter.score:.2f}")
+
+
+def test_translation_score_errors(tmp_path):
+    refs = write(tmp_path, "ref.txt", "a b\nc d\n")
+    short = write(tmp_path, "hyp.txt", "a b\n")
+    assert_user_error(run("score-aer", "--translations", short, "--references", refs),
+                      f"{short}:2: line counts differ: {refs} has 2 lines, {short} has 1")
+    assert_user_error(run("score-aer", "--translations", short),
+                      "give both --translations and --references")
+    assert_user_error(run("score-aer", "-g", TINY["talp"]), "give both -g/--gold and -a")
+    assert_user_error(run("score-aer"), "nothing to score")

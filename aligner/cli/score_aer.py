@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
 from aligner import __version__
 from aligner.formats import (GOLD_FORMATS, check_alignments_against_bitext, check_same_length,
-                             read_bitext, read_gold, read_pharaoh)
-from aligner.metrics import AERScore, corpus_stats, score_from_stats, sum_stats
-from aligner.utils import AlignerError
+                             read_bitext, read_gold, read_lines, read_pharaoh)
+from aligner.metrics import AERScore, AERStats, corpus_stats, score_from_stats, sum_stats
+from aligner.utils import AlignerError, check_condition
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
 PER_SENTENCE_COLUMNS = ("sentence", "aer", "precision", "recall", "f1", "links", "sure",
@@ -43,8 +43,8 @@ def format_text(score: AERScore, n_sentences: int, width: int) -> str:
 
 
 @click.command("score-aer")
-@click.option("-g", "--gold", required=True, type=INPUT, help="Gold alignments.")
-@click.option("-a", "--hypothesis", required=True, type=INPUT,
+@click.option("-g", "--gold", type=INPUT, help="Gold alignments.")
+@click.option("-a", "--hypothesis", type=INPUT,
               help="Hypothesis alignments (Pharaoh i-j, 0-based, one line per sentence pair).")
 @click.option("--gold-format", type=click.Choice(GOLD_FORMATS), default="talp",
               show_default=True,
@@ -61,45 +61,95 @@ def format_text(score: AERScore, n_sentences: int, width: int) -> str:
 @click.option("-t", "--target", type=INPUT, help="Target sentences, to check link indices.")
 @click.option("-i", "--input", "joint", type=INPUT,
               help="'source ||| target' file, to check link indices (instead of -s/-t).")
-def command(gold: str, hypothesis: str, gold_format: str, reverse: bool, per_sentence: bool,
-            as_json: bool, width: int, source: Optional[str], target: Optional[str],
-            joint: Optional[str]) -> None:
+@click.option("--translations", type=INPUT,
+              help="Translations (one per line, e.g. from align translate): also print "
+                   "BLEU and TER (sacrebleu) against --references.")
+@click.option("--references", type=INPUT, help="Reference translations for --translations.")
+def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, reverse: bool,
+            per_sentence: bool, as_json: bool, width: int, source: Optional[str],
+            target: Optional[str], joint: Optional[str], translations: Optional[str],
+            references: Optional[str]) -> None:
     """Score alignments with AER (Och & Ney 2000), precision, recall and F1.
 
     Link counts are summed over the corpus before dividing (as lilt/alignment-scripts'
     aer.py): P = |A∩P|/|A|, R = |A∩S|/|S|, AER = 1 - (|A∩S| + |A∩P|)/(|A| + |S|).
     Gold carries no sentence lengths; give -s/-t or -i to check every index against them.
+
+    Example: align score-aer -g trial.talp -a trial.gdfa.txt -s trial.en -t trial.fr
     """
+    check_condition((gold is None) == (hypothesis is None),
+                    "give both -g/--gold and -a/--hypothesis")
+    check_condition((translations is None) == (references is None),
+                    "give both --translations and --references")
+    check_condition(gold is not None or translations is not None,
+                    "nothing to score: give -g GOLD -a HYPOTHESIS (and/or --translations "
+                    "with --references)")
+    result: Dict[str, Any] = {}
+    lines: List[str] = []
+    if gold is not None and hypothesis is not None:
+        stats = _alignment_stats(gold, hypothesis, gold_format, reverse, source, target, joint)
+        score = score_from_stats(sum_stats(stats))
+        sig = signature(gold_format, reverse)
+        result.update({"signature": sig, "sentences": len(stats), **_percentages(score, None)})
+        if per_sentence:
+            result["per_sentence"] = [_percentages(score_from_stats(s), None) for s in stats]
+            lines.append("\t".join(PER_SENTENCE_COLUMNS))
+            lines += [_per_sentence_row(number, sentence, width)
+                      for number, sentence in enumerate(stats, start=1)]
+        lines += [format_text(score, len(stats), width), f"signature: {sig}"]
+    if translations is not None and references is not None:
+        for name, value, text in translation_scores(translations, references, width):
+            result[name] = value
+            lines.append(text)
+    click.echo(json.dumps(result, ensure_ascii=False) if as_json else "\n".join(lines))
+
+
+def _alignment_stats(gold: str, hypothesis: str, gold_format: str, reverse: bool,
+                     source: Optional[str], target: Optional[str],
+                     joint: Optional[str]) -> List[AERStats]:
+    """Read and check hypothesis and gold (and sentences, if given); per-sentence counts."""
     hyps = read_pharaoh(hypothesis, reverse=reverse)
     golds = read_gold(gold, gold_format, n_sentences=len(hyps))
     check_same_length(gold, len(golds), hypothesis, len(hyps))
     if source is not None or target is not None or joint is not None:
         bitext = read_bitext(source, target, joint)
         check_alignments_against_bitext(hyps, hypothesis, bitext, reverse=reverse)
-        if gold_format == "talp":  # naacl gold has no line per sentence pair to name
+        if gold_format == "talp":
             check_alignments_against_bitext([g.possible for g in golds], gold, bitext)
-        else:
+        else:  # NAACL gold has no line per sentence pair: name the sentence number
             for k, (g, src, tgt) in enumerate(zip(golds, bitext.source, bitext.target), start=1):
                 _check_naacl_range(g.possible, len(src), len(tgt), gold, k)
-    stats = corpus_stats(hyps, golds)
-    score = score_from_stats(sum_stats(stats))
-    sig = signature(gold_format, reverse)
-    if as_json:
-        result = {"signature": sig, "sentences": len(hyps), **_percentages(score, None)}
-        if per_sentence:
-            result["per_sentence"] = [_percentages(score_from_stats(s), None) for s in stats]
-        click.echo(json.dumps(result, ensure_ascii=False))
-        return
-    if per_sentence:
-        click.echo("\t".join(PER_SENTENCE_COLUMNS))
-        for number, sentence in enumerate(stats, start=1):
-            row = _percentages(score_from_stats(sentence), width)
-            cells: List[str] = [str(number)]
-            cells += [f"{row[key]:.{width}f}" for key in ("aer", "precision", "recall", "f1")]
-            cells += [str(row[key]) for key in PER_SENTENCE_COLUMNS[5:]]
-            click.echo("\t".join(cells))
-    click.echo(format_text(score, len(hyps), width))
-    click.echo(f"signature: {sig}")
+    return corpus_stats(hyps, golds)
+
+
+def _per_sentence_row(number: int, stats: AERStats, width: int) -> str:
+    """Tab-separated row in the order of PER_SENTENCE_COLUMNS."""
+    row = _percentages(score_from_stats(stats), width)
+    cells = [str(number)]
+    cells += [f"{row[key]:.{width}f}" for key in ("aer", "precision", "recall", "f1")]
+    cells += [str(row[key]) for key in PER_SENTENCE_COLUMNS[5:]]
+    return "\t".join(cells)
+
+
+def translation_scores(translations: str, references: str,
+                       width: int) -> List[Tuple[str, Dict[str, Any], str]]:
+    """BLEU and TER of one translation per line against one reference per line (sacrebleu).
+
+    Returns (name, JSON value, text line) per metric; the text line is sacrebleu's own
+    ``BLEU|nrefs:1|...|version:2.x = 22.41 ...``.
+    """
+    from sacrebleu.metrics import BLEU, TER  # only when asked: keeps the command light
+
+    hyps = read_lines(translations)
+    refs = read_lines(references)
+    check_same_length(references, len(refs), translations, len(hyps))
+    scores = []
+    for name, metric in (("bleu", BLEU()), ("ter", TER())):
+        score = metric.corpus_score(hyps, [refs])
+        sig = str(metric.get_signature())
+        scores.append((name, {"score": round(score.score, 10), "signature": sig},
+                       score.format(width=width, signature=sig)))
+    return scores
 
 
 def _check_naacl_range(links: Set[Tuple[int, int]], src_len: int, tgt_len: int, name: str,
