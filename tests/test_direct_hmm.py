@@ -184,6 +184,18 @@ def test_hmm1_loss_equals_brute_force_over_all_alignment_paths():
     assert loss.item() == pytest.approx(-log_z, rel=1e-5)
 
 
+def test_hmm1_tree_forward_gives_the_same_loss_and_gradient_as_the_loop():
+    batch = _batch(PAIRS)
+    results = []
+    for algorithm in ("loop", "tree"):
+        model = _model(FirstOrderHMM, forward_algorithm=algorithm)
+        loss, _ = model.loss(*batch)
+        loss.backward()
+        results.append((loss.item(), model.output_layer.first_order.jump.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+
+
 def test_hmm1_transitions_are_distributions_with_a_start_state():
     model = _model(FirstOrderHMM)
     src, tgt_in, _ = _batch(PAIRS)
@@ -253,6 +265,8 @@ def test_unknown_method_and_options_are_user_errors():
         model.alignment_scores(*_batch(PAIRS), "hmm-posterior", layer=3)
     with pytest.raises(AlignerError, match="lexicon_chunk"):
         _config(lexicon_chunk=-1)
+    with pytest.raises(AlignerError, match="forward_algorithm"):
+        _config(forward_algorithm="scan")
 
 
 def test_registry_builds_both_kinds_from_a_saved_config():

@@ -70,6 +70,10 @@ from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHe
 from aligner.utils import AlignerError, check_condition
 
 
+FORWARD_ALGORITHMS = {"loop": hmm_algorithms.forward_log_z,
+                      "tree": hmm_algorithms.forward_log_z_parallel}
+
+
 @dataclass
 class DirectHMMConfig(TransformerConfig):
     """Transformer hyper-parameters plus the direct HMM's own (saved in config.json)."""
@@ -79,6 +83,9 @@ class DirectHMMConfig(TransformerConfig):
     lexicon_chunk: int = 8
     #: first-order model: jump widths |j - j'| above this share one embedding
     max_jump: int = 16
+    #: first-order forward algorithm: "loop" over target positions or log-semiring "tree"
+    #: reduction (same value; the loop is faster on CPU, see eval/results/hmm_forward.md)
+    forward_algorithm: str = "loop"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +93,9 @@ class DirectHMMConfig(TransformerConfig):
         check_condition(self.lexicon_chunk >= 0,
                         f"lexicon_chunk must be >= 0 (0 = no chunking): {self.lexicon_chunk}")
         check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
+        check_condition(self.forward_algorithm in FORWARD_ALGORITHMS,
+                        f"forward_algorithm must be one of {', '.join(FORWARD_ALGORITHMS)}: "
+                        f"{self.forward_algorithm}")
 
 
 # -- lexicon ---------------------------------------------------------------------------------
@@ -379,8 +389,9 @@ class FirstOrderHMM(DirectHMM):
               tgt_out: torch.Tensor) -> torch.Tensor:
         """Per-sentence log Z (B,) by the forward recursion over each sentence's own length."""
         log_initial, log_transition = self.split(log_alpha)
-        return hmm_algorithms.forward_log_z(log_lexicon, log_initial, log_transition,
-                                            tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID))
+        forward = FORWARD_ALGORITHMS[self.config.forward_algorithm]
+        return forward(log_lexicon, log_initial, log_transition,
+                       tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID))
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
