@@ -28,7 +28,7 @@ import numpy as np
 
 from aligner import constants as C
 from aligner.prep import Preprocessor, paired
-from aligner.utils import check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,23 +128,17 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
         kept_lines.append(k)
     stats.n_kept = len(kept_lines)
     stats.src_tokens, stats.tgt_tokens = len(ids["src"]), len(ids["tgt"])
-    for side, files in (("src", (SRC_IDS, SRC_OFFSETS)), ("tgt", (TGT_IDS, TGT_OFFSETS))):
-        side_ids = np.frombuffer(ids[side], dtype=np.int32) if len(ids[side]) else \
-            np.zeros(0, dtype=np.int32)
-        if side == "src":
-            stats.src_unk = int(np.count_nonzero(side_ids == C.UNK_ID))
-        else:
-            stats.tgt_unk = int(np.count_nonzero(side_ids == C.UNK_ID))
-        _save_array(os.path.join(out_dir, files[0]), side_ids)
-        _save_array(os.path.join(out_dir, files[1]), np.frombuffer(offsets[side], dtype=np.int64))
-    _save_array(os.path.join(out_dir, LINE_NUMBERS),
-                np.frombuffer(kept_lines, dtype=np.int64) if len(kept_lines)
-                else np.zeros(0, dtype=np.int64))
-    tmp = meta_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
+    src_ids, tgt_ids = np.array(ids["src"], dtype=np.int32), np.array(ids["tgt"], dtype=np.int32)
+    stats.src_unk = int(np.count_nonzero(src_ids == C.UNK_ID))
+    stats.tgt_unk = int(np.count_nonzero(tgt_ids == C.UNK_ID))
+    for name, values in ((SRC_IDS, src_ids), (TGT_IDS, tgt_ids),
+                         (SRC_OFFSETS, np.array(offsets["src"], dtype=np.int64)),
+                         (TGT_OFFSETS, np.array(offsets["tgt"], dtype=np.int64)),
+                         (LINE_NUMBERS, np.array(kept_lines, dtype=np.int64))):
+        _save_array(os.path.join(out_dir, name), values)
+    with atomic_output(meta_path) as out:  # last: marks the directory complete
         json.dump(stats.to_dict(), out, indent=2)
         out.write("\n")
-    os.replace(tmp, meta_path)
     logger.info("encoded %d of %d sentence pairs (%d source / %d target subwords); skipped %d "
                 "with an empty side, %d longer than %s subwords, %d with length ratio above %s",
                 stats.n_kept, stats.n_input, stats.src_tokens, stats.tgt_tokens, stats.n_empty,
@@ -178,8 +172,11 @@ class EncodedCorpus:
         meta_path = os.path.join(directory, CORPUS_META)
         check_condition(os.path.isfile(meta_path),
                         f"{directory}: not a complete encoded corpus ({CORPUS_META} missing)")
-        with open(meta_path, encoding="utf-8") as handle:
-            stats = CorpusStats(**json.load(handle))
+        try:
+            with open(meta_path, encoding="utf-8") as handle:
+                stats = CorpusStats(**json.load(handle))
+        except (ValueError, TypeError) as error:
+            raise AlignerError(f"{meta_path}: damaged ({error})") from None
         arrays = []
         for name in (SRC_IDS, SRC_OFFSETS, TGT_IDS, TGT_OFFSETS, LINE_NUMBERS):
             path = os.path.join(directory, name)

@@ -111,6 +111,9 @@ def test_open_refuses_incomplete_directories(tmp_path):
     (tmp_path / LINE_NUMBERS).unlink()
     with pytest.raises(AlignerError, match=LINE_NUMBERS):
         EncodedCorpus.open(str(tmp_path))
+    (tmp_path / CORPUS_META).write_text("{", encoding="utf-8")
+    with pytest.raises(AlignerError, match=CORPUS_META + ": damaged"):
+        EncodedCorpus.open(str(tmp_path))
     # rewriting a directory first removes its completeness marker
     with pytest.raises(AlignerError):
         encode_corpus(pre, src_vocab, tgt_vocab, src, tgt[:1], str(tmp_path))
