@@ -36,6 +36,9 @@ GOLD_FORMATS = ("talp", "naacl")
 
 _LINK = re.compile(r"([0-9]+)-([0-9]+)")  # ASCII digits only (\d would accept "١-٢")
 _GOLD_LINK = re.compile(r"([0-9]+)([-p?])([0-9]+)")
+# a whole well-formed line, checked in one pass before the links are extracted
+_LINK_LINE = re.compile(r"[ \t]*(?:[0-9]+-[0-9]+(?:[ \t]+|$))*")
+_GOLD_LINE = re.compile(r"[ \t]*(?:[0-9]+[-p?][0-9]+(?:[ \t]+|$))*")
 _NUMBER = re.compile(r"[0-9]+")
 _TOKEN_SEPARATOR = re.compile(r"[ \t]+")
 JOINT_SEPARATOR = "|||"
@@ -153,13 +156,12 @@ def parse_links(text: str, name: str, line_no: int) -> Alignment:
     Only ``i-j`` with non-negative integers is accepted; anything else raises
     ``AlignerError("name:line_no: malformed link '...'")``. Repeated links count once.
     """
-    links = set()
+    if _LINK_LINE.fullmatch(text):  # fast path: the whole line is well formed
+        return {(int(i), int(j)) for i, j in _LINK.findall(text)}
     for token in tokenize_line(text):
-        match = _LINK.fullmatch(token)
-        if match is None:
+        if _LINK.fullmatch(token) is None:
             raise AlignerError(f"{name}:{line_no}: malformed link '{token}' (expected i-j)")
-        links.add((int(match.group(1)), int(match.group(2))))
-    return links
+    raise AssertionError(f"unparsed well-formed line {text!r}")  # pragma: no cover
 
 
 def flip(links: Iterable[Link]) -> Alignment:
@@ -179,15 +181,16 @@ def read_pharaoh(path: str, reverse: bool = False) -> List[Alignment]:
 
 
 def _parse_talp_line(text: str, name: str, line_no: int) -> GoldAlignment:
+    if not _GOLD_LINE.fullmatch(text):
+        for token in tokenize_line(text):
+            if _GOLD_LINK.fullmatch(token) is None:
+                raise AlignerError(f"{name}:{line_no}: malformed gold link '{token}' "
+                                   "(expected i-j for sure, ipj or i?j for possible)")
     sure, possible = set(), set()
-    for token in tokenize_line(text):
-        match = _GOLD_LINK.fullmatch(token)
-        if match is None:
-            raise AlignerError(f"{name}:{line_no}: malformed gold link '{token}' "
-                               "(expected i-j for sure, ipj or i?j for possible)")
-        link = (int(match.group(1)), int(match.group(3)))
+    for i, kind, j in _GOLD_LINK.findall(text):
+        link = (int(i), int(j))
         possible.add(link)
-        if match.group(2) == "-":
+        if kind == "-":
             sure.add(link)
     return GoldAlignment(sure, possible)
 

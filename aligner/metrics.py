@@ -16,7 +16,7 @@ This module does not import torch.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
 from aligner.formats import GoldAlignment
@@ -36,7 +36,10 @@ class AERStats:
     hyp_and_possible: int = 0  # |A ∩ P|
 
     def __add__(self, other: "AERStats") -> "AERStats":
-        return AERStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return AERStats(self.n_hyp + other.n_hyp, self.n_sure + other.n_sure,
+                        self.n_possible + other.n_possible,
+                        self.hyp_and_sure + other.hyp_and_sure,
+                        self.hyp_and_possible + other.hyp_and_possible)
 
 
 @dataclass(frozen=True)
