@@ -243,15 +243,20 @@ def read_gold(path: str, gold_format: str = "talp",
     ``naacl``: ``sentence source target [S|P] [confidence]`` lines, 1-based, NULL (0) dropped,
     no label = sure. Sentence ``k`` (1-based) becomes entry ``k - 1``; as sentences without
     links do not appear, give ``n_sentences`` (the hypothesis line count) to fix the length,
-    otherwise it is the largest sentence number. For ``talp``, ``n_sentences`` is ignored (the
-    caller compares line counts and names the file).
+    otherwise it is the largest sentence number. For ``talp``, a given ``n_sentences`` must
+    equal the number of lines.
     """
     check_condition(gold_format in GOLD_FORMATS, f"unknown gold format '{gold_format}' "
                                                  f"(expected one of {', '.join(GOLD_FORMATS)})")
     if gold_format == "naacl":
         return _read_naacl(path, n_sentences)
-    return [_parse_talp_line(line, path, line_no)
+    gold = [_parse_talp_line(line, path, line_no)
             for line_no, line in enumerate(read_lines(path), start=1)]
+    if n_sentences is not None and len(gold) != n_sentences:
+        raise AlignerError(f"{path}:{min(len(gold), n_sentences) + 1}: line counts differ: "
+                           f"{path} has {len(gold)} lines, expected {n_sentences} "
+                           "(one per sentence pair)")
+    return gold
 
 
 def format_links(links: Iterable[Link]) -> str:

@@ -185,6 +185,9 @@ def test_read_gold_talp(tmp_path):
                     GoldAlignment(set(), set()),
                     GoldAlignment({(0, 0)}, {(0, 0)})]  # sure wins over possible
     assert format_gold(gold[0]) == "0-0 1p1 2p2"
+    assert read_gold(path, n_sentences=3) == gold
+    assert error_of(read_gold, path, n_sentences=4) == (
+        f"{path}:4: line counts differ: {path} has 3 lines, expected 4 (one per sentence pair)")
 
 
 @pytest.mark.parametrize("token", ["1x2", "1-", "p2", "1pp2", "1-2p3", "1p²"])
