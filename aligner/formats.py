@@ -8,7 +8,8 @@ Conventions, shared by the whole package:
 * Files are UTF-8 and line-aligned. Lines are split on ``\\n`` only (a trailing ``\\r`` is
   removed), so a stray carriage return or Unicode line separator inside a line never shifts the
   lines that follow. Tokens are separated by ASCII spaces and tabs only: a non-breaking space
-  stays inside its token, as it does for fast_align and the Moses tools.
+  or another Unicode space stays inside its token (Python's ``str.split()`` would split there
+  and shift every later word index; fast_align, a C++ tool, does not split there either).
 * A user error raises :class:`aligner.utils.AlignerError` with one line ``"file:line: message"``.
 
 Pharaoh format: one line per sentence pair, links ``i-j`` separated by spaces, an empty line
@@ -37,8 +38,8 @@ GOLD_FORMATS = ("talp", "naacl")
 _LINK = re.compile(r"([0-9]+)-([0-9]+)")  # ASCII digits only (\d would accept "١-٢")
 _GOLD_LINK = re.compile(r"([0-9]+)([-p?])([0-9]+)")
 # a whole well-formed line, checked in one pass before the links are extracted
-_LINK_LINE = re.compile(r"[ \t]*(?:[0-9]+-[0-9]+(?:[ \t]+|$))*")
-_GOLD_LINE = re.compile(r"[ \t]*(?:[0-9]+[-p?][0-9]+(?:[ \t]+|$))*")
+_LINK_LINE = re.compile(r"[ \t]*(?:[0-9]+-[0-9]+(?:[ \t]+|\Z))*")
+_GOLD_LINE = re.compile(r"[ \t]*(?:[0-9]+[-p?][0-9]+(?:[ \t]+|\Z))*")
 _NUMBER = re.compile(r"[0-9]+")
 _TOKEN_SEPARATOR = re.compile(r"[ \t]+")
 JOINT_SEPARATOR = "|||"
