@@ -43,7 +43,7 @@ _WORD_SEPARATOR = re.compile(r"[ \t]")
 
 def split_words(line: str) -> List[str]:
     """Tokens of a pre-tokenized line, exactly as :func:`aligner.formats.tokenize_line` splits
-    them (ASCII spaces and tabs only); a line end ("\n", "\r\n") is removed first."""
+    them (ASCII spaces and tabs only); a line end (LF or CR LF) is removed first."""
     if line.endswith("\n"):
         line = line[:-1]
     if line.endswith("\r"):

@@ -281,3 +281,16 @@ def test_codes_without_merges_survive_save_and_load(tmp_path):
     pre.save(str(tmp_path))
     loaded = Preprocessor.load(str(tmp_path))
     assert loaded.segment(["abc"], "tgt").subwords == ["a@@", "b@@", "c"]
+
+
+def test_paired_checks_equal_lengths():
+    from aligner.prep import paired
+
+    assert list(paired([1, 2], "ab")) == [(1, "a"), (2, "b")]
+    with pytest.raises(AlignerError, match="ends before sentence 2"):
+        list(paired([1], "ab"))
+
+
+def test_words_rejects_an_inconsistent_segmentation():
+    with pytest.raises(ValueError, match="lacks"):
+        Segmented(["ab", "cd"], [0, 0]).words()
