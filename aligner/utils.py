@@ -35,6 +35,7 @@ def atomic_output(path: Optional[str], mode: str = "w") -> Iterator[IO]:
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=directory)
     try:
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; use the usual mode
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle
@@ -43,3 +44,10 @@ def atomic_output(path: Optional[str], mode: str = "w") -> Iterator[IO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _current_umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

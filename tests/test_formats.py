@@ -284,3 +284,15 @@ def test_fixture_files_are_consistent():
         read_pharaoh(str(TEST_DATA / "tiny.rev.src-tgt"))
     gold = read_gold(str(TEST_DATA / "tiny.talp"))
     check_alignments_against_bitext([g.possible for g in gold], "tiny.talp", bitext)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
+def test_written_files_get_the_usual_mode(tmp_path):
+    """Atomic output (a mkstemp file renamed) must not leave a 0600 file behind."""
+    import os
+    old = os.umask(0o022)
+    try:
+        write_pharaoh(str(tmp_path / "out.txt"), [{(0, 0)}])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o644
