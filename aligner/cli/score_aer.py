@@ -75,7 +75,11 @@ def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, re
     aer.py): P = |A∩P|/|A|, R = |A∩S|/|S|, AER = 1 - (|A∩S| + |A∩P|)/(|A| + |S|).
     Gold carries no sentence lengths; give -s/-t or -i to check every index against them.
 
-    Example: align score-aer -g trial.talp -a trial.gdfa.txt -s trial.en -t trial.fr
+    \b
+    Examples:
+      align score-aer -g data/sample/trial.talp -a gdfa.txt -s data/sample/trial.en \\
+          -t data/sample/trial.fr
+      align score-aer -g gold.naacl --gold-format naacl -a rev.txt --reverse --json
     """
     check_condition((gold is None) == (hypothesis is None),
                     "give both -g/--gold and -a/--hypothesis")

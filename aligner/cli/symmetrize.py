@@ -39,6 +39,11 @@ def command(forward: str, reverse: str, heuristic: str, reverse_orientation: str
     Reads one Pharaoh line per sentence pair from each file and writes one line per sentence
     pair, links in source-target order, sorted. With -s/-t or -i every link index is checked
     against the sentence lengths.
+
+    \b
+    Examples:
+      align symmetrize -f fwd.txt -r rev.txt -H grow-diag-final-and -o gdfa.txt
+      align symmetrize -f giza.talp -r giza.reverse.talp --reverse-orientation tgt-src
     """
     fwd = read_pharaoh(forward)
     rev = read_pharaoh(reverse, reverse=reverse_orientation == "tgt-src")
