@@ -66,7 +66,7 @@ from aligner.constants import EOS_ID, PAD_ID
 from aligner.models import hmm_algorithms
 from aligner.models.base import AlignmentModel
 from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHeadAttention,
-                                        TransformerConfig)
+                                        TransformerConfig, decoder_self_attention)
 from aligner.utils import AlignerError, check_condition
 
 
@@ -191,11 +191,13 @@ class HMMContext(nn.Module):
 class HMMDecoderLayer(nn.Module):
     """Pre-norm: x + SelfAttn(LN(x)); then x = HMMContext(LN(x)) (no residual); x + FF(LN(x)).
 
-    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask)`` -> (B, I+1, d).
+    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask, history)`` ->
+    (B, I+1, d); ``history``: see aligner.models.transformer.decoder_self_attention (Markov).
     """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self.markov_order = config.markov_order
         self.norm_self = nn.LayerNorm(config.d_model)
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.norm_context = nn.LayerNorm(config.d_model)
@@ -205,9 +207,10 @@ class HMMDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_pad_mask: torch.Tensor) -> torch.Tensor:
-        normed = self.norm_self(x)
-        attended, _ = self.self_attn(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)
+                src_pad_mask: torch.Tensor, history: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        attended = decoder_self_attention(self.self_attn, self.norm_self, x, tgt_pad_mask,
+                                          history, self.markov_order)
         x = x + self.dropout(attended)
         context, _ = self.context(self.norm_context(x), memory, src_pad_mask)
         x = self.dropout(context)
@@ -253,7 +256,7 @@ class FirstOrderAlignment(nn.Module):
 class HMMOutputLayer(nn.Module):
     """Last decoder layer: causal self-attention, then lexicon features and alignment.
 
-    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask)`` ->
+    ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask, history)`` ->
     ``(log α, source_hidden (B, J+1, d) = W5·h, target_hidden (B, I+1, d) = W6·s^(L))`` where
     log α is (B, I+1, J+1) for order 0 and (B, I+1, J+2, J+1) (start state first) for order 1.
     """
@@ -262,6 +265,7 @@ class HMMOutputLayer(nn.Module):
         super().__init__()
         d_model = config.d_model
         self.order = order
+        self.markov_order = config.markov_order
         self.norm_self = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, config.n_heads, config.dropout)
         self.norm_out = nn.LayerNorm(d_model)
@@ -276,11 +280,12 @@ class HMMOutputLayer(nn.Module):
             self.first_order = FirstOrderAlignment(d_model, config.max_jump)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_pad_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                src_pad_mask: torch.Tensor, history: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.order == 1:
             log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask)
-        normed = self.norm_self(x)
-        attended, _ = self.self_attn(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)
+        attended = decoder_self_attention(self.self_attn, self.norm_self, x, tgt_pad_mask,
+                                          history, self.markov_order)
         s = self.norm_out(x + self.dropout(attended))                           # s_i^(L)
         if self.order == 0:
             scores = self.align_query(s) @ self.align_key(memory).transpose(1, 2)
@@ -323,9 +328,10 @@ class DirectHMM(AlignmentModel):
         memory = self.encode(src)
         tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
         x = self.embed(tgt_in)
+        history = x if self.config.markov_order > 0 else None   # Markov: static embeddings
         for layer in self.layers:
-            x = layer(x, memory, tgt_pad_mask, src_pad_mask)
-        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask)
+            x = layer(x, memory, tgt_pad_mask, src_pad_mask, history)
+        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history)
 
     def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                     tgt_out: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:

@@ -14,6 +14,13 @@ The building blocks are shared by the other model kinds (direct HMM, alignment l
 * :class:`MultiHeadAttention` — self- or cross-attention, optional causal mask, optional weights.
 * :class:`FeedForward`, :class:`EncoderLayer`, :class:`Encoder`, :class:`DecoderLayer`,
   :class:`Decoder`.
+* :func:`self_attention_mask`, :func:`decoder_self_attention` — the decoder's causal
+  self-attention, optionally *Markov* (``markov_order`` k > 0, Du et al., *Revisiting the
+  Markov Property for Machine Translation*): each position sees only the k target positions
+  ending at itself, and keys/values are their *static* embeddings (the decoder embedding
+  layer's output), not the layer's hidden states, so nothing older leaks in through deeper
+  layers (transparent attention). The same helper serves incremental decoding
+  (aligner/translate.py): queries are the last positions of a longer key history.
 * :class:`Transformer` — the baseline :class:`AlignmentModel` with the extraction methods
   ``attention`` (one decoder layer, heads averaged) and ``attention-avg`` (all layers and heads).
 """
@@ -49,6 +56,9 @@ class TransformerConfig:
     max_positions: int = 1024
     #: share the decoder input embedding with the output projection
     tie_embeddings: bool = True
+    #: Markov decoder: self-attention sees only the previous k target tokens, keys and values
+    #: = their static embeddings (see :func:`decoder_self_attention`); 0 = ordinary causal
+    markov_order: int = 0
 
     def __post_init__(self) -> None:
         check_condition(self.d_model % self.n_heads == 0,
@@ -56,6 +66,9 @@ class TransformerConfig:
         check_condition(self.enc_layers >= 1 and self.dec_layers >= 1,
                         "the transformer needs at least one encoder and one decoder layer")
         check_condition(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1): {self.dropout}")
+        check_condition(self.markov_order >= 0,
+                        f"markov_order must be >= 0 (0 = no Markov restriction): "
+                        f"{self.markov_order}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,19 +116,20 @@ class Embedding(nn.Module):
         """Scaled word embeddings (B, L, d) of ids (B, L), without positions."""
         return self.token(ids) * math.sqrt(self.d_model)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """ids (B, L) at positions offset..offset+L-1 -> (B, L, d) (offset: incremental decoding)."""
         length = ids.size(1)
-        if length > self.max_positions:
-            raise AlignerError(f"sequence of {length} tokens exceeds max_positions "
+        if offset + length > self.max_positions:
+            raise AlignerError(f"sequence of {offset + length} tokens exceeds max_positions "
                                f"({self.max_positions})")
-        return self.dropout(self.word(ids) + self.positions[:length])
+        return self.dropout(self.word(ids) + self.positions[offset:offset + length])
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention (self or cross).
 
     ``forward(query (B, Iq, d), memory (B, Jk, d), key_padding_mask (B, Jk) bool True = pad,
-    causal, need_weights)`` returns ``(output (B, Iq, d), weights (B, H, Iq, Jk) or None)``.
+    causal, need_weights, attn_mask (Iq, Jk) bool True = masked)`` returns ``(output (B, Iq, d), weights (B, H, Iq, Jk) or None)``.
     Without weights it runs ``F.scaled_dot_product_attention`` (the fast path used in training);
     with weights it computes an explicit softmax. The returned weights are the probabilities
     *before* attention dropout (identical to the fast path in eval mode).
@@ -152,12 +166,15 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, memory: torch.Tensor,
                 key_padding_mask: Optional[torch.Tensor] = None, causal: bool = False,
-                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                need_weights: bool = False, attn_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         batch, n_queries, d_model = query.shape
         q = self._heads(self.q_proj(query))
         k = self._heads(self.k_proj(memory))
         v = self._heads(self.v_proj(memory))
         mask = self.build_mask(key_padding_mask, n_queries, memory.size(1), causal, query.device)
+        if attn_mask is not None:  # an extra (Iq, Jk) mask, e.g. self_attention_mask
+            mask = attn_mask[None, None] if mask is None else (mask | attn_mask[None, None])
         dropout = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
@@ -171,6 +188,50 @@ class MultiHeadAttention(nn.Module):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
         context = context.transpose(1, 2).reshape(batch, n_queries, d_model)
         return self.out_proj(context), weights
+
+
+def self_attention_mask(n_queries: int, n_keys: int, markov_order: int,
+                        device: torch.device) -> torch.Tensor:
+    """Bool mask (Iq, Jk) of decoder self-attention, True = masked out.
+
+    The queries are the *last* Iq of the Jk key positions (query r sits at key position
+    r + Jk - Iq; Iq = Jk in training). Each query sees itself and earlier keys; with
+    ``markov_order`` k > 0 only the k keys ending at itself (positions p-k+1..p).
+    """
+    query_position = torch.arange(n_queries, device=device)[:, None] + (n_keys - n_queries)
+    key_position = torch.arange(n_keys, device=device)[None, :]
+    masked = key_position > query_position
+    if markov_order > 0:
+        masked = masked | (key_position <= query_position - markov_order)
+    return masked
+
+
+def decoder_self_attention(attention: MultiHeadAttention, norm: nn.LayerNorm, x: torch.Tensor,
+                           tgt_pad_mask: Optional[torch.Tensor],
+                           history: Optional[torch.Tensor] = None,
+                           markov_order: int = 0) -> torch.Tensor:
+    """Self-attention output (B, Iq, d) of a pre-norm decoder layer (residual not added).
+
+    x (B, Iq, d): the layer input at the query positions. Three uses:
+
+    * ``history`` None, ``markov_order`` 0 — ordinary causal attention over x itself
+      (keys = values = norm(x), padded keys masked by ``tgt_pad_mask`` (B, Iq)).
+    * ``markov_order`` k > 0 — transparent Markov attention: ``history`` (B, Jk, d) holds the
+      *static* embeddings (decoder embedding output) of the key positions; keys = values =
+      norm(history); each query sees the k positions ending at itself. Required.
+    * ``history`` given, ``markov_order`` 0 — incremental decoding: ``history`` holds this
+      layer's inputs at every position so far (the query positions last); causal.
+
+    With a history no padding mask is needed: padding is on the right only, so a real query
+    never sees a padded key, and every query sees at least itself (no empty softmax row).
+    """
+    normed = norm(x)
+    if history is None:
+        if markov_order > 0:
+            raise ValueError("Markov self-attention needs the static embeddings (history)")
+        return attention(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)[0]
+    mask = self_attention_mask(x.size(1), history.size(1), markov_order, x.device)
+    return attention(normed, norm(history), attn_mask=mask)[0]
 
 
 class FeedForward(nn.Module):
@@ -226,11 +287,13 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: causal self-attention, cross-attention to the memory, feed-forward.
 
     ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask (B, I+1), src_pad_mask (B, J+1),
-    need_attention)`` -> ``(x (B, I+1, d), cross-attention (B, H, I+1, J+1) or None)``.
+    need_attention, history)`` -> ``(x (B, I+1, d), cross-attention (B, H, I+1, J+1) or None)``;
+    ``history``: see :func:`decoder_self_attention` (static embeddings when Markov).
     """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self.markov_order = config.markov_order
         self.norm_self = nn.LayerNorm(config.d_model)
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout)
         self.norm_cross = nn.LayerNorm(config.d_model)
@@ -240,10 +303,11 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_pad_mask: torch.Tensor, need_attention: bool = False
+                src_pad_mask: torch.Tensor, need_attention: bool = False,
+                history: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        normed = self.norm_self(x)
-        attended, _ = self.self_attn(normed, normed, key_padding_mask=tgt_pad_mask, causal=True)
+        attended = decoder_self_attention(self.self_attn, self.norm_self, x, tgt_pad_mask,
+                                          history, self.markov_order)
         x = x + self.dropout(attended)
         attended, weights = self.cross_attn(self.norm_cross(x), memory,
                                             key_padding_mask=src_pad_mask,
@@ -261,6 +325,7 @@ class Decoder(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self.markov_order = config.markov_order
         self.embed = Embedding(config.tgt_vocab_size, config.d_model, config.max_positions,
                                config.dropout)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.dec_layers))
@@ -271,9 +336,10 @@ class Decoder(nn.Module):
                 ) -> Tuple[torch.Tensor, Optional[List[torch.Tensor]]]:
         tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
         x = self.embed(tgt_in)
+        history = x if self.markov_order > 0 else None   # Markov: static embeddings as keys
         attention: List[torch.Tensor] = []
         for layer in self.layers:
-            x, weights = layer(x, memory, tgt_pad_mask, src_pad_mask, need_attention)
+            x, weights = layer(x, memory, tgt_pad_mask, src_pad_mask, need_attention, history)
             if need_attention:
                 attention.append(weights)
         return self.norm(x), (attention if need_attention else None)
