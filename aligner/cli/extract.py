@@ -1,0 +1,89 @@
+"""`align extract`: word alignments of sentence pairs from a trained model directory.
+
+Only parses options and writes the result; the work is aligner.inference. torch is imported
+inside the command function.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import click
+
+from aligner import constants as C
+from aligner.cli.train import INPUT, parse_key_values
+from aligner.utils import check_condition
+
+
+@click.command("extract")
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("-s", "--source", type=INPUT, help="Source sentences, one per line.")
+@click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned.")
+@click.option("-i", "--input", "joint", type=INPUT,
+              help="One 'source ||| target' file instead of -s/-t.")
+@click.option("-m", "--method", default=None,
+              help="Extraction method (transformer: attention, attention-avg; other model "
+                   "kinds list theirs). Default: the model kind's first method.")
+@click.option("--layer", type=int, default=None,
+              help="Decoder layer (1-based) for --method attention; default the penultimate.")
+@click.option("-O", "--method-option", "method_option", multiple=True, metavar="KEY=VALUE",
+              help="Further option of the method (repeatable), e.g. -O sgd_steps=3.")
+@click.option("--direction", type=click.Choice(["fwd", "rev", "both"]), default="both",
+              show_default=True, help="fwd = p(target|source), rev = p(source|target), both = "
+                                      "symmetrized. Output is always source-target.")
+@click.option("-H", "--symmetrize", "heuristic", type=click.Choice(list(C.HEURISTICS)),
+              default=None, help=f"Heuristic for --direction both [default: "
+                                 f"{C.DEFAULT_HEURISTIC}].")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
+              show_default=True, help="Which saved weights to use.")
+@click.option("--max-tokens", default=4000, show_default=True, type=click.IntRange(min=1),
+              help="Padded tokens per batch (pairs are batched by length, order restored).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
+def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
+            method: Optional[str], layer: Optional[int], method_option: Tuple[str, ...],
+            direction: str, heuristic: Optional[str], output: str, checkpoint: str,
+            max_tokens: int, device: str, quiet: bool) -> None:
+    """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
+
+    Writes one Pharaoh line (0-based source-target word links "i-j") per input line, in input
+    order; a line with an empty side, or too long for the model, gets an empty line and a
+    warning. Input is tokenized text (the model applies its own BPE, and its tokenizer when it
+    was trained with --tokenize).
+    """
+    import time
+
+    from aligner.distributed import resolve_device
+    from aligner.formats import read_bitext, write_pharaoh
+    from aligner.inference import extract
+    from aligner.log import setup_logging
+    from aligner.model_dir import LoadedModelDir
+
+    logger = setup_logging(quiet=quiet)
+    check_condition((source is None) == (target is None),
+                    "give both -s/--source and -t/--target, or -i/--input")
+    check_condition((source is None) != (joint is None),
+                    "give the sentence pairs as -s/-t or as -i, not both (and not neither)")
+    check_condition(heuristic is None or direction == "both",
+                    "--symmetrize combines two directions: use it with --direction both")
+    options = parse_key_values(method_option, "--method-option")
+    if layer is not None:
+        options["layer"] = layer
+    bitext = read_bitext(source, target, joint)
+    start = time.time()
+    torch_device = resolve_device(device)
+    directions = C.DIRECTIONS if direction == "both" else (direction,)
+    loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
+    kind_methods = next(iter(loaded.models.values())).METHODS
+    method = method or kind_methods[0]
+    check_condition(method in kind_methods,
+                    f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
+                    f"(choose from {', '.join(kind_methods)})")
+    alignments = extract(loaded, bitext, method, direction, heuristic or C.DEFAULT_HEURISTIC,
+                         max_tokens, torch_device, options)
+    write_pharaoh(output, alignments)
+    logger.info("aligned %d sentence pairs (%s, %s%s): %d links in %.1fs", len(alignments),
+                method, direction,
+                f", {heuristic or C.DEFAULT_HEURISTIC}" if direction == "both" else "",
+                sum(map(len, alignments)), time.time() - start)

@@ -1,0 +1,199 @@
+"""`align train`: preprocess a bitext and train an alignment model in both directions.
+
+The command only parses options; the work is aligner.train.train_model_dir. torch is imported
+inside the command function so that other commands start fast.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import click
+
+from aligner import constants as C
+from aligner.utils import AlignerError, check_condition
+
+INPUT = click.Path(dir_okay=False, exists=False)
+#: model kinds known when this was written; the registry aligner.models.MODELS decides
+KNOWN_KINDS = "transformer, hmm0, hmm1, alignment-layer"
+
+
+def parse_directions(value: str) -> Tuple[str, ...]:
+    """'fwd,rev' -> ('fwd', 'rev'); each direction once, from constants.DIRECTIONS."""
+    directions = tuple(part.strip() for part in value.split(",") if part.strip())
+    check_condition(bool(directions) and all(d in C.DIRECTIONS for d in directions)
+                    and len(set(directions)) == len(directions),
+                    f"--directions must be fwd, rev or fwd,rev (got '{value}')")
+    return directions
+
+
+def parse_key_values(pairs: Sequence[str], option: str) -> Dict[str, Any]:
+    """KEY=VALUE strings -> dict; VALUE is read as JSON when it parses (3, 0.5, true), else text."""
+    values: Dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        check_condition(bool(sep) and bool(key.strip()), f"{option} expects KEY=VALUE, got '{pair}'")
+        try:
+            values[key.strip().replace("-", "_")] = json.loads(raw)
+        except ValueError:
+            values[key.strip().replace("-", "_")] = raw
+    return values
+
+
+def bitext_options(function):
+    """-s/-t or -i: the training bitext."""
+    for decorator in reversed([
+        click.option("-s", "--source", type=INPUT, help="Source sentences, one per line."),
+        click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned."),
+        click.option("-i", "--input", "joint", type=INPUT,
+                     help="One 'source ||| target' file instead of -s/-t."),
+    ]):
+        function = decorator(function)
+    return function
+
+
+@click.command("train")
+@bitext_options
+@click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False),
+              help="Output model directory (self-contained: config, BPE, vocabularies, weights).")
+@click.option("--model", "model_kind", default="transformer", show_default=True,
+              help=f"Model kind ({KNOWN_KINDS}).")
+@click.option("--directions", default="fwd,rev", show_default=True,
+              help="Directions to train: fwd = p(target|source), rev = p(source|target).")
+# preprocessing
+@click.option("--tokenize/--no-tokenize", default=False, show_default=True,
+              help="Moses-tokenize raw text (sacremoses, no escaping). Off: input is tokenized.")
+@click.option("--src-lang", default="en", show_default=True, help="Source language (tokenizer).")
+@click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokenizer).")
+@click.option("--lowercase", is_flag=True, help="Lowercase both sides.")
+@click.option("--bpe-merges", default=10000, show_default=True, type=click.IntRange(min=0),
+              help="BPE merge operations (0 = whole words).")
+@click.option("--joint-bpe/--separate-bpe", default=True, show_default=True,
+              help="Learn one BPE on both languages, or one per language.")
+@click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--bpe-sample", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Learn BPE on a seeded sample of this many pairs (0 = all).")
+@click.option("--max-len", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Skip training pairs with a side longer than this (subwords).")
+@click.option("--max-ratio", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
+# model size
+@click.option("--d-model", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Model (embedding) dimension.")
+@click.option("--heads", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Attention heads.")
+@click.option("--encoder-layers", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--decoder-layers", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--ff-dim", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="Hidden size of the feed-forward blocks.")
+@click.option("--dropout", default=0.1, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--max-positions", default=1024, show_default=True, type=click.IntRange(min=2),
+              help="Longest sequence (subwords + EOS) the model accepts.")
+@click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
+              help="Share decoder input embedding and output projection.")
+@click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
+              help="Further model-kind setting (repeatable), e.g. -M chunk_size=8.")
+# training
+@click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1),
+              help="Padded tokens per batch.")
+@click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Batches per update (gradient accumulation).")
+@click.option("--lr", default=5e-4, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--warmup", default=1000, show_default=True, type=click.IntRange(min=0),
+              help="Linear warm-up updates (then inverse square root decay).")
+@click.option("--label-smoothing", default=0.1, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--clip-norm", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Gradient norm clipping (0 = off).")
+@click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Stop after this many updates per direction (0 = no limit).")
+@click.option("--max-epochs", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Stop after this many epochs (0 = no limit).")
+@click.option("--checkpoint-interval", default=1000, show_default=True,
+              type=click.IntRange(min=1), help="Updates between checkpoints.")
+@click.option("--valid-src", type=INPUT, help="Validation source sentences.")
+@click.option("--valid-tgt", type=INPUT, help="Validation target sentences.")
+@click.option("--valid-gold", type=INPUT,
+              help="Gold alignments of the validation pairs: validation AER per checkpoint.")
+@click.option("--valid-gold-format", type=click.Choice(["talp", "naacl"]), default="talp",
+              show_default=True)
+@click.option("--valid-method", default="", help="Extraction method for validation AER "
+                                                 "(default: the model kind's first).")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA with bf16 autocast if available, else CPU), cpu, cuda, cuda:N.")
+@click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
+@click.option("--resume", is_flag=True, help="Continue the interrupted run in --model-dir.")
+@click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
+def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
+            model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
+            lowercase: bool, bpe_merges: int, joint_bpe: bool, bpe_min_frequency: int,
+            bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
+            encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
+            max_positions: int, tie_embeddings: bool, model_option: Tuple[str, ...],
+            max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
+            clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
+            valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
+            valid_gold_format: str, valid_method: str, device: str, seed: int, resume: bool,
+            overwrite: bool, quiet: bool, verbose: bool) -> None:
+    """Train an alignment model (both directions by default) into MODEL_DIR.
+
+    Example: align train -s train.en -t train.fr -o model --bpe-merges 10000
+
+    Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
+    DistributedDataParallel on all processes; rank 0 writes the model directory.
+    """
+    from aligner.config import DataConfig, TrainConfig
+    from aligner.formats import read_bitext, read_gold
+    from aligner.models import model_class
+    from aligner.prep import PrepConfig
+    from aligner.train import train_model_dir
+
+    model_class(model_kind)  # one-line error for an unknown kind
+    direction_list = parse_directions(directions)
+    check_condition((source is None) == (target is None),
+                    "give both -s/--source and -t/--target, or -i/--input")
+    check_condition((source is None) != (joint is None),
+                    "give the training bitext as -s/-t or as -i, not both (and not neither)")
+    check_condition((valid_src is None) == (valid_tgt is None),
+                    "give both --valid-src and --valid-tgt")
+    check_condition(valid_gold is None or valid_src is not None,
+                    "--valid-gold needs --valid-src and --valid-tgt")
+    prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
+                             lowercase=lowercase, bpe_merges=bpe_merges, joint_bpe=joint_bpe,
+                             bpe_min_frequency=bpe_min_frequency,
+                             bpe_sample_sentences=bpe_sample)
+    model_options: Dict[str, Any] = dict(d_model=d_model, n_heads=heads,
+                                         enc_layers=encoder_layers, dec_layers=decoder_layers,
+                                         d_ff=ff_dim, dropout=dropout,
+                                         max_positions=max_positions,
+                                         tie_embeddings=tie_embeddings)
+    model_options.update(parse_key_values(model_option, "--model-option"))
+    train_config = TrainConfig(max_tokens=max_tokens, update_freq=update_freq, lr=lr,
+                               warmup=warmup, label_smoothing=label_smoothing,
+                               clip_norm=clip_norm, max_updates=max_updates,
+                               max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
+                               valid_method=valid_method, device=device, seed=seed)
+    bitext = read_bitext(source, target, joint)
+    valid_bitext = read_bitext(valid_src, valid_tgt) if valid_src is not None else None
+    gold = None
+    if valid_gold is not None:
+        gold = read_gold(valid_gold, valid_gold_format, n_sentences=len(valid_bitext))
+        check_condition(len(gold) == len(valid_bitext),
+                        f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
+                        f"validation pairs")
+    try:
+        summaries = train_model_dir(model_dir, bitext, model_kind, model_options, prep_config,
+                                    DataConfig(max_len=max_len, max_ratio=max_ratio),
+                                    train_config, direction_list, valid_bitext, gold,
+                                    resume=resume, overwrite=overwrite, quiet=quiet,
+                                    verbose=verbose, argv=["align"] + sys.argv[1:])
+    except KeyboardInterrupt:
+        raise AlignerError(f"interrupted; continue with the same command plus --resume "
+                           f"(last checkpoint in {model_dir})") from None
+    if not quiet:
+        for direction, summary in summaries.items():
+            click.echo(f"align train: {direction}: {summary.updates} updates, "
+                       f"{summary.epochs} epochs, {summary.tokens_per_s:.0f} target tokens/s, "
+                       f"final train loss {summary.last_train_loss:.3f}", err=True)

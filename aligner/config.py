@@ -1,0 +1,198 @@
+"""Configuration objects of a training run, saved together as the model directory's config.json.
+
+* :class:`DataConfig`  — length filtering of the training pairs.
+* :class:`TrainConfig` — optimizer, schedule, batching, checkpoints, validation, device, seed.
+* :class:`RunConfig`   — everything in ``config.json``: format and package versions, model kind,
+  the model config per direction, the preprocessing config, data and training configs.
+
+The model configs (e.g. :class:`aligner.models.transformer.TransformerConfig`) and the
+preprocessing config (:class:`aligner.prep.PrepConfig`) live next to their code; here they are
+kept as plain dicts so this module needs neither torch nor the model classes. No torch here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Type, TypeVar
+
+from aligner import __version__
+from aligner import constants as C
+from aligner.utils import AlignerError, atomic_output, check_condition
+
+T = TypeVar("T")
+
+
+def _from_dict(cls: Type[T], values: Dict[str, Any], what: str) -> T:
+    """Dataclass `cls` from a dict, refusing unknown keys (a typo must not pass silently)."""
+    check_condition(isinstance(values, dict), f"{what}: expected a JSON object")
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    check_condition(not unknown, f"{what}: unknown keys {', '.join(unknown)}")
+    try:
+        return cls(**values)  # type: ignore[call-arg]
+    except TypeError as error:
+        raise AlignerError(f"{what}: {error}") from None
+
+
+@dataclass
+class DataConfig:
+    """Length filtering of training pairs (counted subwords, without BOS/EOS).
+
+    max_len: pairs with a side longer than this are skipped (and counted in the log).
+    max_ratio: pairs whose length ratio (longer / shorter side) exceeds this are skipped;
+        0 = no ratio filter.
+    """
+
+    max_len: int = 200
+    max_ratio: float = 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "DataConfig":
+        return _from_dict(cls, values, "data config")
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of the training loop (one direction; both directions share them).
+
+    Batches hold at most `max_tokens` padded tokens (max(source, target) length × sentences);
+    one update accumulates the gradients of `update_freq` batches. The learning rate warms up
+    linearly over `warmup` updates to `lr`, then decays as lr · sqrt(warmup / update)
+    (inverse square root). Training stops after `max_updates` updates or `max_epochs` epochs,
+    whichever comes first (0 = no limit; at least one must be set). A checkpoint (validation,
+    params.last.pt, training state, and params.best.pt when validation improved) is written every
+    `checkpoint_interval` updates and at the end.
+    """
+
+    max_tokens: int = 4096
+    update_freq: int = 1
+    lr: float = 5e-4
+    warmup: int = 1000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_updates: int = 0
+    max_epochs: int = 10
+    checkpoint_interval: int = 1000
+    log_interval: int = 100
+    #: extraction method used for validation AER ("" = the model kind's first method)
+    valid_method: str = ""
+    device: str = "auto"
+    seed: int = C.DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        check_condition(self.max_tokens > 0, "--max-tokens must be positive")
+        check_condition(self.update_freq >= 1, "--update-freq must be at least 1")
+        check_condition(self.lr > 0, "--lr must be positive")
+        check_condition(self.warmup >= 0, "--warmup must be >= 0")
+        check_condition(0.0 <= self.label_smoothing < 1.0, "--label-smoothing must be in [0, 1)")
+        check_condition(self.clip_norm >= 0, "--clip-norm must be >= 0 (0 = no clipping)")
+        check_condition(self.max_updates >= 0 and self.max_epochs >= 0,
+                        "--max-updates and --max-epochs must be >= 0")
+        check_condition(self.max_updates > 0 or self.max_epochs > 0,
+                        "set --max-updates or --max-epochs (both are 0: training would not stop)")
+        check_condition(self.checkpoint_interval >= 1, "--checkpoint-interval must be >= 1")
+        check_condition(self.log_interval >= 1, "log interval must be >= 1")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
+        return _from_dict(cls, values, "training config")
+
+
+#: training options that may differ when a run is resumed (everything else must match)
+RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device")
+
+
+@dataclass
+class RunConfig:
+    """The content of ``config.json``: every hyper-parameter of a model directory.
+
+    models: model config dict per direction (``{"fwd": {...}, "rev": {...}}``), in the form the
+        model kind's ``config_class.from_dict`` reads (vocabulary sizes swap between directions).
+    extra: free-form settings of a model kind (e.g. the alignment layer's base model).
+    """
+
+    model_kind: str
+    directions: List[str]
+    models: Dict[str, Dict[str, Any]]
+    prep: Dict[str, Any]
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainConfig = field(default_factory=TrainConfig)
+    extra: Dict[str, Any] = field(default_factory=dict)
+    format_version: int = C.MODEL_FORMAT_VERSION
+    package_version: str = __version__
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"format_version": self.format_version, "package_version": self.package_version,
+                "model_kind": self.model_kind, "directions": list(self.directions),
+                "models": self.models, "prep": self.prep, "data": self.data.to_dict(),
+                "training": self.training.to_dict(), "extra": self.extra,
+                "seed": self.training.seed}
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any], what: str = "config") -> "RunConfig":
+        check_condition(isinstance(values, dict), f"{what}: expected a JSON object")
+        version = values.get("format_version")
+        check_condition(version == C.MODEL_FORMAT_VERSION,
+                        f"{what}: model format version {version} is not supported "
+                        f"(this is version {C.MODEL_FORMAT_VERSION} of the format)")
+        missing = [key for key in ("model_kind", "directions", "models", "prep", "training")
+                   if key not in values]
+        check_condition(not missing, f"{what}: missing keys {', '.join(missing)}")
+        directions = list(values["directions"])
+        check_condition(directions and all(d in C.DIRECTIONS for d in directions),
+                        f"{what}: directions must be a non-empty subset of {C.DIRECTIONS}")
+        check_condition(all(d in values["models"] for d in directions),
+                        f"{what}: a model config is missing for a direction")
+        return cls(model_kind=values["model_kind"], directions=directions,
+                   models=values["models"], prep=values["prep"],
+                   data=DataConfig.from_dict(values.get("data", {})),
+                   training=TrainConfig.from_dict(values["training"]),
+                   extra=values.get("extra", {}), format_version=version,
+                   package_version=values.get("package_version", "unknown"))
+
+    def save(self, path: str) -> None:
+        with atomic_output(path) as out:
+            json.dump(self.to_dict(), out, indent=2, sort_keys=True)
+            out.write("\n")
+
+    @classmethod
+    def load(cls, path: str) -> "RunConfig":
+        check_condition(os.path.isfile(path), f"{path}: missing (model directory incomplete)")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = json.load(handle)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise AlignerError(f"{path}: not valid JSON ({error})") from None
+        return cls.from_dict(values, what=path)
+
+    def differences(self, other: "RunConfig") -> List[str]:
+        """Names of settings that differ from `other`, ignoring RESUMABLE_CHANGES."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        for values in (mine, theirs):
+            values.pop("package_version")
+            for key in RESUMABLE_CHANGES:
+                values["training"].pop(key)
+        return sorted(_diff_keys(mine, theirs))
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> List[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys: List[str] = []
+        for key in sorted(set(a) | set(b)):
+            keys += _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")
+        return keys
+    return [] if a == b else [prefix.rstrip(".")]
+

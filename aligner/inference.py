@@ -1,0 +1,192 @@
+"""Alignment extraction: sentence pairs in, word-level link sets out (in input order).
+
+The path of one pair: words --BPE--> subwords --ids--> model --scores (I+1, J+1)--> one source
+subword per target subword (argmax, or a model's own hard path) --> subword links --> word
+links (words are linked if any of their subwords are) --> source–target orientation.
+
+Hooks for model kinds (see aligner/models/base.py for the tensor conventions):
+
+* ``alignment_scores(src, tgt_in, tgt_out, method, **options) -> (B, I+1, J+1)`` (required):
+  extraction takes, for every real target position i, argmax over the real source positions
+  (EOS and padding are masked here, so models need not mask them).
+* ``alignment_path(src, tgt_in, tgt_out, method, **options) -> LongTensor (B, I+1) or None``
+  (optional): a model that computes a hard alignment itself (e.g. a Viterbi path) returns, per
+  target position i, the aligned source position j (0-based, in [0, J]) or -1 for "not
+  aligned"; returning None falls back to the argmax of ``alignment_scores``. Links to the
+  source EOS or padding, and links of the EOS/padding target rows, are dropped here.
+
+Lines with an empty side, or too long for the model, get an empty alignment and a warning;
+no line is ever dropped or shifted. This module returns objects and never writes files.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import torch
+
+from aligner import constants as C
+from aligner.data import (EncodedPair, encode_pair, inference_batches, make_batch,
+                          restore_order, subword_to_word_links)
+from aligner.formats import Bitext
+from aligner.model_dir import LoadedModelDir
+from aligner.models.base import AlignmentModel
+from aligner.symmetrize import symmetrize
+from aligner.utils import check_condition
+
+logger = logging.getLogger(__name__)
+
+Link = Tuple[int, int]
+DEFAULT_MAX_TOKENS = 4000
+MAX_WARNINGS = 10
+
+
+def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
+                   tgt_out: torch.Tensor, method: str, **options: Any) -> torch.Tensor:
+    """Aligned source position per target position, (B, I+1) LongTensor, -1 = not aligned.
+
+    Uses the model's ``alignment_path`` when it has one for `method`, else the argmax of
+    ``alignment_scores`` over real source positions. EOS/pad rows and columns never align.
+    """
+    src_real = src.ne(C.PAD_ID) & src.ne(C.EOS_ID)                   # (B, J+1)
+    tgt_real = tgt_out.ne(C.PAD_ID) & tgt_out.ne(C.EOS_ID)           # (B, I+1)
+    path = None
+    path_function = getattr(model, "alignment_path", None)
+    if path_function is not None:
+        path = path_function(src, tgt_in, tgt_out, method, **options)
+    if path is None:
+        scores = model.alignment_scores(src, tgt_in, tgt_out, method, **options).float()
+        scores = scores.masked_fill(~src_real[:, None, :], float("-inf"))
+        path = scores.argmax(dim=-1)
+    path = path.long()
+    inside = (path >= 0) & (path < src.size(1))
+    real_column = torch.gather(src_real, 1, path.clamp(0, src.size(1) - 1))
+    return torch.where(inside & real_column & tgt_real, path, torch.full_like(path, -1))
+
+
+def _pair_links(path_row: np.ndarray, pair: EncodedPair, direction: str) -> Set[Link]:
+    """Word links (source word, target word) of one pair from its hard path row (I+1,)."""
+    subword_links = []
+    for i, j in enumerate(path_row.tolist()):
+        if j < 0:
+            continue
+        # fwd: decoder = target language (i), encoder = source language (j); rev: swapped
+        subword_links.append((j, i) if direction == "fwd" else (i, j))
+    return subword_to_word_links(subword_links, pair.src_word_index, pair.tgt_word_index)
+
+
+def model_max_positions(model: AlignmentModel) -> Optional[int]:
+    """Longest sequence (with BOS/EOS) the model accepts, when its config says so."""
+    config = getattr(model, "config", None)
+    return getattr(config, "max_positions", None)
+
+
+@torch.no_grad()
+def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
+                method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                device: Optional[torch.device] = None,
+                options: Optional[Dict[str, Any]] = None) -> List[Set[Link]]:
+    """Word-level links of every pair with one direction's model, in input order.
+
+    Links are (source word, target word) whatever the direction (rev links are flipped).
+    Pairs with an empty side or longer than the model's max_positions get an empty set
+    (the caller warns; see :func:`usable`). The model is put in eval mode.
+    """
+    check_condition(direction in C.DIRECTIONS, f"direction must be fwd or rev, not {direction}")
+    check_condition(method in model.METHODS,
+                    f"unknown method '{method}' for this model (choose from "
+                    f"{', '.join(model.METHODS)})")
+    options = options or {}
+    device = device or next(model.parameters()).device
+    model.eval()
+    limit = model_max_positions(model)
+    ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
+    results: List[Set[Link]] = [set() for _ in pairs]
+    if not ok:
+        return results
+    batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
+    batch_results = []
+    for batch_indices in batches:
+        items = [pairs[ok[b]] for b in batch_indices]
+        batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
+                           direction).to(device)
+        path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
+                              **options).cpu().numpy()
+        batch_results.append([_pair_links(path[row], item, direction)
+                              for row, item in enumerate(items)])
+    for k, links in zip(ok, restore_order(batches, batch_results)):
+        results[k] = links
+    return results
+
+
+def usable(pair: EncodedPair, max_positions: Optional[int]) -> bool:
+    """A pair can be aligned: both sides non-empty and (with a limit) short enough."""
+    if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:
+        return False
+    return max_positions is None or pair.width <= max_positions
+
+
+def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
+                  ) -> List[EncodedPair]:
+    """Tokenize (when the model was trained with --tokenize), BPE and encode every line.
+
+    Warns (naming the line) about lines that will get an empty alignment: an empty side, or a
+    pair longer than the model accepts.
+    """
+    pre = loaded.preprocessor
+    pairs = []
+    limit = min([m for m in (model_max_positions(model) for model in loaded.models.values())
+                 if m is not None], default=None)
+    n_warned = 0
+    for line_no, (src_words, tgt_words) in enumerate(zip(bitext.source, bitext.target), 1):
+        if tokenize and (pre.config.tokenize or pre.config.lowercase):
+            src_words = pre.tokenize_line(" ".join(src_words), "src")
+            tgt_words = pre.tokenize_line(" ".join(tgt_words), "tgt")
+        pair = encode_pair(pre, loaded.src_vocab, loaded.tgt_vocab, src_words, tgt_words)
+        if not usable(pair, limit):
+            n_warned += 1
+            if n_warned <= MAX_WARNINGS:
+                reason = ("an empty side" if not len(pair.src_ids) or not len(pair.tgt_ids)
+                          else f"{pair.width} positions > the model's limit of {limit}")
+                logger.warning("%s:%d: %s: writing an empty alignment", bitext.source_name,
+                               line_no, reason)
+        pairs.append(pair)
+    if n_warned > MAX_WARNINGS:
+        logger.warning("%d lines in all get an empty alignment (only the first %d are listed)",
+                       n_warned, MAX_WARNINGS)
+    return pairs
+
+
+def extract_all(loaded: LoadedModelDir, bitext: Bitext, method: str,
+                directions: Sequence[str] = C.DIRECTIONS,
+                heuristics: Sequence[str] = (C.DEFAULT_HEURISTIC,),
+                max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
+                options: Optional[Dict[str, Any]] = None) -> Dict[str, List[Set[Link]]]:
+    """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
+
+    Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
+    heuristics only when both directions are), each a list with one source–target link set
+    per input line, in input order.
+    """
+    pairs = encode_bitext(loaded, bitext)
+    out: Dict[str, List[Set[Link]]] = {}
+    for direction in directions:
+        out[direction] = align_pairs(loaded.models[direction], pairs, direction, method,
+                                     max_tokens, device, options)
+    if "fwd" in out and "rev" in out:
+        for heuristic in heuristics:
+            out[heuristic] = [symmetrize(f, r, heuristic) for f, r in zip(out["fwd"], out["rev"])]
+    return out
+
+
+def extract(loaded: LoadedModelDir, bitext: Bitext, method: str, direction: str = "both",
+            heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
+            device: Optional[torch.device] = None,
+            options: Optional[Dict[str, Any]] = None) -> List[Set[Link]]:
+    """Word-level source–target links per input line: one direction, or both symmetrized."""
+    if direction == "both":
+        return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
+                           device, options)[heuristic]
+    return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
+                       options)[direction]

@@ -1,0 +1,562 @@
+"""The training loop, generic over :class:`aligner.models.base.AlignmentModel`.
+
+One :class:`Trainer` trains one direction's model on an encoded corpus:
+
+* only parameters with ``requires_grad`` are optimized (a model kind can freeze a base network
+  and train a new part with the same loop);
+* Adam with linear warm-up and inverse-square-root decay; gradient clipping; gradient
+  accumulation over ``update_freq`` batches; the loss of an update is the sum over its tokens
+  divided by the number of tokens of the whole update (all batches, all ranks);
+* a checkpoint every ``checkpoint_interval`` updates and at the end: validation (perplexity and,
+  with a gold set, AER), ``params.last.pt``, ``params.best.pt`` when validation improved (lower
+  AER; without gold, lower perplexity; without validation data, every checkpoint is the best),
+  ``training_state.pt`` and ``metrics.tsv``;
+* resuming from ``training_state.pt`` continues with exactly the batches, RNG states,
+  optimizer state and counters of the interrupted run, so N updates in one go and N/2 + resume
+  + N/2 give bit-identical parameters (on CPU);
+* DDP under torchrun: gradients are averaged over ranks, every rank takes its own shard of each
+  epoch's batches, only rank 0 writes files and logs to the console;
+* on CUDA the forward pass runs under bf16 autocast (parameters and optimizer stay fp32).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from aligner import constants as C
+from aligner.config import DataConfig, RunConfig, TrainConfig
+from aligner.data import EncodedCorpus, EncodedPair, TokenBatcher, inference_batches, make_batch
+from aligner.distributed import DistributedContext
+from aligner.formats import Bitext, GoldAlignment
+from aligner.inference import align_pairs, model_max_positions, usable
+from aligner.metrics import score_aer
+from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_params, save_params
+from aligner.models.base import AlignmentModel
+from aligner.utils import atomic_output, check_condition
+from aligner.vocab import Vocabulary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.prep import Preprocessor, PrepConfig
+
+logger = logging.getLogger(__name__)
+
+METRICS_COLUMNS = ("update", "epoch", "train_loss", "train_ppl", "valid_ppl", "valid_aer", "lr",
+                   "tokens_per_s", "elapsed_s")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's (CPU and CUDA) global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+def learning_rate(config: TrainConfig, update: int) -> float:
+    """Learning rate of update number `update` (1-based): linear warm-up, then lr·sqrt(w/u)."""
+    if config.warmup == 0:
+        return config.lr
+    return config.lr * min(update / config.warmup, math.sqrt(config.warmup / update))
+
+
+def autocast_context(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; nothing on CPU (fp32 there)."""
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class _LossModule(nn.Module):
+    """Wraps ``model.loss`` as ``forward`` so that DistributedDataParallel can hook it."""
+
+    def __init__(self, model: AlignmentModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                label_smoothing: float):
+        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=label_smoothing)
+
+
+@dataclass
+class Validation:
+    """Held-out pairs for validation: perplexity and, given `gold`, AER of one method.
+
+    pairs: encoded pairs (source and target language as in the training data); gold: gold
+    alignments of the same pairs (source–target, word level) or None.
+    """
+
+    pairs: List[EncodedPair]
+    gold: Optional[List[GoldAlignment]] = None
+    method: str = ""
+    max_tokens: int = 4000
+
+    @torch.no_grad()
+    def perplexity(self, model: AlignmentModel, direction: str, device: torch.device) -> float:
+        """exp(mean NLL per target token, EOS included), no label smoothing, eval mode."""
+        model.eval()
+        limit = model_max_positions(model)
+        ok = [pair for pair in self.pairs if usable(pair, limit)]
+        if not ok:
+            return float("nan")
+        total, tokens = 0.0, 0
+        for indices in inference_batches(len(ok), [p.width for p in ok], self.max_tokens):
+            batch = make_batch([ok[k].src_ids for k in indices], [ok[k].tgt_ids for k in indices],
+                               direction).to(device)
+            with autocast_context(device):
+                loss, n_tokens = model.loss(batch.src, batch.tgt_in, batch.tgt_out, 0.0)
+            total += float(loss)
+            tokens += int(n_tokens)
+        return math.exp(min(total / max(tokens, 1), 100.0))
+
+    def aer(self, model: AlignmentModel, direction: str, device: torch.device) -> Optional[float]:
+        """AER (0..1) of this direction's alignments with `method`, or None without gold."""
+        if self.gold is None:
+            return None
+        method = self.method or model.METHODS[0]
+        links = align_pairs(model, self.pairs, direction, method, self.max_tokens, device)
+        return score_aer(links, self.gold).aer
+
+
+@dataclass
+class TrainState:
+    """Counters of a run (saved in training_state.pt together with optimizer and RNG states)."""
+
+    updates: int = 0
+    tokens: int = 0                 # target tokens trained on, all ranks
+    elapsed: float = 0.0            # seconds of training before this process started
+    best_score: Optional[float] = None
+    best_update: int = 0
+    metrics: List[Dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"updates": self.updates, "tokens": self.tokens, "elapsed": self.elapsed,
+                "best_score": self.best_score, "best_update": self.best_update,
+                "metrics": self.metrics}
+
+
+@dataclass
+class TrainSummary:
+    """What :meth:`Trainer.run` reports."""
+
+    updates: int
+    epochs: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    last_train_loss: float
+    best_score: Optional[float]
+    best_update: int
+    metrics: List[Dict[str, Any]]
+
+
+def _rng_state() -> Dict[str, Any]:
+    """All global RNG states as tensors/plain types (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    state: Dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
+                         numpy["has_gauss"], numpy["cached"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Trainer:
+    """Trains one direction's model; see the module docstring for what a run does.
+
+    model: freshly built (or base-frozen) model, any device; corpus: encoded training pairs;
+    out_dir: the direction's folder in the model directory (None: write nothing, for tests);
+    validation: optional held-out data.
+    """
+
+    def __init__(self, model: AlignmentModel, corpus: EncodedCorpus, direction: str,
+                 config: TrainConfig, out_dir: Optional[str], device: torch.device,
+                 context: Optional[DistributedContext] = None,
+                 validation: Optional[Validation] = None, progress: bool = True):
+        check_condition(direction in C.DIRECTIONS, f"direction must be fwd or rev: {direction}")
+        self.model = model.to(device)
+        self.corpus = corpus
+        self.direction = direction
+        self.config = config
+        self.out_dir = out_dir
+        self.device = device
+        self.context = context or DistributedContext()
+        self.validation = validation
+        self.progress = progress and self.context.is_main
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        check_condition(bool(self.parameters), "the model has no trainable parameters")
+        self.optimizer = torch.optim.Adam(self.parameters, lr=config.lr,
+                                          betas=(config.adam_beta1, config.adam_beta2),
+                                          eps=config.adam_eps, weight_decay=config.weight_decay)
+        self.loss_module: nn.Module = _LossModule(model)
+        if self.context.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.loss_module = DistributedDataParallel(
+                self.loss_module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.batcher = TokenBatcher.from_corpus(corpus, config.max_tokens, seed=config.seed,
+                                                shuffle=True, rank=self.context.rank,
+                                                world_size=self.context.world_size)
+        # decoder-side lengths (+EOS): the tokens each pair contributes to the loss
+        decoder_lengths = corpus.tgt_lengths if direction == "fwd" else corpus.src_lengths
+        self._decoder_tokens = decoder_lengths + 1
+        self.state = TrainState()
+
+    # -- files -----------------------------------------------------------------------------
+    def _path(self, name: str) -> Optional[str]:
+        return None if self.out_dir is None else os.path.join(self.out_dir, name)
+
+    def _write_files(self) -> bool:
+        return self.out_dir is not None and self.context.is_main
+
+    def can_resume(self) -> bool:
+        path = self._path(C.TRAINING_STATE)
+        return path is not None and os.path.isfile(path)
+
+    def save_checkpoint(self, improved: bool, elapsed: float) -> None:
+        """params.last.pt (+ params.best.pt when improved), training_state.pt, metrics.tsv.
+
+        elapsed: training seconds up to now, over all runs of this direction.
+        """
+        if not self._write_files():
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        save_params(self.model, self._path(C.PARAMS_LAST))
+        if improved:
+            save_params(self.model, self._path(C.PARAMS_BEST))
+        state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
+                 "optimizer": self.optimizer.state_dict(),
+                 "batcher": self.batcher.state_dict(), "rng": _rng_state(),
+                 "direction": self.direction}
+        with atomic_output(self._path(C.TRAINING_STATE), "wb") as out:
+            torch.save(state, out)
+        with atomic_output(self._path(C.METRICS_NAME)) as out:
+            out.write("\t".join(METRICS_COLUMNS) + "\n")
+            for row in self.state.metrics:
+                out.write("\t".join(_format_metric(row.get(k)) for k in METRICS_COLUMNS) + "\n")
+
+    def load_checkpoint(self) -> None:
+        """Continue from training_state.pt + params.last.pt of the direction folder."""
+        state = load_checkpoint_file(self._path(C.TRAINING_STATE))
+        load_params(self.model, self._path(C.PARAMS_LAST))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.batcher.load_state_dict(state["batcher"])
+        trainer = state["trainer"]
+        self.state = TrainState(updates=trainer["updates"], tokens=trainer["tokens"],
+                                elapsed=trainer["elapsed"], best_score=trainer["best_score"],
+                                best_update=trainer["best_update"],
+                                metrics=list(trainer["metrics"]))
+        _set_rng_state(state["rng"])
+        logger.info("[%s] resumed at update %d (epoch %d, batch %d)", self.direction,
+                    self.state.updates, self.batcher.epoch + 1, self.batcher.position)
+
+    # -- the loop --------------------------------------------------------------------------
+    def epochs_done(self) -> int:
+        """Completed epochs (an epoch whose last batch was handed out counts as completed)."""
+        return self.batcher.epoch + (1 if self.batcher.position >= len(self.batcher) else 0)
+
+    def finished(self) -> bool:
+        config = self.config
+        return bool((config.max_updates and self.state.updates >= config.max_updates)
+                    or (config.max_epochs and self.epochs_done() >= config.max_epochs))
+
+    def _next_batches(self) -> List[List[int]]:
+        """Up to update_freq batches for the next update; fewer (or none) at the epoch limit.
+
+        An update may span two epochs; the batcher counts each batch as seen once handed out.
+        """
+        batches: List[List[int]] = []
+        while len(batches) < self.config.update_freq:
+            if self.config.max_epochs and self.epochs_done() >= self.config.max_epochs:
+                break
+            try:
+                batches.append(next(self._iterator))
+            except StopIteration:  # the epoch is over: the batcher has moved to the next one
+                self._iterator = iter(self.batcher)
+        return batches
+
+    def _update(self, batches: Sequence[List[int]]) -> float:
+        """One optimizer step on `batches`; returns this rank's loss sum (smoothed)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = torch.tensor(float(sum(self._decoder_tokens[i] for b in batches for i in b)))
+        total_tokens = float(self.context.all_reduce_sum(tokens.clone()))
+        scale = self.context.world_size / max(total_tokens, 1.0)
+        loss_sum = 0.0
+        for k, indices in enumerate(batches):
+            batch = make_batch([self.corpus.source(i) for i in indices],
+                               [self.corpus.target(i) for i in indices],
+                               self.direction).to(self.device)
+            sync = k == len(batches) - 1
+            no_sync = getattr(self.loss_module, "no_sync", None)
+            with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
+                with autocast_context(self.device):
+                    loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
+                                               self.config.label_smoothing)
+                (loss * scale).backward()
+            loss_sum += float(loss.detach())
+        if self.config.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.config.clip_norm)
+        self.state.updates += 1
+        lr = learning_rate(self.config, self.state.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.state.tokens += int(total_tokens)
+        return loss_sum
+
+    def validate(self) -> Dict[str, Optional[float]]:
+        if self.validation is None:
+            return {"valid_ppl": None, "valid_aer": None}
+        return {"valid_ppl": self.validation.perplexity(self.model, self.direction, self.device),
+                "valid_aer": self.validation.aer(self.model, self.direction, self.device)}
+
+    def checkpoint(self, train_loss: float, tokens_per_s: float, elapsed: float) -> None:
+        """Validate, decide best, record a metrics row, save."""
+        scores = self.validate()
+        score = scores["valid_aer"] if scores["valid_aer"] is not None else scores["valid_ppl"]
+        improved = (score is None or self.state.best_score is None
+                    or score < self.state.best_score)
+        if improved:
+            self.state.best_score, self.state.best_update = score, self.state.updates
+        row = {"update": self.state.updates, "epoch": self.epochs_done(),
+               "train_loss": train_loss, "train_ppl": math.exp(min(train_loss, 100.0)),
+               "lr": learning_rate(self.config, max(self.state.updates, 1)),
+               "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, **scores}
+        self.state.metrics.append(row)
+        logger.info("[%s] checkpoint %d: train loss %.3f, valid ppl %s, valid AER %s%s",
+                    self.direction, self.state.updates, train_loss,
+                    _format_metric(scores["valid_ppl"]),
+                    "-" if scores["valid_aer"] is None else f"{100 * scores['valid_aer']:.1f}%",
+                    " (best)" if improved else "")
+        self.save_checkpoint(improved, elapsed)
+
+    def run(self, resume: bool = False) -> TrainSummary:
+        """Train until max_updates / max_epochs; returns a summary (rank 0 has written files)."""
+        if resume and self.can_resume():
+            self.load_checkpoint()
+        config = self.config
+        start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
+        total = config.max_updates or config.max_epochs * math.ceil(
+            len(self.batcher) / config.update_freq)
+        bar = _progress_bar(total, self.state.updates, self.direction, self.progress)
+        # loss sums and token counts of this rank: since the last log line / checkpoint
+        window = [0.0, 0.0]
+        interval = [0.0, 0.0]
+        self._iterator = iter(self.batcher)
+        checkpointed_at = None
+        while not self.finished():
+            batches = self._next_batches()
+            if not batches:
+                break
+            loss_sum = self._update(batches)
+            local_tokens = float(sum(self._decoder_tokens[i] for b in batches for i in b))
+            for sums in (window, interval):
+                sums[0] += loss_sum
+                sums[1] += local_tokens
+            bar.update(1)
+            if self.state.updates % config.log_interval == 0:
+                loss = self._mean_loss(window)
+                speed = (self.state.tokens - start_tokens) / max(time.time() - start, 1e-9)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed:.0f}")
+                logger.debug("[%s] update %d: loss %.3f, lr %.2e, %.0f tokens/s", self.direction,
+                             self.state.updates, loss, learning_rate(config, self.state.updates),
+                             speed)
+                window = [0.0, 0.0]
+            if self.state.updates % config.checkpoint_interval == 0:
+                speed = (self.state.tokens - start_tokens) / max(time.time() - start, 1e-9)
+                self.checkpoint(self._mean_loss(interval), speed,
+                                self.state.elapsed + time.time() - start)
+                checkpointed_at = self.state.updates
+                interval = [0.0, 0.0]
+        bar.close()
+        seconds = time.time() - start
+        speed = (self.state.tokens - start_tokens) / max(seconds, 1e-9)
+        if self.state.updates > start_updates and checkpointed_at != self.state.updates:
+            self.checkpoint(self._mean_loss(interval), speed, self.state.elapsed + seconds)
+        self.state.elapsed += seconds
+        logger.info("[%s] done: %d updates (%d in this run) in %.1fs, %.0f target tokens/s; "
+                    "best checkpoint at update %d", self.direction, self.state.updates,
+                    self.state.updates - start_updates, seconds, speed, self.state.best_update)
+        last = self.state.metrics[-1]["train_loss"] if self.state.metrics else float("nan")
+        return TrainSummary(updates=self.state.updates, epochs=self.epochs_done(),
+                            tokens=self.state.tokens, seconds=seconds, tokens_per_s=speed,
+                            last_train_loss=last, best_score=self.state.best_score,
+                            best_update=self.state.best_update, metrics=self.state.metrics)
+
+    def _mean_loss(self, sums: List[float]) -> float:
+        """Loss per target token over all ranks from this rank's [loss sum, tokens]."""
+        total = self.context.all_reduce_sum(torch.tensor(sums, dtype=torch.float64))
+        return float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
+
+
+def _format_metric(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def _progress_bar(total: int, initial: int, direction: str, enabled: bool):
+    """A tqdm bar on stderr (a do-nothing stand-in when disabled)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=f"train {direction}", unit="upd",
+                disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole run: prepare the model directory, then train every direction
+# ---------------------------------------------------------------------------------------------
+
+def tokenize_bitext(pre: "Preprocessor", bitext: Bitext) -> Tuple[List[List[str]], List[List[str]]]:
+    """Words of both sides after the preprocessor's tokenization/lowercasing (if any)."""
+    if not (pre.config.tokenize or pre.config.lowercase):
+        return bitext.source, bitext.target
+    return ([pre.tokenize_line(" ".join(words), "src") for words in bitext.source],
+            [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
+
+
+def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
+                  data_config: DataConfig, seed: int
+                  ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
+    """Learn BPE, build vocabularies, encode the corpus into MODEL_DIR/corpus (rank 0 only)."""
+    from aligner.data import encode_corpus
+    from aligner.prep import Preprocessor
+
+    start = time.time()
+    source, target = tokenize_bitext(Preprocessor(prep_config), bitext)
+    pre = Preprocessor.learn(prep_config, source, target, seed=seed)
+    src_vocab = Vocabulary.build(pre.segment(words, "src").subwords for words in source if words)
+    tgt_vocab = Vocabulary.build(pre.segment(words, "tgt").subwords for words in target if words)
+    logger.info("vocabularies: %d source and %d target subwords (with 4 specials)",
+                len(src_vocab), len(tgt_vocab))
+    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
+                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
+                  max_ratio=data_config.max_ratio)
+    pre.save(model_dir)
+    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
+    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+    logger.info("preparation took %.1fs", time.time() - start)
+    return pre, src_vocab, tgt_vocab
+
+
+def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[str],
+                            n_src: int, n_tgt: int) -> Dict[str, Dict[str, Any]]:
+    """Model config dict per direction: the options plus vocabulary sizes (swapped for rev)."""
+    configs = {}
+    for direction in directions:
+        sizes = (n_src, n_tgt) if direction == "fwd" else (n_tgt, n_src)
+        configs[direction] = {**model_options, "src_vocab_size": sizes[0],
+                              "tgt_vocab_size": sizes[1]}
+    return configs
+
+
+def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
+                    model_options: Dict[str, Any], prep_config: "PrepConfig",
+                    data_config: DataConfig, train_config: TrainConfig,
+                    directions: Sequence[str] = C.DIRECTIONS,
+                    valid_bitext: Optional[Bitext] = None,
+                    valid_gold: Optional[List[GoldAlignment]] = None,
+                    resume: bool = False, overwrite: bool = False, quiet: bool = False,
+                    verbose: bool = False, argv: Sequence[str] = (),
+                    extra: Optional[Dict[str, Any]] = None) -> Dict[str, TrainSummary]:
+    """`align train`: prepare `model_dir` and train `model_kind` in every direction.
+
+    model_options: the model config without vocabulary sizes (those come from the data).
+    valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
+    gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
+    Returns the training summary per direction.
+    """
+    from aligner.data import EncodedCorpus, encode_pair
+    from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
+    from aligner.log import log_run_info, setup_logging
+    from aligner.model_dir import (build_direction_model, config_path, direction_dir,
+                                   prepare_output_dir, write_version)
+    from aligner.prep import Preprocessor
+
+    context = init_distributed(train_config.device)
+    device = resolve_device(train_config.device, context.local_rank)
+    resumed = resume
+    if context.is_main:
+        resumed = prepare_output_dir(model_dir, resume, overwrite)
+    context.barrier()
+    log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
+                        logfile=os.path.join(model_dir, C.LOG_NAME) if context.is_main else None)
+    if context.is_main:
+        log_run_info(log, argv)
+        logger.info("device %s, %d process(es); %d training pairs", device, context.world_size,
+                    len(bitext))
+    if resumed:
+        saved = RunConfig.load(config_path(model_dir))
+        pre = Preprocessor.load(model_dir)
+        src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
+        tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+    elif context.is_main:
+        pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config, data_config,
+                                                  train_config.seed)
+    context.barrier()
+    if not resumed and not context.is_main:
+        pre = Preprocessor.load(model_dir)
+        src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
+        tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+    config = RunConfig(model_kind=model_kind, directions=list(directions),
+                       models=direction_model_configs(model_options, directions, len(src_vocab),
+                                                      len(tgt_vocab)),
+                       prep=prep_config.to_dict(), data=data_config, training=train_config,
+                       extra=dict(extra or {}))
+    if resumed:
+        differences = saved.differences(config)
+        check_condition(not differences,
+                        f"{model_dir}: cannot resume, these settings differ from the saved run: "
+                        f"{', '.join(differences)} (use --overwrite to start a new run)")
+    if context.is_main:
+        config.save(config_path(model_dir))
+        write_version(model_dir)
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    validation = None
+    if valid_bitext is not None:
+        source, target = tokenize_bitext(pre, valid_bitext)
+        validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
+                                 for s, t in zip(source, target)], valid_gold,
+                                train_config.valid_method)
+    summaries = {}
+    for direction in directions:
+        seed_everything(train_config.seed)
+        model = build_direction_model(config, direction)
+        if context.is_main:
+            n_params = sum(p.numel() for p in model.parameters())
+            n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            logger.info("[%s] %s model: %d parameters (%d trained)", direction, model_kind,
+                        n_params, n_train)
+        trainer = Trainer(model, corpus, direction, train_config,
+                          direction_dir(model_dir, direction), device, context, validation,
+                          progress=not quiet)
+        summaries[direction] = trainer.run(resume=resumed)
+    context.barrier()
+    shutdown_distributed(context)
+    return summaries
