@@ -84,8 +84,8 @@ def read_lines(path: str) -> List[str]:
 
     ``path`` ``"-"`` reads standard input. Raises AlignerError for a missing file, a
     directory, a file that is empty (0 bytes) or not UTF-8 (naming the first bad line).
-    A final line without ``\\n`` counts as a line; a trailing ``\\r`` (Windows line end) is
-    removed.
+    A final line without ``\\n`` counts as a line; a trailing ``\\r`` (Windows line end) and
+    a leading UTF-8 byte-order mark are removed.
     """
     if path == "-":
         data = sys.stdin.buffer.read()
@@ -97,6 +97,8 @@ def read_lines(path: str) -> List[str]:
                 data = handle.read()
         except OSError as error:
             raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not part of the text
+        data = data[3:]
     check_condition(len(data) > 0, f"{path}: empty file")
     raw_lines = data.split(b"\n")
     if data.endswith(b"\n"):

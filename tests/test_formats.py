@@ -47,6 +47,14 @@ def test_read_lines_keeps_every_line(tmp_path):
     assert read_lines(path) == ["one", "", "three", "four"]
 
 
+def test_read_lines_drops_a_byte_order_mark(tmp_path):
+    path = write(tmp_path, "bom.txt", "\ufeff0-0 1-1\n2-2\n")
+    assert read_lines(path) == ["0-0 1-1", "2-2"]
+    assert read_pharaoh(path) == [{(0, 0), (1, 1)}, {(2, 2)}]
+    only_bom = write(tmp_path, "only_bom.txt", "\ufeff")
+    assert error_of(read_lines, only_bom) == f"{only_bom}: empty file"
+
+
 def test_read_lines_does_not_split_on_stray_separators(tmp_path):
     # a lone \r, a Unicode line separator and a form feed inside a line are not line ends
     path = write(tmp_path, "a.txt", "a\rb\nc\u2028d\ne\x0cf\n")
