@@ -328,3 +328,46 @@ def test_inference_uses_the_viterbi_path_and_drops_eos_and_padding():
         assert torch.all(hard[b, len(target):] == -1)      # target EOS row and padding
         assert all(0 <= j < len(source) for j in hard[b, :len(target)].tolist())
     assert model.alignment_path(src, tgt_in, tgt_out, "hmm-posterior") is None
+
+
+def test_lexicon_dim_gives_an_untied_smaller_lexicon_with_the_same_algebra():
+    model = _model(ZeroOrderHMM, lexicon_dim=6)
+    assert model.lexicon.weight.shape == (VOCAB, 6)
+    assert model.lexicon.weight is not model.embed.token.weight
+    tied = _model(ZeroOrderHMM)
+    assert tied.lexicon.weight is tied.embed.token.weight
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    assert torch.allclose(posterior.sum(-1), torch.ones(3, 5), atol=1e-5)
+
+
+def test_sampled_lexicon_candidates_and_loss():
+    model = _model(ZeroOrderHMM, lexicon_sample=10)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    torch.manual_seed(5)
+    candidates = model.candidate_words(tgt_out)
+    observed = set(tgt_out.flatten().tolist())
+    assert len(observed) == 9                      # PAD, EOS and 7 words: one drawn candidate
+    assert len(candidates) == 10 and observed <= set(candidates.tolist())
+    assert candidates.tolist() == sorted(set(candidates.tolist()))
+    # the training loss normalizes over exactly these candidates
+    model.train()
+    torch.manual_seed(5)
+    loss, _ = model.loss(src, tgt_in, tgt_out)
+    log_alpha, source_hidden, target_hidden = model.decode(src, tgt_in)
+    logits = F.linear(F.relu(source_hidden[:, None] + target_hidden[:, :, None]),
+                      model.lexicon.weight[candidates], model.lexicon.bias[candidates])
+    index = torch.searchsorted(candidates, tgt_out)[:, :, None, None].expand(-1, -1, 4, 1)
+    log_lexicon = torch.log_softmax(logits, -1).gather(-1, index).squeeze(-1)
+    expected = -(torch.logsumexp(log_alpha + log_lexicon, -1) * tgt_out.ne(PAD_ID)).sum()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    # all words as candidates = the exact loss; evaluation mode is always exact
+    exact = _model(ZeroOrderHMM)
+    full = _model(ZeroOrderHMM, lexicon_sample=VOCAB)
+    full.train()
+    assert full.loss(src, tgt_in, tgt_out)[0].item() == pytest.approx(
+        exact.loss(src, tgt_in, tgt_out)[0].item(), rel=1e-5)
+    model.eval()
+    assert model.loss(src, tgt_in, tgt_out)[0].item() == pytest.approx(
+        exact.loss(src, tgt_in, tgt_out)[0].item(), rel=1e-5)

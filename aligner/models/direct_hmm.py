@@ -15,8 +15,11 @@ Architecture (pre-norm, like aligner/models/transformer.py):
   applying it inside because W1 is linear), then a feed-forward block with residual.
 * Last layer (:class:`HMMOutputLayer`): causal self-attention (with residual) gives s_i^(L), then
   - lexicon  log p_lex(e_i | j) = log_softmax(W4·relu(W5·h_j + W6·s_i^(L)))[e_i]
-    (W4 tied to the target embedding when ``tie_embeddings``), computed by
-    :func:`lexicon_log_probs` in chunks of target positions (never the whole (B, I, J, V));
+    (hidden size k = ``lexicon_dim``, default d; W4 tied to the target embedding when k = d and
+    ``tie_embeddings``), computed by :func:`lexicon_log_probs` in chunks of target positions
+    (never the whole (B, I, J, V)). It costs J·V·k multiply-adds per target token, J times
+    the baseline's output layer: the speed knobs are ``lexicon_dim`` (exact, smaller k) and
+    ``lexicon_sample`` (training softmax over the batch's words plus sampled others only);
   - zero-order alignment α(j|i): ONE dedicated single-head attention of s_i^(L) over h_j
     (its own query/key projections; not an average of heads);
   - first-order alignment α(j|i,j') (:class:`FirstOrderAlignment`): query W_q·s_i^(L-1) (the
@@ -81,6 +84,13 @@ class DirectHMMConfig(TransformerConfig):
     #: target positions per lexicon chunk: only (B, chunk, J+1, V) logits exist at once, in the
     #: forward and (by recomputation) the backward pass; 0 = no chunking (whole tensor)
     lexicon_chunk: int = 8
+    #: hidden size k of the lexicon W4·relu(W5·h_j + W6·s_i) (0 = d_model, W4 tied to the
+    #: target embedding when tie_embeddings); the lexicon costs J·V·k per target token
+    lexicon_dim: int = 0
+    #: training only: normalize the lexicon over this many candidate words per batch (the
+    #: batch's observed target words, filled up with uniformly drawn others; Jean et al. 2015)
+    #: instead of the whole vocabulary; 0 = whole vocabulary. Evaluation is always exact.
+    lexicon_sample: int = 0
     #: first-order model: jump widths |j - j'| above this share one embedding
     max_jump: int = 16
     #: first-order forward algorithm: "loop" over target positions or log-semiring "tree"
@@ -92,6 +102,8 @@ class DirectHMMConfig(TransformerConfig):
         check_condition(self.dec_layers >= 1, "the direct HMM needs at least one decoder layer")
         check_condition(self.lexicon_chunk >= 0,
                         f"lexicon_chunk must be >= 0 (0 = no chunking): {self.lexicon_chunk}")
+        check_condition(self.lexicon_dim >= 0 and self.lexicon_sample >= 0,
+                        "lexicon_dim and lexicon_sample must be >= 0")
         check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
         check_condition(self.forward_algorithm in FORWARD_ALGORITHMS,
                         f"forward_algorithm must be one of {', '.join(FORWARD_ALGORITHMS)}: "
@@ -257,7 +269,7 @@ class HMMOutputLayer(nn.Module):
     """Last decoder layer: causal self-attention, then lexicon features and alignment.
 
     ``forward(x (B, I+1, d), memory (B, J+1, d), tgt_pad_mask, src_pad_mask, history)`` ->
-    ``(log α, source_hidden (B, J+1, d) = W5·h, target_hidden (B, I+1, d) = W6·s^(L))`` where
+    ``(log α, source_hidden (B, J+1, k) = W5·h, target_hidden (B, I+1, k) = W6·s^(L))`` where
     log α is (B, I+1, J+1) for order 0 and (B, I+1, J+2, J+1) (start state first) for order 1.
     """
 
@@ -270,8 +282,9 @@ class HMMOutputLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, config.n_heads, config.dropout)
         self.norm_out = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(config.dropout)
-        self.w5 = nn.Linear(d_model, d_model)
-        self.w6 = nn.Linear(d_model, d_model, bias=False)
+        lexicon_dim = config.lexicon_dim or d_model
+        self.w5 = nn.Linear(d_model, lexicon_dim)
+        self.w6 = nn.Linear(d_model, lexicon_dim, bias=False)
         if order == 0:
             self.align_query = nn.Linear(d_model, d_model)
             self.align_key = nn.Linear(d_model, d_model)
@@ -312,11 +325,12 @@ class DirectHMM(AlignmentModel):
         self.layers = nn.ModuleList(HMMDecoderLayer(config)
                                     for _ in range(config.dec_layers - 1))
         self.output_layer = HMMOutputLayer(config, self.order)
-        self.lexicon = nn.Linear(config.d_model, config.tgt_vocab_size)          # W4
-        if config.tie_embeddings:
+        lexicon_dim = config.lexicon_dim or config.d_model
+        self.lexicon = nn.Linear(lexicon_dim, config.tgt_vocab_size)             # W4
+        if config.tie_embeddings and lexicon_dim == config.d_model:
             self.lexicon.weight = self.embed.token.weight
         else:
-            nn.init.normal_(self.lexicon.weight, mean=0.0, std=config.d_model ** -0.5)
+            nn.init.normal_(self.lexicon.weight, mean=0.0, std=lexicon_dim ** -0.5)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         """src (B, J+1) -> memory h (B, J+1, d)."""
@@ -335,10 +349,31 @@ class DirectHMM(AlignmentModel):
 
     def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                     tgt_out: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
-        """(B, I+1, J+1) log p_lex(tgt_out[i] | j), chunked by ``config.lexicon_chunk``."""
-        return lexicon_log_probs(source_hidden, target_hidden, self.lexicon.weight,
-                                 self.lexicon.bias, tgt_out, smoothing,
+        """(B, I+1, J+1) log p_lex(tgt_out[i] | j), chunked by ``config.lexicon_chunk``.
+
+        In training mode with ``config.lexicon_sample`` > 0 the softmax runs over the sampled
+        candidate words of :meth:`candidate_words` only (an approximation of the normalizer).
+        """
+        weight, bias, targets = self.lexicon.weight, self.lexicon.bias, tgt_out
+        if self.training and self.config.lexicon_sample > 0:
+            candidates = self.candidate_words(tgt_out)
+            weight, bias = weight[candidates], bias[candidates]
+            targets = torch.searchsorted(candidates, tgt_out)
+        return lexicon_log_probs(source_hidden, target_hidden, weight, bias, targets, smoothing,
                                  self.config.lexicon_chunk)
+
+    def candidate_words(self, tgt_out: torch.Tensor) -> torch.Tensor:
+        """Sorted candidate word ids (C,): every id in ``tgt_out`` plus uniformly drawn other
+        ids up to ``config.lexicon_sample`` in all (C >= number of distinct observed ids)."""
+        vocab_size = self.lexicon.weight.size(0)
+        observed = torch.unique(tgt_out)
+        missing = self.config.lexicon_sample - observed.numel()
+        if missing > 0:
+            seen = torch.zeros(vocab_size, dtype=torch.bool, device=tgt_out.device)
+            seen[observed] = True
+            order = torch.randperm(vocab_size, device=tgt_out.device)
+            observed = torch.cat([observed, order[~seen[order]][:missing]])
+        return observed.sort().values
 
     def scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
