@@ -224,13 +224,14 @@ def _read_naacl(path: str, n_sentences: Optional[int]) -> List[GoldAlignment]:
         if n_sentences is not None:
             check_condition(sentence <= n_sentences,
                             f"{where}: sentence {sentence} beyond the {n_sentences} sentence "
-                            "pairs of the hypothesis")
+                            "pairs expected")
         if src == 0 or tgt == 0:  # a NULL link: not a word-to-word link
             continue
         links.append((sentence - 1, (src - 1, tgt - 1), label == "S"))
-    size = n_sentences if n_sentences is not None else max((s for s, _, _ in links), default=-1) + 1
-    check_condition(size > 0, f"{path}: no links and no sentence count given")
-    gold = [GoldAlignment() for _ in range(size)]
+    if n_sentences is None:
+        n_sentences = max((sentence for sentence, _, _ in links), default=-1) + 1
+    check_condition(n_sentences > 0, f"{path}: no links and no sentence count given")
+    gold = [GoldAlignment() for _ in range(n_sentences)]
     for sentence, link, sure in links:
         gold[sentence].possible.add(link)
         if sure:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Rebuild data/sample/ from the shared WPT03 English-French data (deterministic).
 
-    python data/make_sample.py [--shared-data ../shared/data] [--out data/sample] [--train-pairs 3000]
+    python data/make_sample.py [--shared-data ../shared/data] [--out data/sample] \
+                               [--train-pairs 3000]
 
 Writes, byte for byte as in the source files:
   train.en / train.fr   the FIRST --train-pairs lines of enfr/train.src / enfr/train.tgt

@@ -213,6 +213,10 @@ def test_read_gold_naacl(tmp_path):
     assert gold == [GoldAlignment({(0, 0), (1, 2)}, {(0, 0), (1, 2)}),
                     GoldAlignment(), GoldAlignment({(1, 1)}, {(1, 1), (0, 0)}), GoldAlignment()]
     assert len(read_gold(path, "naacl")) == 3  # without a count: up to the largest sentence
+    only_null = write(tmp_path, "null.naacl", "1 0 1 S\n")
+    assert read_gold(only_null, "naacl", n_sentences=2) == [GoldAlignment(), GoldAlignment()]
+    assert error_of(read_gold, only_null, "naacl") == (f"{only_null}: no links and no sentence "
+                                                       "count given")
 
 
 def test_read_gold_naacl_matches_talp(tmp_path):
