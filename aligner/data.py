@@ -233,7 +233,8 @@ class TokenBatcher:
     Sharding: with world_size > 1 the epoch's batches are dealt round robin, rank r taking
     batches r, r + world_size, ...; the last ``n_batches % world_size`` batches of the epoch are
     DROPPED so that every rank does the same number of steps. With shuffle the dropped batches
-    differ from epoch to epoch, so no pair is left out for good.
+    differ from epoch to epoch, so no pair is left out for good; without shuffle (meant for
+    single-process evaluation) the same longest batches are dropped every epoch.
 
     Iterating yields the rest of the current epoch (lists of pair indices) and then moves to the
     next epoch; :meth:`state_dict` records (epoch, position) so that a resumed run continues with

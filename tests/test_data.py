@@ -209,12 +209,13 @@ def test_resume_refuses_changed_settings():
         TokenBatcher(src[:99], tgt[:99], max_tokens=150, seed=2).load_state_dict(state)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ranks_partition_an_epoch_with_equal_batch_counts(world_size):
+def test_ranks_partition_an_epoch_with_equal_batch_counts(world_size, shuffle):
     src, tgt = random_lengths(305)  # 79 batches per epoch: some are dropped for 2 and 3 ranks
-    ranks = [TokenBatcher(src, tgt, max_tokens=120, seed=4, rank=r, world_size=world_size)
-             for r in range(world_size)]
-    single = TokenBatcher(src, tgt, max_tokens=120, seed=4)
+    ranks = [TokenBatcher(src, tgt, max_tokens=120, seed=4, rank=r, world_size=world_size,
+                          shuffle=shuffle) for r in range(world_size)]
+    single = TokenBatcher(src, tgt, max_tokens=120, seed=4, shuffle=shuffle)
     for epoch in range(3):
         per_rank = [r.epoch_batches(epoch) for r in ranks]
         assert len({len(b) for b in per_rank}) == 1  # equal step counts
