@@ -23,10 +23,10 @@ def signature(gold_format: str, reverse: bool) -> str:
     return f"aer|gold:{gold_format}|dir:{direction}|v:{__version__}"
 
 
-def _percentages(score: AERScore, digits: Optional[int]) -> Dict[str, float]:
-    """Scores in percent (rounded to ``digits`` when given) and the link counts."""
+def _percentages(score: AERScore) -> Dict[str, float]:
+    """Scores in percent (10 decimals, to hide float noise in JSON) and the link counts."""
     def percent(value: float) -> float:
-        return round(100.0 * value, digits if digits is not None else 10)
+        return round(100.0 * value, 10)
 
     return {"aer": percent(score.aer), "precision": percent(score.precision),
             "recall": percent(score.recall), "f1": percent(score.f1),
@@ -94,9 +94,9 @@ def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, re
         stats = _alignment_stats(gold, hypothesis, gold_format, reverse, source, target, joint)
         score = score_from_stats(sum_stats(stats))
         sig = signature(gold_format, reverse)
-        result.update({"signature": sig, "sentences": len(stats), **_percentages(score, None)})
+        result.update({"signature": sig, "sentences": len(stats), **_percentages(score)})
         if per_sentence:
-            result["per_sentence"] = [_percentages(score_from_stats(s), None) for s in stats]
+            result["per_sentence"] = [_percentages(score_from_stats(s)) for s in stats]
             lines.append("\t".join(PER_SENTENCE_COLUMNS))
             lines += [_per_sentence_row(number, sentence, width)
                       for number, sentence in enumerate(stats, start=1)]
@@ -131,7 +131,7 @@ def _alignment_stats(gold: str, hypothesis: str, gold_format: str, reverse: bool
 
 def _per_sentence_row(number: int, stats: AERStats, width: int) -> str:
     """Tab-separated row in the order of PER_SENTENCE_COLUMNS."""
-    row = _percentages(score_from_stats(stats), width)
+    row = _percentages(score_from_stats(stats))
     cells = [str(number)]
     cells += [f"{row[key]:.{width}f}" for key in ("aer", "precision", "recall", "f1")]
     cells += [str(row[key]) for key in PER_SENTENCE_COLUMNS[5:]]
