@@ -1,0 +1,288 @@
+"""The training loop: loss falls, resume is bit-identical, accumulation, freezing, schedule,
+stopping rules, checkpoints and the model directory."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from aligner import constants as C
+from aligner.config import DataConfig, RunConfig, TrainConfig
+from aligner.data import EncodedCorpus, encode_corpus, encode_pair
+from aligner.formats import GoldAlignment
+from aligner.model_dir import (load_model, load_params, prepare_output_dir, save_params)
+from aligner.models.transformer import Transformer, TransformerConfig
+from aligner.prep import PrepConfig, Preprocessor
+from aligner.train import Trainer, Validation, learning_rate, seed_everything
+from aligner.utils import AlignerError
+from aligner.vocab import Vocabulary
+from synthetic import monotone_corpus
+
+CPU = torch.device("cpu")
+
+
+def make_data(tmp_path, n_pairs=40, seed=0):
+    """Encoded synthetic corpus + the preprocessor and vocabularies (whole words, no BPE)."""
+    sources, targets, golds = monotone_corpus(n_pairs, seed=seed)
+    pre = Preprocessor(PrepConfig(bpe_merges=0))
+    src_vocab, tgt_vocab = Vocabulary.build(sources), Vocabulary.build(targets)
+    encode_corpus(pre, src_vocab, tgt_vocab, sources, targets, str(tmp_path / "corpus"))
+    corpus = EncodedCorpus.open(str(tmp_path / "corpus"))
+    return corpus, pre, src_vocab, tgt_vocab, (sources, targets, golds)
+
+
+def make_model(corpus_vocabs, dropout=0.1, seed=1, direction="fwd"):
+    src_vocab, tgt_vocab = corpus_vocabs
+    if direction == "rev":
+        src_vocab, tgt_vocab = tgt_vocab, src_vocab
+    seed_everything(seed)
+    return Transformer(TransformerConfig(len(src_vocab), len(tgt_vocab), d_model=16, n_heads=2,
+                                         enc_layers=1, dec_layers=2, d_ff=32, dropout=dropout,
+                                         max_positions=32))
+
+
+def config(**overrides) -> TrainConfig:
+    values = dict(max_tokens=60, lr=3e-3, warmup=5, max_updates=8, max_epochs=0,
+                  checkpoint_interval=4, log_interval=2, seed=3, device="cpu")
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_learning_rate_schedule_by_hand():
+    cfg = config(lr=1.0, warmup=4)
+    assert [learning_rate(cfg, u) for u in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert learning_rate(cfg, 16) == pytest.approx(0.5)       # sqrt(4/16)
+    assert learning_rate(config(lr=0.1, warmup=0), 7) == 0.1   # no warm-up: constant
+
+
+def test_tiny_model_trains_and_loss_falls(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab), dropout=0.0)
+    trainer = Trainer(model, corpus, "fwd", config(max_updates=60, checkpoint_interval=10,
+                                                   lr=1e-2, label_smoothing=0.0),
+                      str(tmp_path / "fwd"), CPU, progress=False)
+    summary = trainer.run()
+    losses = [row["train_loss"] for row in summary.metrics]
+    assert summary.updates == 60 and len(losses) == 6
+    assert losses[-1] < 0.65 * losses[0], losses
+    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+    assert losses[0] < math.log(len(tgt_vocab)) + 0.5   # starts near uniform, not above
+    lines = (tmp_path / "fwd" / C.METRICS_NAME).read_text().splitlines()
+    assert lines[0].split("\t")[:3] == ["update", "epoch", "train_loss"]
+    assert [line.split("\t")[0] for line in lines[1:]] == ["10", "20", "30", "40", "50", "60"]
+    for name in (C.PARAMS_BEST, C.PARAMS_LAST, C.TRAINING_STATE):
+        assert (tmp_path / "fwd" / name).is_file()
+
+
+@pytest.mark.parametrize("update_freq", [1, 2])
+def test_resume_is_bit_identical(tmp_path, update_freq):
+    """N updates in one go == N/2 updates, a new process-like restart, N/2 more."""
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    vocabs = (src_vocab, tgt_vocab)
+    cfg = config(max_updates=10, update_freq=update_freq, checkpoint_interval=3)
+    whole = Trainer(make_model(vocabs), corpus, "fwd", cfg, str(tmp_path / "whole"), CPU,
+                    progress=False)
+    whole.run()
+
+    half = Trainer(make_model(vocabs), corpus, "fwd", config(max_updates=5,
+                                                             update_freq=update_freq,
+                                                             checkpoint_interval=3),
+                   str(tmp_path / "split"), CPU, progress=False)
+    half.run()
+    torch.manual_seed(12345)  # disturb every global RNG: resume must restore them
+    torch.rand(7)
+    rest = Trainer(make_model(vocabs, seed=99), corpus, "fwd", cfg, str(tmp_path / "split"),
+                   CPU, progress=False)
+    summary = rest.run(resume=True)
+    assert summary.updates == 10
+    assert whole.batcher.state_dict() == rest.batcher.state_dict()
+    state_whole, state_rest = whole.model.state_dict(), rest.model.state_dict()
+    assert all(torch.equal(state_whole[k], state_rest[k]) for k in state_whole)
+    saved = torch.load(tmp_path / "split" / C.PARAMS_LAST, weights_only=True)["state_dict"]
+    assert all(torch.equal(saved[k], state_whole[k]) for k in state_whole)
+    # the metrics file of the resumed run continues the first one's rows
+    rows = (tmp_path / "split" / C.METRICS_NAME).read_text().splitlines()[1:]
+    assert [row.split("\t")[0] for row in rows] == ["3", "5", "6", "9", "10"]
+
+
+def test_resume_of_a_finished_run_does_nothing(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    first = Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd", config(max_updates=3),
+                    str(tmp_path / "d"), CPU, progress=False)
+    first.run()
+    again = Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd", config(max_updates=3),
+                    str(tmp_path / "d"), CPU, progress=False)
+    summary = again.run(resume=True)
+    assert summary.updates == 3 and len(summary.metrics) == 1
+
+
+def test_accumulation_equals_one_big_batch(tmp_path):
+    """update_freq 2 over batches A, B == one update on A ∪ B (loss normalized per update)."""
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    a, b = [0, 1, 2], [3, 4, 5, 6]
+    results = []
+    for batches in ([a, b], [a + b]):
+        trainer = Trainer(make_model((src_vocab, tgt_vocab), dropout=0.0), corpus, "fwd",
+                          config(clip_norm=0.0), None, CPU, progress=False)
+        trainer._update(batches)  # gradients stay in .grad until the next update
+        results.append({name: p.grad.clone() for name, p in trainer.model.named_parameters()})
+    assert all(torch.allclose(results[0][k], results[1][k], rtol=1e-4, atol=1e-7)
+               for k in results[0])
+
+
+def test_only_trainable_parameters_change(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab))
+    for parameter in model.encoder.parameters():
+        parameter.requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Trainer(model, corpus, "fwd", config(max_updates=3), None, CPU, progress=False).run()
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("encoder."))
+    assert not torch.equal(before["decoder.layers.0.ff.fc1.weight"],
+                           after["decoder.layers.0.ff.fc1.weight"])
+
+
+def test_max_epochs_stops_after_whole_epochs(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    trainer = Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd",
+                      config(max_updates=0, max_epochs=2, update_freq=2), None, CPU,
+                      progress=False)
+    per_epoch = len(trainer.batcher)
+    summary = trainer.run()
+    assert summary.epochs == 2
+    # batches are handed out in order; an update may span the epoch boundary
+    assert summary.updates == math.ceil(2 * per_epoch / 2)
+    tokens = sum(int(corpus.tgt_lengths[i]) + 1 for epoch in (0, 1)
+                 for batch in trainer.batcher.epoch_batches(epoch) for i in batch)
+    assert summary.tokens == tokens
+
+
+def test_rev_direction_trains_on_swapped_sides(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab), direction="rev")
+    trainer = Trainer(model, corpus, "rev", config(max_updates=2), None, CPU, progress=False)
+    summary = trainer.run()
+    expected = sum(int(corpus.src_lengths[i]) + 1 for batch in
+                   trainer.batcher.epoch_batches(0)[:2] for i in batch)
+    assert summary.tokens == expected  # decoder tokens = source language + EOS
+
+
+def test_validation_perplexity_and_aer_pick_the_best(tmp_path):
+    corpus, pre, src_vocab, tgt_vocab, (sources, targets, golds) = make_data(tmp_path)
+    pairs = [encode_pair(pre, src_vocab, tgt_vocab, s, t) for s, t in zip(sources, targets)]
+    validation = Validation(pairs[:8], [GoldAlignment(sure=g) for g in golds[:8]])
+    model = make_model((src_vocab, tgt_vocab), dropout=0.0)
+    ppl = validation.perplexity(model, "fwd", CPU)
+    # perplexity by hand: exp(total NLL / tokens) over the 8 pairs, one at a time
+    total, tokens = 0.0, 0
+    from aligner.data import make_batch
+    with torch.no_grad():
+        for pair in pairs[:8]:
+            batch = make_batch([pair.src_ids], [pair.tgt_ids], "fwd")
+            loss, n = model.loss(batch.src, batch.tgt_in, batch.tgt_out)
+            total, tokens = total + float(loss), tokens + int(n)
+    assert ppl == pytest.approx(math.exp(total / tokens), rel=1e-4)
+    assert 0.0 <= validation.aer(model, "fwd", CPU) <= 1.0
+    trainer = Trainer(model, corpus, "fwd", config(max_updates=6, checkpoint_interval=2),
+                      str(tmp_path / "fwd"), CPU, validation=validation, progress=False)
+    summary = trainer.run()
+    aers = [row["valid_aer"] for row in summary.metrics]
+    assert summary.best_score == min(aers)
+    assert summary.best_update == summary.metrics[aers.index(min(aers))]["update"]
+    best = make_model((src_vocab, tgt_vocab), dropout=0.0)
+    load_params(best, str(tmp_path / "fwd" / C.PARAMS_BEST))
+    assert validation.aer(best, "fwd", CPU) == pytest.approx(min(aers))
+
+
+def test_save_and_load_params_round_trip_and_errors(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab))
+    path = str(tmp_path / "p.pt")
+    save_params(model, path)
+    other = make_model((src_vocab, tgt_vocab), seed=5)
+    load_params(other, path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 other.state_dict().values()))
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(AlignerError, match="bad.pt: cannot be read as a weights file"):
+        load_params(other, str(tmp_path / "bad.pt"))
+    with pytest.raises(AlignerError, match="missing.pt: missing"):
+        load_params(other, str(tmp_path / "missing.pt"))
+    bigger = Transformer(TransformerConfig(len(src_vocab) + 1, len(tgt_vocab), d_model=16,
+                                           n_heads=2, enc_layers=1, dec_layers=2, d_ff=32))
+    with pytest.raises(AlignerError, match="do not fit the model"):
+        load_params(bigger, path)
+
+
+def test_weights_files_never_unpickle_code(tmp_path):
+    """A weights file holding a pickled object is refused (torch.load weights_only=True)."""
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"state_dict": {}, "extra_state": Evil()}, path)
+    model = Transformer(TransformerConfig(8, 8, d_model=8, n_heads=2, enc_layers=1,
+                                          dec_layers=1, d_ff=8))
+    with pytest.raises(AlignerError, match="cannot be read as a weights file"):
+        load_params(model, str(path))
+
+
+def test_prepare_output_dir_rules(tmp_path):
+    target = tmp_path / "model"
+    assert prepare_output_dir(str(target), resume=False, overwrite=False) is False
+    (target / C.CONFIG_NAME).write_text("{}")
+    (target / "fwd").mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(AlignerError, match="not empty; use --resume .* or --overwrite"):
+        prepare_output_dir(str(target), resume=False, overwrite=False)
+    assert prepare_output_dir(str(target), resume=True, overwrite=False) is True
+    assert prepare_output_dir(str(target), resume=False, overwrite=True) is False
+    assert sorted(os.listdir(target)) == ["notes.txt"]  # only the run's own files removed
+    with pytest.raises(AlignerError, match="cannot resume"):
+        prepare_output_dir(str(target), resume=True, overwrite=False)
+    with pytest.raises(AlignerError, match="nothing to resume"):
+        prepare_output_dir(str(tmp_path / "new"), resume=True, overwrite=False)
+
+
+def test_run_config_round_trip_and_differences(tmp_path):
+    config = RunConfig(model_kind="transformer", directions=["fwd", "rev"],
+                       models={"fwd": {"d_model": 8}, "rev": {"d_model": 8}},
+                       prep=PrepConfig().to_dict(), data=DataConfig(),
+                       training=TrainConfig(max_updates=5))
+    path = str(tmp_path / C.CONFIG_NAME)
+    config.save(path)
+    loaded = RunConfig.load(path)
+    assert loaded.to_dict() == config.to_dict()
+    more = RunConfig.from_dict({**config.to_dict(),
+                                "training": {**config.training.to_dict(), "max_updates": 9,
+                                             "lr": 0.1}})
+    assert config.differences(more) == ["training.lr"]  # max_updates may change on resume
+    with pytest.raises(AlignerError, match="format version 99"):
+        RunConfig.from_dict({**config.to_dict(), "format_version": 99})
+    with pytest.raises(AlignerError, match="unknown keys lr2"):
+        TrainConfig.from_dict({"lr2": 1})
+    with pytest.raises(AlignerError, match="--max-updates or --max-epochs"):
+        TrainConfig(max_updates=0, max_epochs=0)
+
+
+def test_load_model_from_directory(tmp_path):
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab))
+    config = RunConfig(model_kind="transformer", directions=["fwd"],
+                       models={"fwd": model.config.to_dict()}, prep=PrepConfig().to_dict())
+    config.save(str(tmp_path / C.CONFIG_NAME))
+    (tmp_path / "fwd").mkdir()
+    save_params(model, str(tmp_path / "fwd" / C.PARAMS_BEST))
+    loaded = load_model(str(tmp_path), "fwd")
+    assert not loaded.training
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 loaded.state_dict().values()))
+    with pytest.raises(AlignerError, match="params.last.pt: missing"):
+        load_model(str(tmp_path), "fwd", checkpoint="last")
+    with pytest.raises(AlignerError, match="no 'rev' model"):
+        load_model(str(tmp_path), "rev")
