@@ -225,3 +225,63 @@ def test_matches_fast_align_atools(shared_data, system, heuristic):
     assert len(result) == len(expected) == 508
     mismatches = [k + 1 for k, (a, b) in enumerate(zip(result, expected)) if a != b]
     assert mismatches == []
+
+
+def grid_reference(forward, reverse, heuristic):
+    """The heuristics written a second way, on boolean matrices scanned row by row.
+
+    Independent of aligner.symmetrize's set-based code (no shared helpers): a full scan of the
+    (I, J) grid in row-major order per pass, which is ascending (i, j) order.
+    """
+    links = forward | reverse
+    size_i = 1 + max((i for i, _ in links), default=-1)
+    size_j = 1 + max((j for _, j in links), default=-1)
+    fwd = [[(i, j) in forward for j in range(size_j)] for i in range(size_i)]
+    rev = [[(i, j) in reverse for j in range(size_j)] for i in range(size_i)]
+    out = [[fwd[i][j] and rev[i][j] for j in range(size_j)] for i in range(size_i)]
+    if heuristic == "union":
+        out = [[fwd[i][j] or rev[i][j] for j in range(size_j)] for i in range(size_i)]
+    row_aligned = [any(out[i]) for i in range(size_i)]
+    col_aligned = [any(out[i][j] for i in range(size_i)) for j in range(size_j)]
+
+    def cell(i, j):
+        return 0 <= i < size_i and 0 <= j < size_j and out[i][j]
+
+    def align(i, j):
+        out[i][j] = row_aligned[i] = col_aligned[j] = True
+
+    if heuristic.startswith("grow-diag"):
+        pending = [[(fwd[i][j] or rev[i][j]) and not out[i][j] for j in range(size_j)]
+                   for i in range(size_i)]
+        changed = True
+        while changed:
+            changed = False
+            for i in range(size_i):
+                for j in range(size_j):
+                    if pending[i][j] and not (row_aligned[i] and col_aligned[j]) and any(
+                            cell(i + di, j + dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)):
+                        align(i, j)
+                        pending[i][j] = False
+                        changed = True
+    if heuristic in ("grow-diag-final", "grow-diag-final-and"):
+        for matrix in (fwd, rev):
+            for i in range(size_i):
+                for j in range(size_j):
+                    if not matrix[i][j] or out[i][j]:
+                        continue
+                    if heuristic == "grow-diag-final":
+                        ok = not (row_aligned[i] and col_aligned[j])
+                    else:
+                        ok = not row_aligned[i] and not col_aligned[j]
+                    if ok:
+                        align(i, j)
+    return {(i, j) for i in range(size_i) for j in range(size_j) if out[i][j]}
+
+
+def test_agrees_with_a_grid_formulation_on_random_grids():
+    rng = random.Random(5)
+    for _ in range(400):
+        forward, reverse = random_pair(rng)
+        for heuristic in HEURISTICS:
+            assert symmetrize(forward, reverse, heuristic) == \
+                grid_reference(forward, reverse, heuristic), (forward, reverse, heuristic)
