@@ -294,3 +294,13 @@ def test_paired_checks_equal_lengths():
 def test_words_rejects_an_inconsistent_segmentation():
     with pytest.raises(ValueError, match="lacks"):
         Segmented(["ab", "cd"], [0, 0]).words()
+
+
+def test_words_containing_the_marker_map_back_through_word_index():
+    """"@@" inside the data would fool a join on "@@ "; word_index keeps words exact."""
+    pre = Preprocessor.learn(PrepConfig(bpe_merges=20), SRC + [["x@@", "@@", "a@@b"]] * 3,
+                             TGT + [["@@"]] * 3)
+    for words in (["x@@", "@@", "a@@b", "house"], ["@@"], ["lower@@", "x"]):
+        seg = pre.segment(words, "src")
+        assert seg.words() == words
+        assert len(seg.subwords) == len(seg.word_index)
