@@ -1,0 +1,247 @@
+"""Extraction: masking, the hard-path hook, direction flipping, subword->word links, order kept
+with blank lines and any batch size, warnings, and the whole path from a model directory."""
+from __future__ import annotations
+
+import logging
+from typing import Tuple
+
+import numpy as np
+import pytest
+import torch
+
+from aligner import constants as C
+from aligner.config import RunConfig
+from aligner.data import EncodedPair, encode_pair
+from aligner.formats import Bitext
+from aligner.inference import align_pairs, extract, extract_all, hard_alignment
+from aligner.model_dir import LoadedModelDir, save_params
+from aligner.models.base import AlignmentModel
+from aligner.models.transformer import Transformer, TransformerConfig
+from aligner.prep import PrepConfig, Preprocessor
+from aligner.symmetrize import symmetrize
+from aligner.train import seed_everything
+from aligner.utils import AlignerError
+from aligner.vocab import Vocabulary
+from synthetic import monotone_corpus
+
+
+class FixedScores(AlignmentModel):
+    """A fake model whose scores are given per call: scores[b, i, j] = table[i][j]."""
+
+    METHODS: Tuple[str, ...] = ("fixed", "path")
+
+    def __init__(self, table, path=None):
+        super().__init__()
+        self.table = torch.tensor(table, dtype=torch.float32)
+        self.path = path
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def alignment_scores(self, src, tgt_in, tgt_out, method, **options):
+        rows, cols = tgt_out.size(1), src.size(1)
+        return self.table[:rows, :cols].expand(src.size(0), rows, cols)
+
+    def alignment_path(self, src, tgt_in, tgt_out, method, **options):
+        if method != "path":
+            return None
+        return torch.tensor(self.path).expand(src.size(0), -1)
+
+
+def tensors(src_ids, tgt_ids):
+    src = torch.tensor([src_ids + [C.EOS_ID]])
+    tgt_in = torch.tensor([[C.BOS_ID] + tgt_ids])
+    tgt_out = torch.tensor([tgt_ids + [C.EOS_ID]])
+    return src, tgt_in, tgt_out
+
+
+def test_argmax_never_picks_eos_or_pad_and_eos_row_is_unaligned():
+    # 2 source subwords + EOS, 2 target subwords + EOS; EOS column has the largest scores
+    model = FixedScores([[0.1, 0.3, 9.0], [0.5, 0.2, 9.0], [0.9, 0.0, 9.0]])
+    path = hard_alignment(model, *tensors([5, 6], [7, 8]), "fixed")
+    assert path.tolist() == [[1, 0, -1]]
+    padded = FixedScores([[0.0, 0.1, 5.0, 7.0]])
+    src = torch.tensor([[5, C.EOS_ID, C.PAD_ID, C.PAD_ID]])  # one real source word
+    path = hard_alignment(padded, src, torch.tensor([[C.BOS_ID]]), torch.tensor([[9]]), "fixed")
+    assert path.tolist() == [[0]]
+
+
+def test_hard_path_hook_is_used_and_cleaned():
+    # the model's own path: target 0 -> source 1, target 1 -> EOS (dropped), EOS row (dropped)
+    model = FixedScores([[0.0] * 3] * 3, path=[1, 2, 0])
+    assert hard_alignment(model, *tensors([5, 6], [7, 8]), "path").tolist() == [[1, -1, -1]]
+    model = FixedScores([[0.0, 1.0, 0.0]] * 3, path=[-1, 0, 0])
+    assert hard_alignment(model, *tensors([5, 6], [7, 8]), "path").tolist() == [[-1, 0, -1]]
+    # method without a path: argmax of the scores
+    assert hard_alignment(model, *tensors([5, 6], [7, 8]), "fixed").tolist() == [[1, 1, -1]]
+
+
+def pair(src_ids, tgt_ids, src_words=None, tgt_words=None) -> EncodedPair:
+    return EncodedPair(np.array(src_ids, dtype=np.int64), np.array(tgt_ids, dtype=np.int64),
+                       src_words if src_words is not None else list(range(len(src_ids))),
+                       tgt_words if tgt_words is not None else list(range(len(tgt_ids))))
+
+
+def test_directions_are_flipped_to_source_target():
+    # encoder side has 3 subwords, decoder side 2; decoder i -> encoder j by the table
+    table = [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0] * 4]
+    model = FixedScores(table)
+    fwd = align_pairs(model, [pair([5, 6, 7], [8, 9])], "fwd", "fixed")
+    assert fwd == [{(1, 0), (2, 1)}]          # (source word, target word)
+    rev = align_pairs(model, [pair([8, 9], [5, 6, 7])], "rev", "fixed")
+    assert rev == [{(0, 1), (1, 2)}]          # decoder = source language here
+
+
+def test_subword_links_become_word_links():
+    # source words: "a b@@ c" -> subwords 0 | 1 2 ; target words: "x@@ y z" -> 0 0 | 1
+    table = [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0] * 4]
+    model = FixedScores(table)
+    links = align_pairs(model, [pair([5, 6, 7], [8, 9, 10], [0, 1, 1], [0, 0, 1])], "fwd",
+                        "fixed")
+    assert links == [{(0, 0), (1, 0), (1, 1)}]
+
+
+def test_unknown_method_is_a_user_error():
+    with pytest.raises(AlignerError, match="unknown method 'attention'"):
+        align_pairs(FixedScores([[0.0]]), [pair([5], [6])], "fwd", "attention")
+
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+    seed_everything(0)
+    return Transformer(TransformerConfig(30, 30, d_model=16, n_heads=2, enc_layers=1,
+                                         dec_layers=2, d_ff=32, dropout=0.0,
+                                         max_positions=12)).eval()
+
+
+def random_pairs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for k in range(n):
+        if k % 5 == 2:       # a blank source line
+            pairs.append(pair([], list(rng.integers(4, 30, 3))))
+        elif k % 7 == 4:     # a blank target line
+            pairs.append(pair(list(rng.integers(4, 30, 2)), []))
+        else:
+            pairs.append(pair(list(rng.integers(4, 30, rng.integers(1, 9))),
+                              list(rng.integers(4, 30, rng.integers(1, 9)))))
+    return pairs
+
+
+@pytest.mark.parametrize("direction", ["fwd", "rev"])
+def test_order_kept_with_blank_lines_for_any_batch_size(tiny_transformer, direction):
+    pairs = random_pairs(17)
+    one_by_one = [align_pairs(tiny_transformer, [p], direction, "attention")[0] for p in pairs]
+    assert all(links == set() for k, links in enumerate(one_by_one) if k % 5 == 2 or k % 7 == 4)
+    assert sum(1 for links in one_by_one if links) >= 12
+    for max_tokens in (1, 30, 10 ** 6):  # batch sizes 1, about 3, all
+        batched = align_pairs(tiny_transformer, pairs, direction, "attention",
+                              max_tokens=max_tokens)
+        assert batched == one_by_one
+
+
+def test_over_long_pairs_get_an_empty_alignment(tiny_transformer):
+    long_pair = pair(list(range(4, 16)), [5, 6])     # 12 subwords + EOS > max_positions 12
+    short = pair([5, 6], [7])
+    result = align_pairs(tiny_transformer, [long_pair, short], "fwd", "attention")
+    assert result[0] == set() and result[1] != set()
+
+
+def test_attention_links_are_the_argmax_of_the_attention(tiny_transformer):
+    p = pair([5, 6, 7, 8], [9, 10, 11])
+    from aligner.data import make_batch
+    batch = make_batch([p.src_ids], [p.tgt_ids], "fwd")
+    with torch.no_grad():
+        scores = tiny_transformer.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out,
+                                                   "attention-avg")[0]
+    expected = {(int(scores[i, :4].argmax()), i) for i in range(3)}
+    assert align_pairs(tiny_transformer, [p], "fwd", "attention-avg") == [expected]
+
+
+def make_model_dir(tmp_path, max_positions=16):
+    """A model directory with untrained tiny transformers (whole words, no BPE)."""
+    sources, targets, _ = monotone_corpus(20, seed=1)
+    pre = Preprocessor(PrepConfig(bpe_merges=0))
+    src_vocab, tgt_vocab = Vocabulary.build(sources), Vocabulary.build(targets)
+    models = {}
+    for direction in C.DIRECTIONS:
+        sizes = (len(src_vocab), len(tgt_vocab))
+        sizes = sizes if direction == "fwd" else sizes[::-1]
+        seed_everything(3)
+        models[direction] = Transformer(TransformerConfig(*sizes, d_model=16, n_heads=2,
+                                                          enc_layers=1, dec_layers=2, d_ff=32,
+                                                          max_positions=max_positions))
+    directory = tmp_path / "model"
+    directory.mkdir()
+    RunConfig("transformer", list(C.DIRECTIONS),
+              {d: m.config.to_dict() for d, m in models.items()},
+              pre.config.to_dict()).save(str(directory / C.CONFIG_NAME))
+    pre.save(str(directory))
+    src_vocab.save(str(directory / C.VOCAB_SRC))
+    tgt_vocab.save(str(directory / C.VOCAB_TGT))
+    for direction, model in models.items():
+        (directory / direction).mkdir()
+        save_params(model, str(directory / direction / C.PARAMS_BEST))
+    return directory, sources, targets
+
+
+def test_extract_from_model_directory_symmetrizes_and_warns(tmp_path, caplog):
+    directory, sources, targets = make_model_dir(tmp_path)
+    loaded = LoadedModelDir.load(str(directory))
+    src = [sources[0], [], sources[1], ["s1"] * 20]
+    tgt = [targets[0], targets[2], targets[1], ["t1"] * 3]
+    bitext = Bitext(src, tgt, "in.src", "in.tgt")
+    with caplog.at_level(logging.WARNING, logger="aligner"):
+        everything = extract_all(loaded, bitext, "attention", heuristics=("intersect",
+                                                                          "grow-diag"))
+    assert "in.src:2: an empty side" in caplog.text
+    assert "in.src:4: 21 positions > the model's limit of 16" in caplog.text
+    assert set(everything) == {"fwd", "rev", "intersect", "grow-diag"}
+    for name, alignments in everything.items():
+        assert len(alignments) == 4 and alignments[1] == set() and alignments[3] == set()
+    assert everything["intersect"] == [symmetrize(f, r, "intersect")
+                                       for f, r in zip(everything["fwd"], everything["rev"])]
+    # links are word indices inside each sentence, source first
+    for k in (0, 2):
+        assert all(i < len(src[k]) and j < len(tgt[k]) for i, j in everything["fwd"][k])
+        assert everything["fwd"][k]  # every target word gets one link
+        assert {j for _, j in everything["fwd"][k]} == set(range(len(tgt[k])))
+        assert {i for i, _ in everything["rev"][k]} == set(range(len(src[k])))
+    assert extract(loaded, bitext, "attention", "rev") == everything["rev"]
+    assert extract(loaded, bitext, "attention") == everything["grow-diag"]
+
+
+def test_extract_maps_pairs_through_bpe(tmp_path):
+    """The pipeline with real BPE: word links equal the subword links mapped by word_index."""
+    sources = [["lowest", "newer", "wider"], ["newest", "lower"]] * 5
+    targets = [["plus", "bas", "nouveau"], ["nouvelle", "basse"]] * 5
+    pre = Preprocessor.learn(PrepConfig(bpe_merges=15, bpe_min_frequency=1), sources, targets)
+    src_vocab = Vocabulary.build(pre.segment(s, "src").subwords for s in sources)
+    tgt_vocab = Vocabulary.build(pre.segment(t, "tgt").subwords for t in targets)
+    p = encode_pair(pre, src_vocab, tgt_vocab, sources[0], targets[0])
+    assert len(p.src_ids) > 3  # some words are split
+    seed_everything(0)
+    model = Transformer(TransformerConfig(len(src_vocab), len(tgt_vocab), d_model=16, n_heads=2,
+                                          enc_layers=1, dec_layers=1, d_ff=16)).eval()
+    from aligner.data import make_batch
+    batch = make_batch([p.src_ids], [p.tgt_ids], "fwd")
+    path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, "attention")[0]
+    expected = {(p.src_word_index[j], p.tgt_word_index[i])
+                for i, j in enumerate(path.tolist()) if j >= 0}
+    assert align_pairs(model, [p], "fwd", "attention") == [expected]
+    assert {j for _, j in expected} == {0, 1, 2}
+
+
+def test_model_directory_errors(tmp_path):
+    directory, _, _ = make_model_dir(tmp_path)
+    with pytest.raises(AlignerError, match="no such model directory"):
+        LoadedModelDir.load(str(tmp_path / "nope"))
+    (directory / "rev" / C.PARAMS_BEST).unlink()
+    with pytest.raises(AlignerError, match=r"rev/params.best.pt: missing \(model directory "
+                                           r"incomplete\)"):
+        LoadedModelDir.load(str(directory))
+    assert LoadedModelDir.load(str(directory), ["fwd"]).models.keys() == {"fwd"}
+    (directory / C.VOCAB_TGT).unlink()
+    with pytest.raises(AlignerError, match="vocab.tgt.json: missing"):
+        LoadedModelDir.load(str(directory), ["fwd"])
+    (directory / C.CONFIG_NAME).write_text("{not json")
+    with pytest.raises(AlignerError, match="config.json: not valid JSON"):
+        LoadedModelDir.load(str(directory), ["fwd"])
