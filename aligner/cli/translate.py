@@ -1,0 +1,87 @@
+"""`align translate`: beam-search translation with a trained model directory, optionally with
+each translation's word alignment. Only parses options and prints; the work is
+aligner.translate. torch is imported inside the command function.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+INPUT = click.Path(dir_okay=False, allow_dash=True)
+
+
+@click.command("translate")
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("-i", "--input", "input_path", type=INPUT, default="-", show_default=True,
+              help="Sentences to translate, one per line (tokenized like the training data); "
+                   "'-' = stdin.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              show_default=True, help="Translations (written atomically); '-' = stdout.")
+@click.option("--direction", type=click.Choice(["fwd", "rev"]), default="fwd",
+              show_default=True,
+              help="fwd: source language -> target language; rev: the other way round.")
+@click.option("-b", "--beam", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Beam size (1 = greedy).")
+@click.option("--print-alignment", is_flag=True,
+              help="Print 'translation ||| i-j ...': input word i linked to output word j "
+                   "(0-based, words after BPE is undone).")
+@click.option("--alignment-method", default=None,
+              help="Extraction method for --print-alignment [default: transformer attention "
+                   "(penultimate layer), hmm0 hmm-posterior, hmm1 hmm-viterbi, "
+                   "alignment-layer layer-sgd].")
+@click.option("--max-len-a", type=click.FloatRange(min=0), default=1.5, show_default=True,
+              help="Longest output = a * input subwords + b.")
+@click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True,
+              help="See --max-len-a.")
+@click.option("--len-penalty", type=float, default=1.0, show_default=True,
+              help="Hypothesis score = log-probability / length ** len_penalty "
+                   "(0 = no length normalization).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=8000, show_default=True,
+              help="Beam rows x padded input subwords per batch (inputs are batched by "
+                   "length; output order = input order).")
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
+              show_default=True, help="Which saved weights to use.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
+def command(model_dir: str, input_path: str, output: str, direction: str, beam: int,
+            print_alignment: bool, alignment_method: Optional[str], max_len_a: float,
+            max_len_b: int, len_penalty: float, max_tokens: int, checkpoint: str, device: str,
+            quiet: bool) -> None:
+    """Translate the lines of -i with the model in MODEL_DIR (any model kind).
+
+    Prints one translation per input line, in input order (an empty line, or one too long
+    for the model, gives an empty line and a warning). The model applies its own BPE (and
+    its tokenizer when trained with --tokenize); the output has BPE undone and is not
+    detokenized. Score it with: align score-aer --translations OUT --references REF.
+
+    Example: align translate runs/enfr -i test.en --beam 5 --print-alignment
+    """
+    from aligner.distributed import resolve_device
+    from aligner.formats import read_lines
+    from aligner.log import setup_logging
+    from aligner.model_dir import LoadedModelDir
+    from aligner.translate import translate
+    from aligner.utils import atomic_output, check_condition
+
+    setup_logging(quiet=quiet)
+    check_condition(alignment_method is None or print_alignment,
+                    "--alignment-method chooses the alignment of --print-alignment: give both")
+    lines = read_lines(input_path)
+    torch_device = resolve_device(device)
+    loaded = LoadedModelDir.load(model_dir, (direction,), checkpoint, torch_device)
+    if alignment_method is not None:
+        methods = loaded.models[direction].METHODS
+        check_condition(alignment_method in methods,
+                        f"unknown --alignment-method '{alignment_method}' for model kind "
+                        f"'{loaded.config.model_kind}' (choose from {', '.join(methods)})")
+    results = translate(loaded, lines, direction, beam, max_len_a, max_len_b, len_penalty,
+                        max_tokens, print_alignment, alignment_method, torch_device,
+                        input_path)
+    with atomic_output(output) as out:
+        for result in results:
+            if print_alignment:
+                links = " ".join(f"{i}-{j}" for i, j in sorted(result.links or ()))
+                out.write(f"{result.text} ||| {links}\n")
+            else:
+                out.write(result.text + "\n")

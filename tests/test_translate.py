@@ -1,0 +1,305 @@
+"""Beam search and `align translate`: incremental decoding equals the full model, beam 1 equals
+greedy search, batching keeps order, alignments are well-formed, BLEU/TER by hand."""
+from __future__ import annotations
+
+import json
+import math
+from typing import List, Sequence
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aligner import constants as C
+from aligner.cli import main
+from aligner.config import RunConfig
+from aligner.model_dir import LoadedModelDir, config_path, params_path, save_params
+from aligner.models import build_model
+from aligner.prep import PrepConfig, Preprocessor
+from aligner.translate import (EncodedInput, Stepper, beam_search, join_subwords,
+                               make_stepper, max_output_length, translate, translate_inputs)
+from aligner.vocab import Vocabulary
+
+V_SRC, V_TGT = 13, 11
+KINDS = ("transformer", "hmm0", "hmm1", "alignment-layer")
+
+
+def tiny(kind: str, markov_order: int = 0, seed: int = 0, src_vocab: int = V_SRC,
+         tgt_vocab: int = V_TGT):
+    torch.manual_seed(seed)
+    config = dict(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=16, n_heads=2,
+                  enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_positions=40,
+                  markov_order=markov_order)
+    return build_model(kind, config).eval()
+
+
+def sources(*rows: Sequence[int]) -> torch.Tensor:
+    """(B, J+1) ids + EOS, right-padded."""
+    width = max(map(len, rows)) + 1
+    out = torch.full((len(rows), width), C.PAD_ID, dtype=torch.long)
+    for k, row in enumerate(rows):
+        out[k, :len(row)] = torch.tensor(row)
+        out[k, len(row)] = C.EOS_ID
+    return out
+
+
+def full_log_prob(model, src_row: torch.Tensor, tokens: List[int], with_eos: bool) -> float:
+    """Σ log p(y_i | y_<i, f) by the model's own training loss on the whole sequence."""
+    src = src_row[src_row.ne(C.PAD_ID)][None]
+    out = tokens + ([C.EOS_ID] if with_eos else [])
+    tgt_in = torch.tensor([[C.BOS_ID] + out[:-1]])
+    with torch.no_grad():
+        loss, _ = model.loss(src, tgt_in, torch.tensor([out]))
+    return -float(loss)
+
+
+def greedy_reference(model, src_row: torch.Tensor, max_len: int, vocab: int) -> List[int]:
+    """Greedy search by brute force: each next word scored by the full model (no stepper)."""
+    tokens: List[int] = []
+    for step in range(max_len + 1):
+        if step == max_len:
+            return tokens
+        prefix = full_log_prob(model, src_row, tokens, False) if tokens else 0.0
+        scores = [-math.inf] * vocab
+        for word in range(vocab):
+            if word in (C.PAD_ID, C.BOS_ID):
+                continue
+            scores[word] = full_log_prob(model, src_row, tokens + [word], False) - prefix
+        best = int(np.argmax(scores))
+        if best == C.EOS_ID:
+            return tokens
+        tokens.append(best)
+    return tokens
+
+
+# -- incremental decoding and the search -------------------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("markov_order", [0, 2])
+def test_hypothesis_log_prob_equals_the_full_models_sequence_log_prob(kind, markov_order):
+    """The stepper (layer-input cache or Markov window, hmm1 forward state) computes exactly
+    what the full model computes; hmm1's sum is log Z of the forward algorithm."""
+    model = tiny(kind, markov_order)
+    src = sources([5, 6, 7, 8], [9, 10])
+    hypotheses = beam_search(make_stepper(model), src, [7, 6], beam=3, len_penalty=1.0)
+    scorer = model.base if kind == "alignment-layer" else model   # translation = the base
+    for row, hypothesis in enumerate(hypotheses):
+        expected = full_log_prob(scorer, src[row], hypothesis.tokens, True)
+        assert hypothesis.log_prob == pytest.approx(expected, abs=1e-4)
+        assert hypothesis.score == pytest.approx(hypothesis.log_prob
+                                                 / (len(hypothesis.tokens) + 1))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "hmm0", "hmm1"])
+@pytest.mark.parametrize("markov_order", [0, 1])
+def test_beam_1_equals_greedy_search(kind, markov_order):
+    model = tiny(kind, markov_order, seed=3)
+    src = sources([5, 6, 7], [8, 9, 10, 11, 12])
+    limits = [5, 6]
+    hypotheses = beam_search(make_stepper(model), src, limits, beam=1)
+    for row, hypothesis in enumerate(hypotheses):
+        assert hypothesis.tokens == greedy_reference(model, src[row], limits[row], V_TGT)
+
+
+class BigramStepper(Stepper):
+    """A fake model: p(next | previous token) from a fixed table (ids 4 = a, 5 = b)."""
+
+    def __init__(self, table):
+        self.vocab_size = 6
+        self.table = torch.full((6, 6), -math.inf)
+        for (previous, word), p in table.items():
+            self.table[previous, word] = math.log(p)
+
+    def start(self, src):
+        return {}
+
+    def log_probs(self, state, tokens, step):
+        return self.table[tokens]
+
+
+A, B, EOS, BOS = 4, 5, C.EOS_ID, C.BOS_ID
+TABLE = {(BOS, A): 0.6, (BOS, B): 0.4,
+         (A, EOS): 0.4, (A, A): 0.3, (A, B): 0.3,
+         (B, EOS): 0.9, (B, A): 0.05, (B, B): 0.05}
+
+
+def test_beam_search_by_hand_beats_greedy():
+    """Greedy: a (0.6) then EOS (0.4) = 0.24. Beam 2 also keeps b (0.4), and b EOS = 0.36."""
+    src = sources([7])
+    greedy = beam_search(BigramStepper(TABLE), src, [5], beam=1, len_penalty=0.0)[0]
+    assert greedy.tokens == [A] and greedy.log_prob == pytest.approx(math.log(0.24))
+    best = beam_search(BigramStepper(TABLE), src, [5], beam=2, len_penalty=0.0)[0]
+    assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.36))
+
+
+def test_length_normalization_and_the_stopping_rule_by_hand():
+    """p(a|BOS) = 1, p(EOS|a) = 0.2, p(a|a) = 0.8; beam 2 ends hypotheses [a] (step 1) and
+    [a a] (step 2), and then stops: a sentence is done with K ended hypotheses (fairseq).
+    Raw log-probabilities: log .2 = -1.61 beats log .8 + log .2 = -1.83. Normalized by
+    length (EOS counted): -1.61/2 = -0.80 loses to -1.83/3 = -0.61."""
+    table = {(BOS, A): 1.0, (A, EOS): 0.2, (A, A): 0.8}
+    src = sources([7])
+    raw = beam_search(BigramStepper(table), src, [9], beam=2, len_penalty=0.0)[0]
+    assert raw.tokens == [A] and raw.score == pytest.approx(math.log(0.2))
+    normalized = beam_search(BigramStepper(table), src, [9], beam=2, len_penalty=1.0)[0]
+    assert normalized.tokens == [A, A]
+    assert normalized.score == pytest.approx((math.log(0.8) + math.log(0.2)) / 3)
+
+
+def test_the_length_limit_forces_eos():
+    table = {(BOS, A): 1.0, (A, A): 0.999, (A, EOS): 0.001}
+    hypotheses = beam_search(BigramStepper(table), sources([7], [7, 7]), [3, 1], beam=1)
+    assert [h.tokens for h in hypotheses] == [[A, A, A], [A]]
+    assert hypotheses[0].log_prob == pytest.approx(2 * math.log(0.999) + math.log(0.001))
+    assert max_output_length(10, 1.5, 10, None) == 25
+    assert max_output_length(10, 1.5, 10, 20) == 19     # BOS + 19 outputs = 20 positions
+
+
+def test_batching_and_neighbours_do_not_change_translations():
+    model = tiny("hmm1", 0, seed=1)
+    vocab = [str(k) for k in range(V_TGT)]
+    rng = np.random.default_rng(0)
+    inputs = [EncodedInput([], rng.integers(4, V_SRC, size=n), list(range(n)))
+              for n in (5, 1, 8, 3, 5, 2)]
+    together = translate_inputs(model, inputs, vocab, beam=3, max_tokens=3 * 10)
+    alone = [translate_inputs(model, [item], vocab, beam=3)[0] for item in inputs]
+    assert [t.subwords for t in together] == [t.subwords for t in alone]
+    assert [t.score for t in together] == pytest.approx([t.score for t in alone], abs=1e-5)
+
+
+def test_join_subwords_undoes_bpe():
+    assert join_subwords(["Hans@@", "ards", "are", "fi@@", "ne"]) == (
+        ["Hansards", "are", "fine"], [0, 0, 1, 2, 2])
+    assert join_subwords(["a", "dang@@"]) == (["a", "dang"], [0, 1])
+    assert join_subwords([]) == ([], [])
+
+
+# -- the command -------------------------------------------------------------------------------
+
+SRC_TEXT = ["the house is small", "the house", "a small house is a house", "small",
+            "the small house is the house"]
+TGT_TEXT = ["la maison est petite", "la maison", "une petite maison est une maison", "petite",
+            "la petite maison est la maison"]
+
+
+def make_model_dir(path, kind: str = "transformer", markov_order: int = 0) -> str:
+    """A complete model directory with random weights and a few BPE merges (no training)."""
+    path.mkdir()
+    prep_config = PrepConfig(bpe_merges=6, bpe_min_frequency=1)
+    pre = Preprocessor.learn(prep_config, [s.split() for s in SRC_TEXT],
+                             [t.split() for t in TGT_TEXT])
+    pre.save(str(path))
+    vocabs = {}
+    for side, texts, name in (("src", SRC_TEXT, C.VOCAB_SRC), ("tgt", TGT_TEXT, C.VOCAB_TGT)):
+        vocabs[side] = Vocabulary.build([pre.segment(t.split(), side).subwords
+                                         for t in texts] + [list("abcdefghijklmnopqrstuvwxyz")])
+        vocabs[side].save(str(path / name))
+    models = {}
+    for direction in C.DIRECTIONS:
+        sizes = (len(vocabs["src"]), len(vocabs["tgt"]))
+        if direction == "rev":
+            sizes = sizes[::-1]
+        model = tiny(kind, markov_order, seed=len(models), src_vocab=sizes[0],
+                     tgt_vocab=sizes[1])
+        models[direction] = model.config.to_dict()
+        (path / direction).mkdir()
+        for checkpoint in ("best", "last"):
+            save_params(model, params_path(str(path), direction, checkpoint))
+    RunConfig(kind, list(C.DIRECTIONS), models, prep_config.to_dict()).save(
+        config_path(str(path)))
+    return str(path)
+
+
+def run(args):
+    """(exit code, stdout, stderr) of `align ARGS`."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def parse(line: str):
+    text, links = line.split(" ||| ")
+    return text.split(), [tuple(map(int, link.split("-"))) for link in links.split()]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "hmm1"])
+def test_cli_translations_with_alignments_keep_line_order(tmp_path, kind):
+    model_dir = make_model_dir(tmp_path / "model", kind)
+    lines = SRC_TEXT + ["", "house small the"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, _, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam", 3,
+                           "--print-alignment", "--max-tokens", 40, "-o", tmp_path / "out.txt",
+                           "-q"])
+    assert code == 0, errors
+    assert f"in.txt:{len(SRC_TEXT) + 1}: an empty line: writing an empty translation" in errors
+    got = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert got[-1] == "" and len(got) == len(lines) + 1
+    for k, line in enumerate(lines):   # each line alone gives the same output: order is kept
+        (tmp_path / "one.txt").write_text(line + "\n", encoding="utf-8")
+        code, alone, _ = run(["translate", model_dir, "-i", tmp_path / "one.txt", "--beam",
+                              3, "--print-alignment", "-q"])
+        assert code == 0 and alone == got[k] + "\n"
+        words, links = parse(got[k])
+        assert all(0 <= i < len(line.split()) and 0 <= j < len(words) for i, j in links)
+        if words and line:              # every output word is aligned (argmax / Viterbi)
+            assert {j for _, j in links} == set(range(len(words)))
+    assert got[len(SRC_TEXT)] == " ||| "          # the empty line stays, empty
+
+
+def test_cli_plain_output_and_reverse_direction(tmp_path):
+    model_dir = make_model_dir(tmp_path / "model", "hmm0", markov_order=2)
+    (tmp_path / "in.txt").write_text("la maison\npetite\n", encoding="utf-8")
+    code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt",
+                                "--direction", "rev", "--beam", 2, "-q"])
+    assert code == 0, errors
+    assert "|||" not in output and output.count("\n") == 2
+    # the same through the library: rev reads French, writes subwords of the English vocabulary
+    loaded = LoadedModelDir.load(model_dir, ("rev",))
+    results = translate(loaded, ["la maison", "petite"], "rev", beam=2)
+    assert output == "".join(r.text + "\n" for r in results)
+    english = set(loaded.src_vocab.tokens)
+    assert all(piece in english for r in results for piece in r.subwords)
+    assert all(r.words == join_subwords(r.subwords)[0] for r in results)
+
+
+def test_cli_bad_input_is_one_line_errors(tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    (tmp_path / "in.txt").write_text("the house\n", encoding="utf-8")
+    cases = [
+        (["translate", tmp_path / "missing", "-i", tmp_path / "in.txt"], "missing"),
+        (["translate", model_dir, "-i", tmp_path / "nope.txt"], "nope.txt: no such file"),
+        (["translate", model_dir, "-i", tmp_path / "in.txt", "--print-alignment",
+          "--alignment-method", "hmm-viterbi"], "unknown --alignment-method 'hmm-viterbi'"),
+        (["translate", model_dir, "-i", tmp_path / "in.txt", "--alignment-method",
+          "attention"], "--print-alignment"),
+    ]
+    for args, message in cases:
+        code, output, errors = run(args)
+        assert code == 1 and output == "", errors
+        assert errors.startswith("align: error:") and message in errors
+        assert len(errors.strip().split("\n")) == 1
+
+
+# -- scoring translations (align score-aer --translations/--references) -----------------------
+
+def test_bleu_and_ter_on_a_hand_checked_case(tmp_path):
+    """hyp 'a b c d e' vs ref 'a b c d f': n-gram precisions 4/5, 3/4, 2/3, 1/2, no brevity
+    penalty: BLEU = 100·(4/5·3/4·2/3·1/2)^(1/4) = 100·0.2^0.25 = 66.87; TER = 1 edit / 5
+    reference words = 20.0. Second line: identical (5 more matching n-grams of each order)."""
+    (tmp_path / "hyp").write_text("a b c d e\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("a b c d f\n", encoding="utf-8")
+    code, output, errors = run(["score-aer", "--translations", tmp_path / "hyp",
+                                "--references", tmp_path / "ref", "--json"])
+    assert code == 0, errors
+    scores = json.loads(output)
+    assert scores["bleu"]["score"] == pytest.approx(100 * 0.2 ** 0.25, abs=1e-6)
+    assert scores["ter"]["score"] == pytest.approx(20.0)
+    # two sentences: corpus statistics are summed before dividing
+    (tmp_path / "hyp").write_text("a b c d e\nv w x y z\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("a b c d f\nv w x y z\n", encoding="utf-8")
+    code, output, _ = run(["score-aer", "--translations", tmp_path / "hyp", "--references",
+                           tmp_path / "ref", "--json"])
+    scores = json.loads(output)
+    expected = 100 * (9 / 10 * 7 / 8 * 5 / 6 * 3 / 4) ** 0.25
+    assert scores["bleu"]["score"] == pytest.approx(expected, abs=1e-6)
+    assert scores["ter"]["score"] == pytest.approx(10.0)
