@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import click
 
 from aligner import constants as C
-from aligner.cli.train import INPUT, parse_key_values
+from aligner.cli.train import INPUT, parse_key_values, set_threads
 from aligner.utils import check_condition
 
 
@@ -40,11 +40,13 @@ from aligner.utils import check_condition
 @click.option("--max-tokens", default=4000, show_default=True, type=click.IntRange(min=1),
               help="Padded tokens per batch (pairs are batched by length, order restored).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
+              help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], output: str, checkpoint: str,
-            max_tokens: int, device: str, quiet: bool) -> None:
+            max_tokens: int, device: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
 
     Writes one Pharaoh line (0-based source-target word links "i-j") per input line, in input
@@ -61,6 +63,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.model_dir import LoadedModelDir
 
     logger = setup_logging(quiet=quiet)
+    set_threads(threads)
     check_condition((source is None) == (target is None),
                     "give both -s/--source and -t/--target, or -i/--input")
     check_condition((source is None) != (joint is None),

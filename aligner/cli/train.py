@@ -41,6 +41,14 @@ def parse_key_values(pairs: Sequence[str], option: str) -> Dict[str, Any]:
     return values
 
 
+def set_threads(threads: int) -> None:
+    """torch.set_num_threads(threads) unless 0 (keep torch's default)."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def bitext_options(function):
     """-s/-t or -i: the training bitext."""
     for decorator in reversed([
@@ -92,6 +100,9 @@ def bitext_options(function):
               help="Longest sequence (subwords + EOS) the model accepts.")
 @click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
               help="Share decoder input embedding and output projection.")
+@click.option("--markov-order", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Markov decoder: self-attention sees only the previous k target tokens, "
+                   "with their static embeddings as keys/values (0 = off).")
 @click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
               help="Further model-kind setting (repeatable), e.g. -M chunk_size=8.")
 # training
@@ -122,6 +133,8 @@ def bitext_options(function):
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA with bf16 autocast if available, else CPU), cpu, cuda, cuda:N.")
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
+              help="CPU threads for torch (0 = torch's default, usually all cores).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --model-dir.")
 @click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
@@ -131,11 +144,13 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             lowercase: bool, bpe_merges: int, joint_bpe: bool, bpe_min_frequency: int,
             bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
-            max_positions: int, tie_embeddings: bool, model_option: Tuple[str, ...],
+            max_positions: int, tie_embeddings: bool, markov_order: int,
+            model_option: Tuple[str, ...],
             max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
-            valid_gold_format: str, valid_method: str, device: str, seed: int, resume: bool,
+            valid_gold_format: str, valid_method: str, device: str, seed: int, threads: int,
+            resume: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
@@ -150,6 +165,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.prep import PrepConfig
     from aligner.train import train_model_dir
 
+    set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
     check_condition((source is None) == (target is None),
@@ -168,7 +184,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                          enc_layers=encoder_layers, dec_layers=decoder_layers,
                                          d_ff=ff_dim, dropout=dropout,
                                          max_positions=max_positions,
-                                         tie_embeddings=tie_embeddings)
+                                         tie_embeddings=tie_embeddings,
+                                         markov_order=markov_order)
     model_options.update(parse_key_values(model_option, "--model-option"))
     train_config = TrainConfig(max_tokens=max_tokens, update_freq=update_freq, lr=lr,
                                warmup=warmup, label_smoothing=label_smoothing,

@@ -1,0 +1,203 @@
+"""`align train` / `align extract` / `align demo` through click: round trip, resume, errors,
+pinned defaults."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aligner import constants as C
+from aligner.cli import main
+from aligner.formats import read_pharaoh
+from synthetic import monotone_corpus, write_corpus
+
+TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+        "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
+        "--lr", "3e-3", "--checkpoint-interval", "2", "-q"]
+
+
+def run(*args, ok=True):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    sources, targets, golds = monotone_corpus(40, seed=4)
+    src, tgt, gold = write_corpus(tmp_path, "train", sources, targets, golds)
+    vsrc, vtgt, vgold = write_corpus(tmp_path, "valid", sources[:6], targets[:6], golds[:6])
+    return dict(src=src, tgt=tgt, gold=gold, vsrc=vsrc, vtgt=vtgt, vgold=vgold,
+                sources=sources, targets=targets)
+
+
+def error_line(result) -> str:
+    """The one 'align: error: ...' line (and nothing like a traceback)."""
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("align: error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_round_trip_train_extract_symmetrize_score(tmp_path, corpus):
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 3,
+        "--valid-src", corpus["vsrc"], "--valid-tgt", corpus["vtgt"], "--valid-gold",
+        corpus["vgold"], *TINY)
+    for name in (C.CONFIG_NAME, C.VOCAB_SRC, C.VOCAB_TGT, C.BPE_CODES_SRC, C.LOG_NAME,
+                 "prep.json", "fwd/params.best.pt", "rev/params.last.pt",
+                 "rev/training_state.pt", "fwd/metrics.tsv"):
+        assert (model / name).exists(), name
+    config = json.loads((model / C.CONFIG_NAME).read_text())
+    assert config["model_kind"] == "transformer" and config["directions"] == ["fwd", "rev"]
+    assert config["models"]["fwd"]["src_vocab_size"] == config["models"]["rev"]["tgt_vocab_size"]
+    assert config["training"]["max_updates"] == 3 and config["seed"] == C.DEFAULT_SEED
+    header, *rows = (model / "fwd" / C.METRICS_NAME).read_text().splitlines()
+    assert [row.split("\t")[0] for row in rows] == ["2", "3"]
+    assert all(row.split("\t")[5] not in ("-", "nan") for row in rows)  # validation AER
+
+    outputs = {}
+    for direction in ("fwd", "rev", "both"):
+        outputs[direction] = tmp_path / f"{direction}.txt"
+        run("extract", model, "-s", corpus["vsrc"], "-t", corpus["vtgt"], "--direction",
+            direction, "-o", outputs[direction], "-q")
+    run("symmetrize", "-f", outputs["fwd"], "-r", outputs["rev"], "-H", "grow-diag", "-o",
+        tmp_path / "sym.txt", "-q")
+    assert (tmp_path / "sym.txt").read_text() == outputs["both"].read_text()
+    for path in outputs.values():
+        alignments = read_pharaoh(str(path))
+        assert len(alignments) == 6
+        for links, src, tgt in zip(alignments, corpus["sources"], corpus["targets"]):
+            assert all(i < len(src) and j < len(tgt) for i, j in links)
+    # fwd: every target word is linked exactly once (one argmax per target word)
+    for links, tgt in zip(read_pharaoh(str(outputs["fwd"])), corpus["targets"]):
+        assert sorted(j for _, j in links) == list(range(len(tgt)))
+    score = run("score-aer", "-g", corpus["vgold"], "-a", outputs["both"])
+    assert re.search(r"AER \d+\.\d", score.output)
+
+
+def test_joint_input_and_stdout_and_blank_lines(tmp_path, corpus):
+    joint = tmp_path / "train.joint"
+    joint.write_text("".join(f"{' '.join(s)} ||| {' '.join(t)}\n"
+                             for s, t in zip(corpus["sources"], corpus["targets"])))
+    model = tmp_path / "model"
+    run("train", "-i", joint, "-o", model, "--max-updates", 1, "--directions", "fwd", *TINY)
+    assert not (model / "rev").exists()
+    test = tmp_path / "test.joint"
+    test.write_text("s1 s2 ||| t1 t2\n ||| t3\ns4 s4 s4 ||| \ns2 ||| t2\n")
+    result = run("extract", model, "-i", test, "--direction", "fwd")
+    lines = result.stdout.split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[2] == "" and lines[4] == ""
+    assert lines[0] and lines[3] == "0-0"
+    assert "test.joint:2: an empty side: writing an empty alignment" in result.stderr
+    assert "test.joint:3: an empty side" in result.stderr
+
+
+def test_resume_continues_and_refuses_changed_settings(tmp_path, corpus):
+    model = tmp_path / "model"
+    args = ["train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, *TINY]
+    run(*args, "--max-updates", 2)
+    first = torch.load(model / "fwd" / C.PARAMS_LAST, weights_only=True)["state_dict"]
+    run(*args, "--max-updates", 4, "--resume")
+    rows = (model / "rev" / C.METRICS_NAME).read_text().splitlines()[1:]
+    assert [row.split("\t")[0] for row in rows] == ["2", "4"]
+    second = torch.load(model / "fwd" / C.PARAMS_LAST, weights_only=True)["state_dict"]
+    assert any(not torch.equal(first[k], second[k]) for k in first)
+    line = error_line(run(*args, "--max-updates", 6, "--resume", "--lr", "0.1", ok=False))
+    assert "cannot resume, these settings differ from the saved run: training.lr" in line
+    line = error_line(run(*args, "--max-updates", 6, ok=False))
+    assert "directory is not empty; use --resume" in line
+    run(*args, "--max-updates", 1, "--overwrite")
+    rows = (model / "fwd" / C.METRICS_NAME).read_text().splitlines()[1:]
+    assert [row.split("\t")[0] for row in rows] == ["1"]
+
+
+def test_train_user_errors_are_one_line(tmp_path, corpus):
+    base = ["train", "-o", tmp_path / "m", *TINY, "--max-updates", "1"]
+    short = tmp_path / "short.tgt"
+    short.write_text("t1\n")
+    cases = [
+        (["-s", corpus["src"], "-t", short], "line counts differ"),
+        (["-s", corpus["src"]], "give both -s/--source and -t/--target"),
+        (["-s", corpus["src"], "-t", corpus["tgt"], "--model", "lstm"], "unknown model kind"),
+        (["-s", corpus["src"], "-t", corpus["tgt"], "--directions", "fwd,up"], "--directions"),
+        (["-s", corpus["src"], "-t", corpus["tgt"], "--valid-src", corpus["vsrc"]],
+         "give both --valid-src and --valid-tgt"),
+        (["-s", corpus["src"], "-t", corpus["tgt"], "--heads", "3"], "divisible"),
+        (["-s", tmp_path / "missing.en", "-t", corpus["tgt"]], "missing.en: no such file"),
+        (["-s", corpus["src"], "-t", corpus["tgt"], "-M", "nonsense"], "expects KEY=VALUE"),
+    ]
+    for args, message in cases:
+        assert message in error_line(run(*base, *args, ok=False)), args
+    if not torch.cuda.is_available():
+        line = error_line(run(*base, "-s", corpus["src"], "-t", corpus["tgt"], "--device",
+                              "cuda", ok=False))
+        assert "--device cuda: CUDA is not available" in line
+
+
+def test_extract_user_errors_are_one_line(tmp_path, corpus):
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 1,
+        *TINY)
+    base = ["extract", model, "-s", corpus["vsrc"], "-t", corpus["vtgt"]]
+    assert "unknown method 'hmm-viterbi' for model kind 'transformer'" in error_line(
+        run(*base, "--method", "hmm-viterbi", ok=False))
+    assert "--layer must be between 1 and 1" in error_line(run(*base, "--layer", 2, ok=False))
+    assert "--symmetrize combines two directions" in error_line(
+        run(*base, "--direction", "fwd", "-H", "union", ok=False))
+    assert "no such model directory" in error_line(
+        run("extract", tmp_path / "nope", "-s", corpus["vsrc"], "-t", corpus["vtgt"], ok=False))
+    (model / "rev" / C.PARAMS_BEST).unlink()
+    assert "rev/params.best.pt: missing (model directory incomplete)" in error_line(
+        run(*base, ok=False))
+    run(*base, "--direction", "fwd", "--checkpoint", "last")  # fwd alone still works
+
+
+def test_pinned_train_defaults():
+    """The defaults users and scripts rely on (sockeye's test_arguments idea)."""
+    from aligner.cli.train import command
+
+    defaults = {p.name: p.default for p in command.params}
+    assert {k: defaults[k] for k in (
+        "model_kind", "directions", "tokenize", "bpe_merges", "joint_bpe", "d_model", "heads",
+        "encoder_layers", "decoder_layers", "ff_dim", "dropout", "max_tokens", "update_freq",
+        "lr", "warmup", "label_smoothing", "clip_norm", "max_updates", "max_epochs",
+        "checkpoint_interval", "device", "seed")} == {
+        "model_kind": "transformer", "directions": "fwd,rev", "tokenize": False,
+        "bpe_merges": 10000, "joint_bpe": True, "d_model": 256, "heads": 4,
+        "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 1024, "dropout": 0.1,
+        "max_tokens": 4096, "update_freq": 1, "lr": 5e-4, "warmup": 1000,
+        "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 10,
+        "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
+    from aligner.cli.extract import command as extract_command
+
+    defaults = {p.name: p.default for p in extract_command.params}
+    assert defaults["direction"] == "both" and defaults["checkpoint"] == "best"
+
+
+def test_demo_on_a_small_sample(tmp_path):
+    sources, targets, golds = monotone_corpus(30, seed=2)
+    sample = tmp_path / "sample"
+    sample.mkdir()
+    for name, sents in (("train.en", sources[:24]), ("train.fr", targets[:24]),
+                        ("trial.en", sources[24:]), ("trial.fr", targets[24:])):
+        (sample / name).write_text("".join(" ".join(s) + "\n" for s in sents))
+    (sample / "trial.talp").write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
+                                               for g in golds[24:]))
+    result = run("demo", "--sample-dir", sample, "--max-epochs", 1, "--bpe-merges", 10,
+                 "--workdir", tmp_path / "work", "-q")
+    lines = result.stdout.splitlines()
+    assert "AER (%) on the 6 trial pairs" in lines[0]
+    assert lines[1].split("|")[1].strip() == "method"
+    assert [line.split("|")[1].strip() for line in lines[3:5]] == ["attention", "attention-avg"]
+    for line in lines[3:5]:
+        cells = [float(c) for c in line.split("|")[2:-1]]
+        assert len(cells) == 5 and all(0.0 <= c <= 100.0 for c in cells)
+    assert (tmp_path / "work" / "model" / "fwd" / C.PARAMS_BEST).is_file()
+    missing = run("demo", "--sample-dir", tmp_path, ok=False)
+    assert "sample file missing" in error_line(missing)
