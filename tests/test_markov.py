@@ -172,3 +172,36 @@ def test_markov_order_is_saved_in_the_config_and_validated():
         attention = MultiHeadAttention(8, 2, 0.0)
         decoder_self_attention(attention, torch.nn.LayerNorm(8), torch.zeros(1, 2, 8), None,
                                None, markov_order=2)
+
+
+def test_align_train_markov_order_reaches_the_saved_model_and_translate(tmp_path):
+    """`align train --markov-order 2` stores the order in config.json for both directions;
+    the loaded models are Markov decoders and `align translate` uses them."""
+    import json
+
+    from click.testing import CliRunner
+
+    from aligner.cli import main
+    from aligner.model_dir import LoadedModelDir
+
+    (tmp_path / "a.src").write_text("a b c\nb c\nc a b d\n", encoding="utf-8")
+    (tmp_path / "a.tgt").write_text("x y z\ny z\nz x y w\n", encoding="utf-8")
+    runner = CliRunner()
+    result = runner.invoke(main, [
+        "train", "-s", str(tmp_path / "a.src"), "-t", str(tmp_path / "a.tgt"), "-o",
+        str(tmp_path / "m"), "--bpe-merges", "0", "--d-model", "16", "--heads", "2",
+        "--encoder-layers", "1", "--decoder-layers", "2", "--ff-dim", "16", "--max-updates",
+        "2", "--max-epochs", "0", "--checkpoint-interval", "2", "--markov-order", "2",
+        "--device", "cpu", "-q"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "m" / "config.json").read_text(encoding="utf-8"))
+    assert [config["models"][d]["markov_order"] for d in ("fwd", "rev")] == [2, 2]
+    loaded = LoadedModelDir.load(str(tmp_path / "m"), ("fwd",))
+    assert loaded.models["fwd"].decoder.markov_order == 2
+    result = runner.invoke(main, ["translate", str(tmp_path / "m"), "-i",
+                                  str(tmp_path / "a.src"), "--beam", "2", "-q"])
+    assert result.exit_code == 0 and result.stdout.count("\n") == 3, result.output
+    result = runner.invoke(main, ["train", "-s", str(tmp_path / "a.src"), "-t",
+                                  str(tmp_path / "a.tgt"), "-o", str(tmp_path / "m2"),
+                                  "--markov-order", "-1"])
+    assert result.exit_code == 2 and "--markov-order" in result.output
