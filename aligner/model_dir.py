@@ -13,6 +13,9 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      base/                alignment-layer only: the stage-1 transformer model directory (the
+                           layer's params files hold the base weights too; extraction needs
+                           only the top level)
       fwd/ rev/            one folder per direction ("fwd" models p(target | source)):
         params.best.pt     weights of the best checkpoint (validation AER, else perplexity,
                            else the last one)
@@ -47,6 +50,8 @@ from aligner.vocab import Vocabulary
 logger = logging.getLogger(__name__)
 
 CORPUS_DIR = "corpus"
+#: stage-1 base model directory inside an alignment-layer model directory (see train_model_dir)
+BASE_DIR = "base"
 CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
@@ -78,7 +83,7 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     if os.path.exists(model_dir):
         check_condition(os.path.isdir(model_dir), f"{model_dir}: exists and is not a directory")
-        entries = os.listdir(model_dir)
+        entries = [name for name in os.listdir(model_dir) if name != BASE_DIR]  # stage-1 base
     else:
         entries = []
     if not entries:

@@ -41,6 +41,7 @@ from aligner.formats import Bitext, GoldAlignment
 from aligner.inference import align_pairs, model_max_positions, usable
 from aligner.metrics import score_aer
 from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_params, save_params
+from aligner.models import model_class
 from aligner.models.base import AlignmentModel
 from aligner.utils import atomic_output, check_condition
 from aligner.vocab import Vocabulary
@@ -484,21 +485,38 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     valid_gold: Optional[List[GoldAlignment]] = None,
                     resume: bool = False, overwrite: bool = False, quiet: bool = False,
                     verbose: bool = False, argv: Sequence[str] = (),
-                    extra: Optional[Dict[str, Any]] = None) -> Dict[str, TrainSummary]:
+                    extra: Optional[Dict[str, Any]] = None,
+                    base_dir: Optional[str] = None) -> Dict[str, TrainSummary]:
     """`align train`: prepare `model_dir` and train `model_kind` in every direction.
 
     model_options: the model config without vocabulary sizes (those come from the data).
     valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
     gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
     Returns the training summary per direction.
+
+    Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
+    alignment layer on a transformer) train in two stages: stage 1 is an ordinary run of
+    ``BASE_KIND`` into ``MODEL_DIR/base`` (skipped when `base_dir` names a trained model
+    directory of that kind, ``align train --base``); stage 2 reuses the base's preprocessing
+    and vocabularies, copies the base's weights into the new model (``load_base``) and trains
+    what is not frozen. Model size comes from the base; of `model_options` only the kind's own
+    options (``split_options``) apply in stage 2.
     """
     from aligner.data import EncodedCorpus, encode_pair
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
     from aligner.model_dir import (build_direction_model, config_path, direction_dir,
-                                   prepare_output_dir, write_version)
+                                   params_path, prepare_output_dir, write_version)
     from aligner.prep import Preprocessor
 
+    base_kind = getattr(model_class(model_kind), "BASE_KIND", None)
+    check_condition(base_dir is None or base_kind is not None,
+                    f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
+    if base_kind is not None:
+        model_options, base_dir, resume = _base_stage(
+            model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
+            directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir)
+        extra = {**(extra or {}), "base": os.path.abspath(base_dir)}
     context = init_distributed(train_config.device)
     device = resolve_device(train_config.device, context.local_rank)
     resumed = resume
@@ -516,6 +534,8 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
         pre = Preprocessor.load(model_dir)
         src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
         tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+    elif context.is_main and base_dir is not None:
+        pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext, data_config)
     elif context.is_main:
         pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config, data_config,
                                                   train_config.seed)
@@ -524,9 +544,12 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
         pre = Preprocessor.load(model_dir)
         src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
         tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
-    config = RunConfig(model_kind=model_kind, directions=list(directions),
-                       models=direction_model_configs(model_options, directions, len(src_vocab),
-                                                      len(tgt_vocab)),
+    models = direction_model_configs(model_options, directions, len(src_vocab), len(tgt_vocab))
+    if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
+        base_config = RunConfig.load(config_path(base_dir))
+        models = {d: {**base_config.models[d], **model_options} for d in directions}
+        prep_config = pre.config
+    config = RunConfig(model_kind=model_kind, directions=list(directions), models=models,
                        prep=prep_config.to_dict(), data=data_config, training=train_config,
                        extra=dict(extra or {}))
     if resumed:
@@ -548,6 +571,9 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     for direction in directions:
         seed_everything(train_config.seed)
         model = build_direction_model(config, direction)
+        if base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
+            base_weights = load_checkpoint_file(params_path(base_dir, direction, "best"))
+            model.load_base(base_weights["state_dict"])
         if context.is_main:
             n_params = sum(p.numel() for p in model.parameters())
             n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -560,3 +586,62 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     context.barrier()
     shutdown_distributed(context)
     return summaries
+
+
+def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: Dict[str, Any],
+                prep_config: "PrepConfig", data_config: DataConfig, train_config: TrainConfig,
+                directions: Sequence[str], valid_bitext: Optional[Bitext],
+                valid_gold: Optional[List[GoldAlignment]], resume: bool, overwrite: bool,
+                quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str]
+                ) -> Tuple[Dict[str, Any], str, bool]:
+    """Stage 1 of a kind trained on a frozen base: train the base (unless `base_dir` is given),
+    check it. Returns (the kind's own model options, base directory, resume flag of stage 2)."""
+    import dataclasses
+
+    from aligner.model_dir import BASE_DIR, config_path
+
+    cls = model_class(model_kind)
+    base_kind = cls.BASE_KIND
+    base_options, own_options = cls.split_options(model_options)
+    if base_dir is None:
+        base_dir = os.path.join(model_dir, BASE_DIR)
+        base_methods = model_class(base_kind).METHODS
+        stage1 = train_config
+        if train_config.valid_method and train_config.valid_method not in base_methods:
+            stage1 = dataclasses.replace(train_config, valid_method="")
+        logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
+        train_model_dir(base_dir, bitext, base_kind, base_options, prep_config, data_config,
+                        stage1, directions, valid_bitext, valid_gold, resume=resume,
+                        overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv)
+        # stage 2 resumes only when it had started (it writes config.json first)
+        resume = resume and os.path.isfile(config_path(model_dir))
+    check_condition(os.path.isfile(config_path(base_dir)),
+                    f"{base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
+    base_config = RunConfig.load(config_path(base_dir))
+    check_condition(base_config.model_kind == base_kind,
+                    f"{base_dir}: the base of '{model_kind}' must be a '{base_kind}' model "
+                    f"directory, this one holds '{base_config.model_kind}'")
+    missing = [d for d in directions if d not in base_config.directions]
+    check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
+    return own_options, base_dir, resume
+
+
+def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_config: DataConfig
+                       ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
+    """Stage 2: the base's preprocessing and vocabularies (copied into `model_dir`) and the
+    training corpus encoded with them into MODEL_DIR/corpus (rank 0 only)."""
+    from aligner.data import encode_corpus
+    from aligner.prep import Preprocessor
+
+    pre = Preprocessor.load(base_dir)
+    src_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_SRC))
+    tgt_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_TGT))
+    source, target = tokenize_bitext(pre, bitext)
+    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
+                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
+                  max_ratio=data_config.max_ratio)
+    pre.save(model_dir)
+    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
+    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+    logger.info("preprocessing and vocabularies of the base %s", base_dir)
+    return pre, src_vocab, tgt_vocab

@@ -215,6 +215,17 @@ class AlignmentLayerModel(AlignmentModel):
     #: the first is the default of `align extract`: the paper's best method
     METHODS: Tuple[str, ...] = LAYER_METHODS + Transformer.METHODS
     config_class = AlignmentLayerConfig
+    #: trained on a frozen base of this kind (two-stage training, see aligner.train)
+    BASE_KIND = "transformer"
+    #: config keys of the layer itself; all others describe the base
+    LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout")
+
+    @classmethod
+    def split_options(cls, options: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Model options -> (options of the base transformer, options of the layer)."""
+        base = {k: v for k, v in options.items() if k not in cls.LAYER_OPTIONS}
+        layer = {k: v for k, v in options.items() if k in cls.LAYER_OPTIONS}
+        return base, layer
 
     def __init__(self, config: AlignmentLayerConfig) -> None:
         super().__init__()
