@@ -371,3 +371,17 @@ def test_sampled_lexicon_candidates_and_loss():
     model.eval()
     assert model.loss(src, tgt_in, tgt_out)[0].item() == pytest.approx(
         exact.loss(src, tgt_in, tgt_out)[0].item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_bf16_autocast_keeps_the_hmm_in_float32(cls):
+    """The trainer's CUDA path runs under bf16 autocast; here the same on CPU."""
+    model = _model(cls)
+    exact, _ = model.loss(*_batch(PAIRS))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = model.loss(*_batch(PAIRS))
+        scores = model.alignment_scores(*_batch(PAIRS), "hmm-posterior")
+    loss.backward()
+    assert loss.dtype == torch.float32 and scores.dtype == torch.float32
+    assert loss.item() == pytest.approx(exact.item(), rel=1e-2)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -207,3 +207,14 @@ def test_zero_order_is_first_order_with_position_independent_transitions():
     log_z = hmm.forward_log_z(emission, alignment[:, 0], first_order)
     mixture = hmm.zero_order_log_likelihood(alignment, emission).sum(-1)
     assert torch.allclose(log_z, mixture, atol=1e-10)
+
+
+def test_log_matmul_stays_in_float32_under_autocast():
+    generator = torch.Generator().manual_seed(3)
+    left = torch.randn(2, 6, 6, generator=generator) * 5
+    right = torch.randn(2, 6, 6, generator=generator) * 5
+    expected = torch.logsumexp(left.unsqueeze(-1) + right.unsqueeze(-3), dim=-2)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        result = hmm.log_matmul(left, right)
+    assert result.dtype == torch.float32
+    assert torch.allclose(result, expected, atol=1e-4)

@@ -1,0 +1,135 @@
+"""Benchmark: training speed of hmm0 / hmm1 as a ratio of the baseline transformer's tokens/s.
+
+Same batches, same run: the models are built side by side with the same transformer sizes and
+take turns on every batch (the order rotates per batch, so drifting machine load hits all
+alike). A step is loss + backward + Adam update, label smoothing 0.1, dropout 0.1, as in
+`align train`. The first --warmup batches are not timed. Batches come from an encoded corpus
+that `align train` wrote into a model directory (its ``corpus`` folder and ``config.json``).
+
+    align train -s train.src -t train.tgt -o /tmp/prep --directions fwd --max-updates 1
+    python eval/bench_hmm_speed.py --model-dir /tmp/prep --output eval/results/hmm_speed.md
+
+Variants are ``KIND`` or ``KIND:key=value,key=value`` (model options, e.g.
+``hmm0:lexicon_dim=64``); the first variant is the reference (ratio 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+DEFAULT_VARIANTS = ["transformer", "hmm0", "hmm0:lexicon_dim=64", "hmm0:lexicon_sample=1000",
+                    "hmm0:lexicon_dim=64,lexicon_sample=1000", "hmm1",
+                    "hmm1:lexicon_dim=64,lexicon_sample=1000"]
+
+
+def parse_variant(text: str) -> Tuple[str, Dict[str, Any]]:
+    """'hmm0:lexicon_dim=64,lexicon_chunk=0' -> ('hmm0', {'lexicon_dim': 64, ...})."""
+    kind, _, rest = text.partition(":")
+    options: Dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return kind, options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", required=True,
+                        help="model directory written by align train (corpus + config.json)")
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    parser.add_argument("--max-tokens", type=int, default=512, help="padded tokens per batch")
+    parser.add_argument("--batches", type=int, default=8, help="timed batches")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed batches first")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--ff-dim", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from aligner.data import EncodedCorpus, TokenBatcher, make_batch
+    from aligner.models import build_model
+    from aligner.utils import atomic_output
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    with open(os.path.join(args.model_dir, "config.json"), encoding="utf-8") as handle:
+        saved = json.load(handle)
+    sizes = next(iter(saved["models"].values()))
+    corpus = EncodedCorpus.open(os.path.join(args.model_dir, "corpus"))
+    batcher = TokenBatcher.from_corpus(corpus, args.max_tokens, seed=1, shuffle=True)
+    indices = batcher.epoch_batches(0)[:args.warmup + args.batches]
+    batches = [make_batch([corpus.source(k) for k in b], [corpus.target(k) for k in b],
+                          "fwd").to(device) for b in indices]
+    base = dict(src_vocab_size=sizes["src_vocab_size"], tgt_vocab_size=sizes["tgt_vocab_size"],
+                d_model=args.d_model, n_heads=args.heads, enc_layers=args.layers,
+                dec_layers=args.layers, d_ff=args.ff_dim, dropout=0.1)
+
+    runs: List[Dict[str, Any]] = []
+    for text in args.variants:
+        kind, options = parse_variant(text)
+        torch.manual_seed(1)
+        model = build_model(kind, dict(base, **options)).to(device).train()
+        runs.append({"name": text, "model": model, "seconds": 0.0, "tokens": 0,
+                     "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4)})
+
+    def step(run: Dict[str, Any], batch) -> Tuple[float, int]:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss, n_tokens = run["model"].loss(batch.src, batch.tgt_in, batch.tgt_out, 0.1)
+        run["optimizer"].zero_grad()
+        (loss / n_tokens).backward()
+        run["optimizer"].step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, int(n_tokens)
+
+    for number, batch in enumerate(batches):
+        shift = number % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            seconds, tokens = step(run, batch)
+            if number >= args.warmup:
+                run["seconds"] += seconds
+                run["tokens"] += tokens
+        print(f"batch {number + 1}/{len(batches)} {tuple(batch.src.shape)}->"
+              f"{tuple(batch.tgt_out.shape)}: " + ", ".join(
+                  f"{r['name']} {r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s" for r in runs),
+              file=sys.stderr)
+
+    reference = runs[0]["tokens"] / runs[0]["seconds"]
+    timed = batches[args.warmup:]
+    src_tokens = sum(int(b.src.ne(0).sum()) for b in timed)
+    pairs = sum(b.size for b in timed)
+    with atomic_output(args.output) as out:
+        out.write("# Training speed of the direct HMM relative to the transformer baseline\n\n")
+        out.write(f"Command: `python eval/bench_hmm_speed.py {' '.join(sys.argv[1:])}`  \n")
+        out.write(f"Device: {device.type} ({platform.machine()}), torch {torch.__version__}, "
+                  f"{torch.get_num_threads()} thread(s). Sizes: d_model {args.d_model}, "
+                  f"{args.heads} heads, {args.layers}+{args.layers} layers, ff {args.ff_dim}, "
+                  f"vocabularies {sizes['src_vocab_size']}/{sizes['tgt_vocab_size']}. "
+                  f"{len(timed)} timed batches of <= {args.max_tokens} padded tokens "
+                  f"({pairs} pairs, {src_tokens / pairs:.1f} source subwords + EOS per pair on "
+                  f"average), after {args.warmup} untimed; the models take turns on each batch."
+                  f"  \n\n")
+        out.write("| model (options) | target tokens/s | ratio to the first row |\n")
+        out.write("|---|---|---|\n")
+        for run in runs:
+            speed = run["tokens"] / run["seconds"]
+            out.write(f"| {run['name']} | {speed:.0f} | {speed / reference:.1%} |\n")
+
+
+if __name__ == "__main__":
+    main()
