@@ -1,0 +1,190 @@
+"""Translation quality and decoding speed of several model directories on one held-out test set.
+
+For each ``NAME=MODEL_DIR`` the script translates the same lines with the same settings
+(aligner.translate.translate: beam search, the model's own BPE), scores them with sacrebleu
+(BLEU, TER; length ratio = hypothesis / reference length in sacrebleu's BLEU tokens) and times
+the decoding (model loading excluded; one warm-up batch first). Speeds are also given as a
+ratio to the ``--baseline`` model measured in the same run. Writes a markdown table.
+
+Held-out check: with ``--train-src FILE ...`` (the training files of the models), the script
+refuses test lines that occur in them (exact line match) unless ``--allow-overlap``.
+
+    nice -n 10 python eval/run_translate.py \\
+        --model transformer=runs/enfr-transformer --model hmm0=runs/enfr-hmm0 \\
+        --baseline transformer \\
+        --src /work/shared/data/enfr/train.wpt03-hansards-36.2.src \\
+        --ref /work/shared/data/enfr/train.wpt03-hansards-36.2.tgt --first 500 \\
+        --train-src /work/shared/data/enfr/train.src --output eval/results/translate_enfr.md
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import Dict, List, Tuple
+
+import torch
+
+
+def parse_model(value: str) -> Tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=MODEL_DIR, got {value!r}")
+    return name, path
+
+
+def read_slice(path: str, skip: int, first: int) -> List[str]:
+    """Lines skip+1 .. skip+first of `path` (1-based, inclusive)."""
+    from aligner.formats import read_lines
+
+    lines = read_lines(path)[skip:skip + first]
+    if len(lines) < first:
+        sys.exit(f"{path}: only {len(lines)} lines after skipping {skip}, wanted {first}")
+    return lines
+
+
+def check_held_out(lines: List[str], train_files: List[str]) -> int:
+    """Number of test lines that occur verbatim in any training file."""
+    wanted = set(lines)
+    seen = set()
+    for path in train_files:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                line = line.rstrip("\n")
+                if line in wanted:
+                    seen.add(line)
+    return sum(1 for line in lines if line in seen)
+
+
+def describe(model_dir: str) -> Dict[str, str]:
+    """Kind, Markov order, size and training length of a model directory (fwd)."""
+    import json
+
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    model = config["models"]["fwd"]
+    updates = "?"
+    metrics = os.path.join(model_dir, "fwd", "metrics.tsv")
+    if os.path.isfile(metrics):
+        with open(metrics, encoding="utf-8") as handle:
+            rows = handle.read().splitlines()
+        if len(rows) > 1:
+            updates = rows[-1].split("\t")[0]
+    return {"kind": config["model_kind"], "markov": str(model.get("markov_order", 0)),
+            "size": f"{model['d_model']}d {model['enc_layers']}+{model['dec_layers']}L",
+            "updates": updates, "seed": str(config.get("seed", "?"))}
+
+
+def timed_translate(loaded, lines: List[str], args, device: torch.device):
+    """(translations, seconds) with one warm-up call on the first lines."""
+    from aligner.translate import translate
+
+    settings = dict(direction="fwd", beam=args.beam, max_len_a=args.max_len_a,
+                    max_len_b=args.max_len_b, max_tokens=args.max_tokens, device=device)
+    translate(loaded, lines[:8], **settings)                       # warm-up (CUDA init etc.)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    results = translate(loaded, lines, **settings)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return results, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", action="append", type=parse_model, required=True,
+                        metavar="NAME=MODEL_DIR")
+    parser.add_argument("--baseline", required=True, help="NAME of the speed reference.")
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--ref", required=True)
+    parser.add_argument("--skip", type=int, default=0, help="Lines to skip before the slice.")
+    parser.add_argument("--first", type=int, default=500, help="Lines in the slice.")
+    parser.add_argument("--train-src", nargs="*", default=[],
+                        help="Training source files: the slice must not occur in them.")
+    parser.add_argument("--allow-overlap", action="store_true")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--max-len-a", type=float, default=1.5)
+    parser.add_argument("--max-len-b", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default).")
+    parser.add_argument("--output", default=None, help="Markdown file (default: stdout).")
+    parser.add_argument("--save-translations", default=None,
+                        help="Folder for one NAME.txt of translations per model.")
+    args = parser.parse_args()
+
+    from sacrebleu.metrics import BLEU, TER
+
+    from aligner.distributed import resolve_device
+    from aligner.model_dir import LoadedModelDir
+    from aligner.utils import atomic_output
+
+    names = [name for name, _ in args.model]
+    if args.baseline not in names:
+        sys.exit(f"--baseline {args.baseline} is not one of the models ({', '.join(names)})")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    sources = read_slice(args.src, args.skip, args.first)
+    references = read_slice(args.ref, args.skip, args.first)
+    overlap = check_held_out(sources, args.train_src) if args.train_src else None
+    if overlap and not args.allow_overlap:
+        sys.exit(f"{overlap} test lines occur in the training files; pick another slice")
+
+    rows = []
+    for name, model_dir in args.model:
+        loaded = LoadedModelDir.load(model_dir, ("fwd",), "best", device)
+        results, seconds = timed_translate(loaded, sources, args, device)
+        hypotheses = [r.text for r in results]
+        if args.save_translations:
+            os.makedirs(args.save_translations, exist_ok=True)
+            with atomic_output(os.path.join(args.save_translations, f"{name}.txt")) as out:
+                out.writelines(h + "\n" for h in hypotheses)
+        bleu_metric, ter_metric = BLEU(), TER()
+        bleu = bleu_metric.corpus_score(hypotheses, [references])
+        ter = ter_metric.corpus_score(hypotheses, [references])
+        subwords = sum(len(r.subwords) for r in results)
+        rows.append({"name": name, **describe(model_dir), "bleu": bleu.score, "ter": ter.score,
+                     "ratio": bleu.sys_len / max(1, bleu.ref_len), "seconds": seconds,
+                     "lines_s": len(sources) / seconds, "subwords_s": subwords / seconds,
+                     "bleu_sig": str(bleu_metric.get_signature()),
+                     "ter_sig": str(ter_metric.get_signature())})
+        print(f"{name}: BLEU {bleu.score:.2f} TER {ter.score:.2f} in {seconds:.1f}s",
+              file=sys.stderr)
+        del loaded
+    base = next(row for row in rows if row["name"] == args.baseline)
+
+    device_text = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
+    lines = [
+        "# Translation: quality and decoding speed", "",
+        f"Command: `{' '.join(['python'] + sys.argv)}`  ",
+        f"Test set: lines {args.skip + 1}-{args.skip + args.first} of `{args.src}` / "
+        f"`{args.ref}`" + ("" if overlap is None else
+                           f"; {overlap} of them occur in the training files "
+                           f"({', '.join(f'`{p}`' for p in args.train_src)})") + "  ",
+        f"Decoding: beam {args.beam}, max length {args.max_len_a} x source + {args.max_len_b} "
+        f"subwords, length-normalized scores, max {args.max_tokens} beam x source tokens per "
+        f"batch; device {device_text}, torch {torch.__version__}. Times exclude model loading "
+        f"and one warm-up call.  ",
+        f"Speed ratio = lines/s relative to `{args.baseline}` in this run. "
+        f"Length ratio = hypothesis / reference length (sacrebleu 13a tokens).  ",
+        f"Signatures: {base['bleu_sig']}; {base['ter_sig']}", "",
+        "| model | kind | Markov k | size | updates | seed | BLEU | TER | length ratio | "
+        "lines/s | subwords/s | speed vs baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['name']} | {row['kind']} | {row['markov']} | {row['size']} | "
+                     f"{row['updates']} | {row['seed']} | {row['bleu']:.2f} | {row['ter']:.2f} | "
+                     f"{row['ratio']:.3f} | {row['lines_s']:.1f} | {row['subwords_s']:.0f} | "
+                     f"{row['lines_s'] / base['lines_s']:.2f} |")
+    with atomic_output(args.output) as out:
+        out.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
