@@ -2,7 +2,7 @@
 
 The lexicon tensor is B × I × J × V. Without chunking (``lexicon_chunk`` 0) the whole tensor
 (and its gradient) exists at once; with chunk c only B × c × J × V logits of one chunk live at
-a time, in the forward and, by recomputation (torch.utils.checkpoint), in the backward pass.
+a time, in the forward and, by recomputation, in the backward pass.
 
 Each setting runs in a fresh subprocess (``--one``): build the model and the batch, then one
 loss + backward. On CPU the extra peak memory is the growth of the process's peak resident set
@@ -105,8 +105,8 @@ def main() -> None:
         out.write(f"Device: {args.device} ({platform.machine()}); batch {args.batch}, vocabulary "
                   f"{args.vocab}, d_model {args.d_model}, 1 encoder + 1 decoder layer, float32, "
                   "label smoothing 0.1. One fresh process per cell; memory = growth of the peak "
-                  "resident set during loss + backward (CPU, glibc MALLOC_MMAP_THRESHOLD_=131072) or "
-                  "max_memory_allocated (CUDA).  \n")
+                  "resident set during loss + backward (CPU, glibc "
+                  "MALLOC_MMAP_THRESHOLD_=131072) or max_memory_allocated (CUDA).  \n")
         out.write("The whole lexicon logits tensor B·(I+1)·(J+1)·V·4 bytes is given for "
                   "reference. Chunk = target positions per chunk (0 = no chunking).\n\n")
         header = " | ".join(f"chunk {c or 'none'}: MiB (s)" for c in args.chunks)

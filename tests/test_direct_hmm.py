@@ -69,9 +69,10 @@ def test_chunked_lexicon_equals_whole_tensor_in_value_and_gradient(chunk, smooth
     targets = torch.randint(0, VOCAB, (2, 5), generator=generator)
     upstream = torch.randn(2, 5, 4, generator=generator)
     expected = _lexicon_reference(source, target, weight, bias, targets, smoothing)
-    expected_grads = torch.autograd.grad((expected * upstream).sum(), (source, target, weight, bias))
+    leaves = (source, target, weight, bias)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), leaves)
     scores = lexicon_log_probs(source, target, weight, bias, targets, smoothing, chunk)
-    grads = torch.autograd.grad((scores * upstream).sum(), (source, target, weight, bias))
+    grads = torch.autograd.grad((scores * upstream).sum(), leaves)
     assert torch.allclose(scores, expected, atol=1e-5)
     for got, want in zip(grads, expected_grads):
         assert torch.allclose(got, want, atol=1e-5)
@@ -80,7 +81,8 @@ def test_chunked_lexicon_equals_whole_tensor_in_value_and_gradient(chunk, smooth
 def test_lexicon_is_a_distribution_over_the_vocabulary():
     """Summing exp(score) over all possible observed words gives 1 for every (i, j)."""
     generator = torch.Generator().manual_seed(0)
-    source, target = torch.randn(1, 3, 8, generator=generator), torch.randn(1, 2, 8, generator=generator)
+    source = torch.randn(1, 3, 8, generator=generator)
+    target = torch.randn(1, 2, 8, generator=generator)
     weight = torch.randn(VOCAB, 8, generator=generator)
     total = sum(lexicon_log_probs(source, target, weight, None, torch.full((1, 2), v), 0.0, 1).exp()
                 for v in range(VOCAB))
@@ -140,9 +142,11 @@ def test_chunking_changes_neither_loss_nor_gradient(cls):
         loss, _ = model.loss(*batch, label_smoothing=0.1)
         loss.backward()
         losses.append(loss.item())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5) == pytest.approx(losses[2], rel=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-5) and torch.allclose(grads[0], grads[2], atol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+    assert torch.allclose(grads[0], grads[2], atol=1e-5)
 
 
 @pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
@@ -385,3 +389,22 @@ def test_bf16_autocast_keeps_the_hmm_in_float32(cls):
     assert loss.dtype == torch.float32 and scores.dtype == torch.float32
     assert loss.item() == pytest.approx(exact.item(), rel=1e-2)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_chunked_lexicon_backward_passes_gradcheck(with_bias):
+    """The hand-written backward of the chunked lexicon against finite differences (float64)."""
+    generator = torch.Generator().manual_seed(7)
+    source = torch.randn(2, 3, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(2, 5, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    bias = (torch.randn(6, generator=generator, dtype=torch.float64, requires_grad=True)
+            if with_bias else None)
+    targets = torch.randint(0, 6, (2, 5), generator=generator)
+
+    def function(source, target, weight, *bias):
+        return lexicon_log_probs(source, target, weight, bias[0] if bias else None, targets,
+                                 smoothing=0.2, chunk=2)
+
+    inputs = (source, target, weight) + ((bias,) if with_bias else ())
+    assert torch.autograd.gradcheck(function, inputs)

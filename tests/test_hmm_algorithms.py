@@ -186,7 +186,8 @@ def test_viterbi_with_padding_marks_padded_positions():
 
 def test_zero_order_posterior_sums_to_one_and_matches_bayes_rule():
     generator = torch.Generator().manual_seed(4)
-    alignment = torch.log_softmax(torch.randn(2, 3, 5, generator=generator, dtype=torch.float64), -1)
+    alignment = torch.log_softmax(
+        torch.randn(2, 3, 5, generator=generator, dtype=torch.float64), -1)
     emission = torch.randn(2, 3, 5, generator=generator, dtype=torch.float64) - 2
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
     gamma = hmm.zero_order_posterior(alignment, emission, mask)

@@ -63,7 +63,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from aligner.constants import EOS_ID, PAD_ID
 from aligner.models import hmm_algorithms
@@ -132,6 +131,85 @@ def _lexicon_chunk(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
     return scores
 
 
+def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype of the lexicon matmuls: autocast's when it is on (bf16 on CUDA), else W4's."""
+    device_type = weight.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
+
+
+class _ChunkedLexicon(torch.autograd.Function):
+    """:func:`_lexicon_chunk` over chunks of target positions with a hand-written backward.
+
+    Forward keeps only the log normalizers (B, I, J); backward recomputes each chunk's logits
+    and turns them in place into d score / d logits = (1-ε)·[v = e_i] + ε/V − softmax_v, so
+    that one (B, chunk, J, V) float32 block is alive at any time. Matmuls run in the
+    autocast dtype (bf16 on CUDA), softmax arithmetic in float32 (or float64 for float64 inputs).
+    """
+
+    @staticmethod
+    def forward(ctx, source_hidden, target_hidden, weight, bias, targets, smoothing, chunk):
+        dtype = _compute_dtype(weight)
+        accumulate = torch.promote_types(dtype, torch.float32)    # softmax arithmetic
+        with torch.autocast(device_type=weight.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            scores, log_norms = [], []
+            for start in range(0, target_hidden.size(1), chunk):
+                hidden = F.relu(source_hidden.unsqueeze(1)
+                                + target_hidden[:, start:start + chunk].unsqueeze(2))
+                logits = F.linear(hidden.to(dtype), w, b).to(accumulate)       # (B, c, J, V)
+                log_norm = torch.logsumexp(logits, dim=-1)
+                index = targets[:, start:start + chunk, None, None].expand(
+                    -1, -1, logits.size(2), 1)
+                score = logits.gather(-1, index).squeeze(-1) - log_norm
+                if smoothing > 0.0:
+                    score = (1.0 - smoothing) * score + smoothing * (logits.mean(-1) - log_norm)
+                scores.append(score)
+                log_norms.append(log_norm)
+        ctx.save_for_backward(source_hidden, target_hidden, weight, bias, targets,
+                              torch.cat(log_norms, dim=1))
+        ctx.smoothing, ctx.chunk, ctx.dtype, ctx.accumulate = smoothing, chunk, dtype, accumulate
+        return torch.cat(scores, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        source_hidden, target_hidden, weight, bias, targets, log_norm_all = ctx.saved_tensors
+        smoothing, chunk, dtype, accumulate = ctx.smoothing, ctx.chunk, ctx.dtype, ctx.accumulate
+        vocab = weight.size(0)
+        grad_source = torch.zeros_like(source_hidden, dtype=accumulate)
+        grad_target = torch.zeros_like(target_hidden, dtype=accumulate)
+        grad_weight = torch.zeros_like(weight, dtype=accumulate)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=accumulate)
+        with torch.autocast(device_type=weight.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            for start in range(0, target_hidden.size(1), chunk):
+                stop = start + chunk
+                hidden = F.relu(source_hidden.unsqueeze(1)
+                                + target_hidden[:, start:stop].unsqueeze(2))   # (B, c, J, k)
+                hidden_c = hidden.to(dtype)
+                logits = F.linear(hidden_c, w, b).to(accumulate)               # (B, c, J, V)
+                grad = grad_scores[:, start:stop].to(accumulate).unsqueeze(-1)  # (B, c, J, 1)
+                # softmax in place, then d score / d logits, all in the same buffer
+                grad_logits = logits.sub_(log_norm_all[:, start:stop].unsqueeze(-1)).exp_()
+                grad_logits.mul_(-grad)
+                if smoothing > 0.0:
+                    grad_logits.add_(grad * (smoothing / vocab))
+                index = targets[:, start:stop, None, None].expand(-1, -1, logits.size(2), 1)
+                grad_logits.scatter_add_(-1, index, grad * (1.0 - smoothing))
+                if grad_bias is not None:
+                    grad_bias += grad_logits.sum(dim=(0, 1, 2))
+                grad_logits_c = grad_logits.to(dtype)
+                grad_weight += (grad_logits_c.reshape(-1, vocab).t()
+                                @ hidden_c.reshape(-1, hidden_c.size(-1))).to(accumulate)
+                grad_hidden = (grad_logits_c @ w).to(accumulate) * (hidden > 0)
+                grad_source += grad_hidden.sum(dim=1)
+                grad_target[:, start:stop] = grad_hidden.sum(dim=2)
+        return (grad_source.to(source_hidden.dtype), grad_target.to(target_hidden.dtype),
+                grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+
 def lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                       weight: torch.Tensor, bias: Optional[torch.Tensor],
                       targets: torch.Tensor, smoothing: float = 0.0,
@@ -144,26 +222,17 @@ def lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
         weight, bias: W4 as (V, k) and (V,) or None.
         targets: (B, I) the observed words e_i (any id at padded positions).
         smoothing: label smoothing ε of the lexicon (0 = plain log-probability).
-        chunk: target positions per chunk. With chunk > 0 the chunks run one after another
-            under torch.utils.checkpoint (when gradients are on), so forward and backward hold
-            the (B, chunk, J, V) logits of one chunk only; 0 = one chunk, no recomputation.
+        chunk: target positions per chunk. With chunk > 0 (:class:`_ChunkedLexicon`) only the
+            (B, chunk, J, V) logits of one chunk exist at a time, in the forward pass and, by
+            recomputation, in the backward pass; 0 = plain autograd over the whole tensor
+            (the reference; peak memory grows with I·J).
     Returns:
         (B, I, J) float32 scores; the caller masks padding.
     """
-    steps = target_hidden.size(1)
-    if chunk <= 0 or chunk >= steps:
+    if chunk <= 0:
         return _lexicon_chunk(source_hidden, target_hidden, weight, bias, targets, smoothing)
-    recompute = torch.is_grad_enabled() and (
-        source_hidden.requires_grad or target_hidden.requires_grad or weight.requires_grad)
-    pieces = []
-    for start in range(0, steps, chunk):
-        arguments = (source_hidden, target_hidden[:, start:start + chunk], weight, bias,
-                     targets[:, start:start + chunk], smoothing)
-        if recompute:
-            pieces.append(checkpoint(_lexicon_chunk, *arguments, use_reentrant=False))
-        else:
-            pieces.append(_lexicon_chunk(*arguments))
-    return torch.cat(pieces, dim=1)
+    return _ChunkedLexicon.apply(source_hidden, target_hidden, weight, bias, targets,
+                                 float(smoothing), int(chunk))
 
 
 # -- layers ----------------------------------------------------------------------------------

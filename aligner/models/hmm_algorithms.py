@@ -102,7 +102,9 @@ def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
 
 
 def log_matmul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """Matrix product in the log semiring: out[.., a, c] = log Σ_b exp(left[.., a, b] + right[.., b, c]).
+    """Matrix product in the log semiring.
+
+    out[.., a, c] = log Σ_b exp(left[.., a, b] + right[.., b, c]).
 
     Computed as a real matrix product of shifted exponentials (one BLAS call instead of a
     (.., A, B, C) broadcast): entries are shifted by their row maximum of ``left`` and column
