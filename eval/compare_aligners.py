@@ -330,13 +330,19 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
         result.status = f"failed: {error}"
         return result
     result.scores = score_directions(forward, reverse, corpus, workdir)
-    agreement = os.path.join(workdir, "agreement.txt")
+    agreement = os.path.join(workdir, peers.AGREEMENT)
     if os.path.exists(agreement):
         with open(agreement, encoding="utf-8") as handle:
             agree, total = handle.read().split()
         result.notes.append(f"directions decoded from systran-align's tables; their "
                             f"grow-diag-final-and equals the package's own output on "
                             f"{agree} of {total} gold sentence pairs")
+        package = read_pharaoh(os.path.join(workdir, peers.PACKAGE_GDFA))
+        for gold_set in corpus.gold_sets:
+            start = gold_set.offset - run.first_line
+            score = score_aer(package[start:start + gold_set.size], gold_set.golds)
+            result.notes.append(f"the package's own grow-diag-final-and output scores "
+                                f"{format_score(score)} on {gold_set.name}")
     return result
 
 
@@ -407,11 +413,15 @@ def environment_summary() -> Dict[str, str]:
                     break
     except OSError:
         pass
-    load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}",
-            "load average at start (1, 5, 15 min)": load,
+            "load average (1, 5, 15 min)": f"{load_average()} at start",
             "aligner": aligner_version}
+
+
+def load_average() -> str:
+    """The system load averages as ``"1.0/0.8/0.5"`` (timings are comparable only when low)."""
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def _split_method(spec: str) -> Tuple[str, str]:
@@ -510,7 +520,7 @@ def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
                                   shlex.split(aligner_extract_args),
                                   {"eflomal": shlex.split(eflomal_args),
                                    "fast_align": shlex.split(fast_align_args)})
-        environment["load average at end"] = " / ".join(f"{v:.1f}" for v in os.getloadavg())
+        environment["load average (1, 5, 15 min)"] += f", {load_average()} at end"
         report = render_table(results, corpus, title, command, environment)
         with atomic_output(output) as handle:
             handle.write(report)

@@ -53,6 +53,10 @@ NULL_ID = 1                   # id of "<eps>" (fast_align's Dict numbers words f
 SYSTRAN_TABLE_VERSION = 2     # first uint32 of systran-align's probability files
 
 PEER_NAMES = ("eflomal", "fast_align")
+# Written by the systran-align peer: the package's own grow-diag-final-and links of the
+# decoded lines, and "AGREE TOTAL" (see check_systran_agreement).
+PACKAGE_GDFA = "package.gdfa.txt"
+AGREEMENT = "agreement.txt"
 PEERS_HINT = "pip install -r eval/requirements-peers.txt"
 
 
@@ -144,7 +148,7 @@ def plan_peer(peer: str, source: str, target: str, joint: str, first_gold_line: 
                 "--overwrite", *extra]
         settings = ("eflomal-align defaults (model 3, 3 samplers, no priors)" if not extra
                     else "eflomal-align " + " ".join(extra))
-        return PeerRun(label="eflomal", version=_package_version("eflomal") or "?",
+        return PeerRun(label="eflomal", version=f"eflomal {_package_version('eflomal')}",
                        settings=settings, steps=[Step("align", argv)], forward=forward,
                        reverse=reverse)
     if peer == "fast_align":
@@ -179,7 +183,8 @@ def plan_peer(peer: str, source: str, target: str, joint: str, first_gold_line: 
 # systran-align: its probability files and fast_align's decision rule
 
 
-def read_systran_table(path: str) -> Tuple[Dict[str, int], LexTable]:
+def read_systran_table(path: str, given_words: Optional[Set[str]] = None
+                       ) -> Tuple[Dict[str, int], LexTable]:
     """Read a probability file written by ``systran_align.generate_alignment_probabilities``.
 
     Layout (little-endian): uint32 version (2), uint32 vocabulary size V, V NUL-terminated
@@ -187,6 +192,9 @@ def read_systran_table(path: str) -> Tuple[Dict[str, int], LexTable]:
     number of conditioning words, then until the end of the file records of uint32 ``f``,
     uint32 ``n`` and ``n`` pairs (uint32 ``e``, float32 t(e | f)). The forward file holds
     t(target | source), the backward file t(source | target).
+
+    With ``given_words``, only the rows of those conditioning words (and of NULL) are kept,
+    which keeps memory small when only a few sentences are decoded.
 
     Returns (word → id, table).
     """
@@ -203,15 +211,16 @@ def read_systran_table(path: str) -> Tuple[Dict[str, int], LexTable]:
         vocabulary[data[offset:end].decode("utf-8")] = word_id
         offset = end + 1
     offset += 4  # number of conditioning words; the records themselves are counted below
+    keep = None
+    if given_words is not None:
+        keep = {vocabulary[word] for word in given_words if word in vocabulary} | {NULL_ID}
     table: LexTable = {}
     while offset < len(data):
         given, count = struct.unpack_from("<II", data, offset)
         offset += 8
-        row = {}
-        for e, probability in struct.iter_unpack("<If", data[offset:offset + 8 * count]):
-            row[e] = probability
+        if keep is None or given in keep:
+            table[given] = dict(struct.iter_unpack("<If", data[offset:offset + 8 * count]))
         offset += 8 * count
-        table[given] = row
     return vocabulary, table
 
 
@@ -266,12 +275,12 @@ def fast_align_viterbi(given: Sequence[str], generated: Sequence[str],
 def check_systran_agreement(forward_table: str, backward_table: str,
                             sources: Sequence[Sequence[str]], targets: Sequence[Sequence[str]],
                             forward: Sequence[Set[Link]], reverse: Sequence[Set[Link]]
-                            ) -> Tuple[int, int]:
+                            ) -> Tuple[int, List[Set[Link]]]:
     """Compare grow-diag-final-and of our decoded directions with systran-align's own output.
 
     ``forward``/``reverse`` are source–target link sets for the sentence pairs ``sources`` /
-    ``targets``. Returns (number of sentence pairs where the two agree exactly, number
-    compared). Agreement on all pairs shows the decoding reproduces the package's model.
+    ``targets``. Returns (number of sentence pairs where the two agree exactly, the package's
+    own links per pair). Agreement on all pairs shows the decoding reproduces its model.
     """
     import systran_align  # pylint: disable=import-outside-toplevel
 
@@ -279,26 +288,29 @@ def check_systran_agreement(forward_table: str, backward_table: str,
 
     aligner = systran_align.Aligner(forward_table, backward_table)
     agree = 0
+    package: List[Set[Link]] = []
     for index, (src, tgt) in enumerate(zip(sources, targets)):
-        if not src or not tgt:
-            agree += not forward[index] and not reverse[index]
-            continue
-        theirs = {tuple(link) for link in aligner.align(list(src), list(tgt))["alignments"]}
+        theirs: Set[Link] = set()
+        if src and tgt:
+            theirs = {(i, j) for i, j in aligner.align(list(src), list(tgt))["alignments"]}
+        package.append(theirs)
         agree += symmetrize(forward[index], reverse[index], "grow-diag-final-and") == theirs
-    return agree, len(sources)
+    return agree, package
 
 
 def run_systran_fast_align(joint: str, first_line: int, forward_path: str, reverse_path: str,
                            workdir: str) -> Tuple[int, int]:
     """Train fast_align with systran-align on ``joint`` and decode lines ``first_line``..end.
 
-    Writes the two directions (source–target Pharaoh, one line per decoded corpus line) and
-    returns the agreement with the package's own symmetrization (see
-    :func:`check_systran_agreement`).
+    Writes the two directions (source–target Pharaoh, one line per decoded corpus line), the
+    package's own grow-diag-final-and links of the same lines (``workdir/package.gdfa.txt``)
+    and returns (sentence pairs where our grow-diag-final-and equals the package's, pairs
+    decoded); see :func:`check_systran_agreement`.
     """
     import systran_align  # pylint: disable=import-outside-toplevel
 
-    from aligner.formats import read_bitext, write_pharaoh  # pylint: disable=import-outside-toplevel
+    from aligner.formats import (read_lines, tokenize_line,  # pylint: disable=C0415
+                                 write_pharaoh)
 
     forward_table = os.path.join(workdir, "fwd.probs")
     backward_table = os.path.join(workdir, "rev.probs")
@@ -306,17 +318,22 @@ def run_systran_fast_align(joint: str, first_line: int, forward_path: str, rever
         joint, forward_table, backward_table, favor_diagonal=True, variational_bayes=True,
         optimize_tension=False, diagonal_tension=FAST_ALIGN_TENSION,
         prob_align_null=FAST_ALIGN_P0)
-    bitext = read_bitext(joint=joint)
-    sources, targets = bitext.source[first_line:], bitext.target[first_line:]
-    vocab_f, table_f = read_systran_table(forward_table)
-    vocab_r, table_r = read_systran_table(backward_table)
+    sources, targets = [], []
+    for line in read_lines(joint)[first_line:]:  # written by the benchmark: one '|||' a line
+        source, target = line.split(" ||| ")
+        sources.append(tokenize_line(source))
+        targets.append(tokenize_line(target))
+    vocab_f, table_f = read_systran_table(forward_table, {w for s in sources for w in s})
+    vocab_r, table_r = read_systran_table(backward_table, {w for t in targets for w in t})
     forward = [fast_align_viterbi(src, tgt, vocab_f, table_f) for src, tgt in zip(sources, targets)]
     reverse = [{(i, j) for j, i in fast_align_viterbi(tgt, src, vocab_r, table_r)}
                for src, tgt in zip(sources, targets)]
     write_pharaoh(forward_path, forward)
     write_pharaoh(reverse_path, reverse)
-    return check_systran_agreement(forward_table, backward_table, sources, targets,
-                                   forward, reverse)
+    agree, package = check_systran_agreement(forward_table, backward_table, sources, targets,
+                                             forward, reverse)
+    write_pharaoh(os.path.join(workdir, PACKAGE_GDFA), package)
+    return agree, len(sources)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -334,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     agree, total = run_systran_fast_align(args.input, args.first_line, args.forward,
                                           args.reverse, args.workdir)
-    with open(os.path.join(args.workdir, "agreement.txt"), "w", encoding="utf-8") as handle:
+    with open(os.path.join(args.workdir, AGREEMENT), "w", encoding="utf-8") as handle:
         handle.write(f"{agree} {total}\n")
     print(f"systran-align grow-diag-final-and reproduced on {agree} of {total} sentence pairs",
           file=sys.stderr)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aligner.formats import GoldAlignment, read_pharaoh
+from aligner.formats import read_pharaoh
+from aligner.symmetrize import symmetrize
 from aligner.utils import AlignerError
 from conftest import ROOT, SAMPLE
 
@@ -303,6 +304,12 @@ def test_systran_directions_reproduce_the_packages_own_symmetrization(tmp_path):
     # package decides differently from fast_align's 1e-9 floor: allow 2 % of sentences
     assert agree >= 0.98 * total
     assert len(read_pharaoh(str(tmp_path / "f"))) == SMOKE_LINES
+    package = read_pharaoh(str(tmp_path / peers.PACKAGE_GDFA))
+    assert len(package) == SMOKE_LINES
+    assert (tmp_path / peers.AGREEMENT).exists() is False  # written by main() only
+    ours = [symmetrize(f, r, "grow-diag-final-and")
+            for f, r in zip(read_pharaoh(str(tmp_path / "f")), read_pharaoh(str(tmp_path / "r")))]
+    assert sum(a == b for a, b in zip(ours, package)) == agree
 
 
 @pytest.mark.slow
