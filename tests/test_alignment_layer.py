@@ -443,3 +443,92 @@ def test_layer_learns_the_reversal_alignment_on_a_trained_base():
         right = sum(scores[b, i, :n].argmax().item() == n - 1 - i
                     for b, n in enumerate(lengths) for i in range(n))
         assert right / sum(lengths) > 0.95, method
+
+
+# ---------------------------------------------------------------- CLI round trip
+
+TINY_CLI = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
+            "--lr", "3e-3", "--checkpoint-interval", "3", "--max-updates", "3", "-q"]
+
+
+def _cli(*args, ok: bool = True):
+    from click.testing import CliRunner
+
+    from aligner.cli import main
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+def _weights(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    from synthetic import monotone_corpus, write_corpus
+    sources, targets, golds = monotone_corpus(30, seed=2)
+    src, tgt, gold = write_corpus(tmp_path, "train", sources, targets, golds)
+    return dict(src=src, tgt=tgt, gold=gold, n=len(sources))
+
+
+def test_cli_two_stage_training_extract_and_score(tmp_path, tiny_corpus):
+    import json
+
+    from aligner.formats import read_pharaoh
+    model = tmp_path / "model"
+    _cli("train", "-s", tiny_corpus["src"], "-t", tiny_corpus["tgt"], "-o", model,
+         "--model", "alignment-layer", "--layer-keys", "word", *TINY_CLI)
+    base_config = json.loads((model / "base" / "config.json").read_text())
+    config = json.loads((model / "config.json").read_text())
+    assert base_config["model_kind"] == "transformer"
+    assert "layer_keys" not in base_config["models"]["fwd"]
+    assert config["model_kind"] == "alignment-layer"
+    assert config["models"]["rev"]["layer_keys"] == "word"
+    assert config["extra"]["base"] == str(model / "base")
+    assert config["prep"] == base_config["prep"]
+    for direction in ("fwd", "rev"):   # stage 2 kept the stage-1 weights bit for bit
+        base = _weights(model / "base" / direction / "params.best.pt")
+        layer = _weights(model / direction / "params.best.pt")
+        assert all(torch.equal(layer["base." + k], v) for k, v in base.items())
+        assert any(k.startswith("layer.") for k in layer)
+
+    common = ["-s", tiny_corpus["src"], "-t", tiny_corpus["tgt"], "-q"]
+    outputs = {}
+    for name, extra in {"layer": ["-m", "layer"], "sgd0": ["-m", "layer-sgd", "--sgd-steps", 0],
+                        "sgd": [], "random": ["--init", "random", "--sgd-lr", "0.5"],
+                        "fwd": ["-m", "layer", "--direction", "fwd"]}.items():
+        out = tmp_path / f"{name}.txt"
+        _cli("extract", model, *common, "-o", out, *extra)
+        outputs[name] = out.read_text()
+        assert len(read_pharaoh(str(out))) == tiny_corpus["n"]
+    assert outputs["layer"] == outputs["sgd0"]
+    result = _cli("score-aer", "-g", tiny_corpus["gold"], "-a", tmp_path / "sgd.txt")
+    assert "AER" in result.output
+
+    # stage 2 only, on the base of the first run (--base): same preprocessing and base weights
+    again = tmp_path / "again"
+    _cli("train", "-s", tiny_corpus["src"], "-t", tiny_corpus["tgt"], "-o", again,
+         "--model", "alignment-layer", "--base", model / "base", *TINY_CLI)
+    assert not (again / "base").exists()
+    config = json.loads((again / "config.json").read_text())
+    assert config["models"]["fwd"]["layer_keys"] == "add"
+    assert (again / "vocab.src.json").read_text() == (model / "vocab.src.json").read_text()
+    assert (again / "bpe.src.codes").read_text() == (model / "bpe.src.codes").read_text()
+    base = _weights(model / "base" / "fwd" / "params.best.pt")
+    layer = _weights(again / "fwd" / "params.best.pt")
+    assert all(torch.equal(layer["base." + k], v) for k, v in base.items())
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_corpus):
+    corpus = ["-s", tiny_corpus["src"], "-t", tiny_corpus["tgt"]]
+    result = _cli("train", *corpus, "-o", tmp_path / "a", "--base", tmp_path, ok=False)
+    assert result.exit_code == 1 and "only for model kinds trained on a frozen base" in result.output
+    result = _cli("train", *corpus, "-o", tmp_path / "b", "--layer-keys", "enc", ok=False)
+    assert result.exit_code == 1 and "--layer-keys applies to" in result.output
+    result = _cli("train", *corpus, "-o", tmp_path / "c", "--model", "alignment-layer",
+                  "--base", tmp_path / "nothing", ok=False)
+    assert result.exit_code == 1 and "not a model directory" in result.output
+    assert "Traceback" not in result.output

@@ -25,6 +25,13 @@ from aligner.utils import check_condition
                    "kinds list theirs). Default: the model kind's first method.")
 @click.option("--layer", type=int, default=None,
               help="Decoder layer (1-based) for --method attention; default the penultimate.")
+@click.option("--sgd-steps", type=click.IntRange(min=0), default=None,
+              help="layer-sgd: gradient steps of the attention optimization  [default: 3]")
+@click.option("--sgd-lr", type=float, default=None,
+              help="layer-sgd: learning rate of the attention optimization  [default: 1.0]")
+@click.option("--init", "sgd_init", type=click.Choice(["forward", "random"]), default=None,
+              help="layer-sgd: start from the layer's attention or uniform random weights  "
+                   "[default: forward]")
 @click.option("-O", "--method-option", "method_option", multiple=True, metavar="KEY=VALUE",
               help="Further option of the method (repeatable), e.g. -O sgd_steps=3.")
 @click.option("--direction", type=click.Choice(["fwd", "rev", "both"]), default="both",
@@ -44,7 +51,8 @@ from aligner.utils import check_condition
               help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
-            method: Optional[str], layer: Optional[int], method_option: Tuple[str, ...],
+            method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
+            sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], output: str, checkpoint: str,
             max_tokens: int, device: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
@@ -73,6 +81,9 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     options = parse_key_values(method_option, "--method-option")
     if layer is not None:
         options["layer"] = layer
+    for key, value in (("sgd_steps", sgd_steps), ("sgd_lr", sgd_lr), ("init", sgd_init)):
+        if value is not None:  # layer-sgd options; a method without them rejects them
+            options[key] = value
     bitext = read_bitext(source, target, joint)
     start = time.time()
     torch_device = resolve_device(device)

@@ -105,6 +105,12 @@ def bitext_options(function):
                    "with their static embeddings as keys/values (0 = off).")
 @click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
               help="Further model-kind setting (repeatable), e.g. -M chunk_size=8.")
+@click.option("--base", "base_dir", type=click.Path(file_okay=False), default=None,
+              help="alignment-layer: a trained transformer model directory to use as the "
+                   "frozen base (skips stage 1; the model size comes from it).")
+@click.option("--layer-keys", type=click.Choice(["word", "enc", "add"]), default=None,
+              help="alignment-layer: keys/values of the layer: source word embeddings, encoder "
+                   "output, or their average  [default: add]")
 # training
 @click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1),
               help="Padded tokens per batch.")
@@ -145,7 +151,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
-            model_option: Tuple[str, ...],
+            model_option: Tuple[str, ...], base_dir: Optional[str], layer_keys: Optional[str],
             max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
@@ -187,6 +193,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                          tie_embeddings=tie_embeddings,
                                          markov_order=markov_order)
     model_options.update(parse_key_values(model_option, "--model-option"))
+    if layer_keys is not None:
+        check_condition(model_kind == "alignment-layer",
+                        "--layer-keys applies to --model alignment-layer only")
+        model_options["layer_keys"] = layer_keys
     train_config = TrainConfig(max_tokens=max_tokens, update_freq=update_freq, lr=lr,
                                warmup=warmup, label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
@@ -205,7 +215,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                     DataConfig(max_len=max_len, max_ratio=max_ratio),
                                     train_config, direction_list, valid_bitext, gold,
                                     resume=resume, overwrite=overwrite, quiet=quiet,
-                                    verbose=verbose, argv=["align"] + sys.argv[1:])
+                                    verbose=verbose, argv=["align"] + sys.argv[1:],
+                                    base_dir=base_dir)
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None

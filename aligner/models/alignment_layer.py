@@ -222,9 +222,15 @@ class AlignmentLayerModel(AlignmentModel):
 
     @classmethod
     def split_options(cls, options: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """Model options -> (options of the base transformer, options of the layer)."""
+        """Model options -> (options of the base transformer, options of the layer).
+
+        The layer's options come with their defaults filled in, so that config.json always
+        says which keys the layer was trained with.
+        """
+        defaults = {name: field.default for name, field in
+                    AlignmentLayerConfig.__dataclass_fields__.items() if name in cls.LAYER_OPTIONS}
         base = {k: v for k, v in options.items() if k not in cls.LAYER_OPTIONS}
-        layer = {k: v for k, v in options.items() if k in cls.LAYER_OPTIONS}
+        layer = {**defaults, **{k: v for k, v in options.items() if k in cls.LAYER_OPTIONS}}
         return base, layer
 
     def __init__(self, config: AlignmentLayerConfig) -> None:
