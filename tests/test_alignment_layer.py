@@ -511,8 +511,13 @@ def test_cli_two_stage_training_extract_and_score(tmp_path, tiny_corpus):
     # stage 2 only, on the base of the first run (--base): same preprocessing and base weights
     again = tmp_path / "again"
     _cli("train", "-s", tiny_corpus["src"], "-t", tiny_corpus["tgt"], "-o", again,
-         "--model", "alignment-layer", "--base", model / "base", *TINY_CLI)
+         "--model", "alignment-layer", "--base", model / "base", "--valid-src",
+         tiny_corpus["src"], "--valid-tgt", tiny_corpus["tgt"], "--valid-gold",
+         tiny_corpus["gold"], *TINY_CLI)
     assert not (again / "base").exists()
+    header, *rows = (again / "fwd" / "metrics.tsv").read_text().splitlines()
+    aer = rows[-1].split("\t")[header.split("\t").index("valid_aer")]
+    assert 0.0 <= float(aer) <= 1.0            # validation AER with layer-sgd (the default)
     config = json.loads((again / "config.json").read_text())
     assert config["models"]["fwd"]["layer_keys"] == "add"
     assert (again / "vocab.src.json").read_text() == (model / "vocab.src.json").read_text()
