@@ -208,12 +208,15 @@ def run_measured(argv: Sequence[str], log_path: str, stdout_path: Optional[str] 
             open(log_path, "ab") as log:
         out = open(stdout_path, "wb") if stdout_path else log  # noqa: SIM115
         try:
-            subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, result.name, *argv],
-                           stdout=out, stderr=log, cwd=cwd, check=False)
+            launcher = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, result.name,
+                                       *argv], stdout=out, stderr=log, cwd=cwd, check=False)
         finally:
             if stdout_path:
                 out.close()
-        measured = json.load(result)
+        text = result.read()
+    if not text:  # the launcher itself was killed (e.g. out of memory): no measurement
+        return Measurement(0.0, 0, launcher.returncode or 1)
+    measured = json.loads(text)
     return Measurement(measured["wall_s"], int(measured["peak_kib"]), measured["status"])
 
 
@@ -231,7 +234,8 @@ class SystemResult:
     notes: List[str] = field(default_factory=list)
 
 
-def read_directions(run: peers.PeerRun, corpus: Corpus) -> Tuple[List[Set[Link]], List[Set[Link]]]:
+def read_directions(run: peers.PeerRun, corpus: Corpus
+                    ) -> Tuple[List[Set[Link]], List[Set[Link]]]:
     """The forward and reverse links of the gold lines, checked against the sentences.
 
     Output files cover corpus lines ``run.first_line``.. to the end; each must have exactly

@@ -128,6 +128,8 @@ def test_run_measured_reports_wall_time_peak_memory_and_exit_status(tmp_path):
     assert "talk" in Path(log).read_text()
     missing = ca.run_measured(["/nonexistent/aligner-binary"], log)
     assert missing.returncode == 127 and "cannot start" in Path(log).read_text()
+    killed = ca.run_measured([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], log)
+    assert killed.returncode == -9
 
 
 # ------------------------------------------------------------------------------------------
@@ -208,6 +210,23 @@ def test_cli_reports_a_missing_peer_as_not_run_and_bad_options_in_one_line(small
     assert "expected KIND:METHOD" in bad.output and "Traceback" not in bad.output
     bad = CliRunner().invoke(ca.main, args + ["--peers", "giza"])
     assert bad.exit_code == 1 and "unknown peer 'giza'" in bad.output
+
+
+def test_a_failing_system_gets_a_failed_row_and_exit_status_1(small_files):
+    """`align train` of an unknown model kind fails: the table says so, the others still run."""
+    if shutil.which("align") is None:
+        pytest.skip("align command not on PATH")
+    tmp_path, train, g1, _ = small_files
+    out = tmp_path / "table.md"
+    result = CliRunner().invoke(ca.main, [
+        "--train", *train, "--gold", "one", *g1, "--peers", "", "--aligner-method",
+        "no-such-kind:attention", "--workdir", str(tmp_path / "w"), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "failed: align no-such-kind:attention" in result.output
+    assert "| align no-such-kind:attention | failed: train exited with status 1" in \
+        out.read_text()
+    assert "unknown model kind" in (tmp_path / "w" / "aligner-no-such-kind-attention" /
+                                    "log.txt").read_text()
 
 
 # ------------------------------------------------------------------------------------------
