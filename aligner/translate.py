@@ -247,17 +247,21 @@ def max_output_length(source_length: int, max_len_a: float, max_len_b: int,
 
 @torch.no_grad()
 def beam_search(stepper: Stepper, src: torch.Tensor, max_lengths: Sequence[int],
-                beam: int = DEFAULT_BEAM,
-                len_penalty: float = DEFAULT_LEN_PENALTY) -> List[Hypothesis]:
+                beam: int = DEFAULT_BEAM, len_penalty: float = DEFAULT_LEN_PENALTY,
+                min_lengths: Optional[Sequence[int]] = None) -> List[Hypothesis]:
     """The best hypothesis per sentence of src (B, J+1) (ids + EOS, right-padded).
 
-    max_lengths[b]: most output subwords of sentence b (at that step only EOS is allowed).
+    max_lengths[b]: most output subwords of sentence b (at that step only EOS is allowed);
+    min_lengths[b] (optional): fewest output subwords (EOS is banned before; min = max gives
+    outputs of a fixed length, e.g. to time decoding at equal output length).
     """
     check_condition(beam >= 1, f"--beam must be at least 1 (got {beam})")
     device = src.device
     n_sentences, vocab = src.size(0), stepper.vocab_size
     sentence_ids = torch.arange(n_sentences, device=device)       # sentence of each group
     limits = torch.as_tensor(list(max_lengths), device=device, dtype=torch.long)
+    minimum = torch.as_tensor(list(min_lengths) if min_lengths is not None
+                              else [0] * n_sentences, device=device, dtype=torch.long)
     state = stepper.start(src.repeat_interleave(beam, dim=0))
     tokens = torch.full((n_sentences * beam, 1), C.BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((n_sentences, beam), -math.inf, device=device)
@@ -272,6 +276,8 @@ def beam_search(stepper: Stepper, src: torch.Tensor, max_lengths: Sequence[int],
         log_p = stepper.log_probs(state, tokens[:, -1], step).masked_fill(banned, -math.inf)
         at_limit = (limits[sentence_ids] <= step).repeat_interleave(beam)   # (n*K,)
         log_p = log_p.masked_fill(at_limit[:, None] & not_eos[None, :], -math.inf)
+        too_short = (minimum[sentence_ids] > step).repeat_interleave(beam) & ~at_limit
+        log_p[:, C.EOS_ID] = log_p[:, C.EOS_ID].masked_fill(too_short, -math.inf)
         candidates = (scores[:, :, None] + log_p.view(n, beam, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * beam, beam * vocab), dim=1)
         origin, words = top_index // vocab, top_index % vocab                # (n, 2K)

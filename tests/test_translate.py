@@ -156,6 +156,17 @@ def test_the_length_limit_forces_eos():
     assert max_output_length(10, 1.5, 10, 20) == 19     # BOS + 19 outputs = 20 positions
 
 
+def test_the_minimum_length_bans_eos_before_it():
+    hypotheses = beam_search(BigramStepper(TABLE), sources([7], [7]), [6, 6], beam=2,
+                             len_penalty=0.0, min_lengths=[3, 6])
+    assert [len(h.tokens) for h in hypotheses] == [3, 6]
+    # brute force over the 8 three-word outputs: a a b EOS (.6 · .3 · .3 · .9) is the best
+    best3 = max((TABLE[(BOS, x)] * TABLE[(x, y)] * TABLE[(y, z)] * TABLE[(z, EOS)], [x, y, z])
+                for x in (A, B) for y in (A, B) for z in (A, B))
+    assert hypotheses[0].tokens == best3[1] == [A, A, B]
+    assert hypotheses[0].log_prob == pytest.approx(math.log(best3[0]))
+
+
 def test_batching_and_neighbours_do_not_change_translations():
     model = tiny("hmm1", 0, seed=1)
     vocab = [str(k) for k in range(V_TGT)]
