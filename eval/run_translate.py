@@ -1,6 +1,7 @@
-"""Translation quality and decoding speed of several model directories on one held-out test set.
+"""Translation quality and decoding speed: trained model directories on a held-out slice
+(``quality``), and the decoding cost of each model kind at equal output length (``speed``).
 
-For each ``NAME=MODEL_DIR`` the script translates the same lines with the same settings
+``quality``: for each ``NAME=MODEL_DIR`` the script translates the same lines with the same settings
 (aligner.translate.translate: beam search, the model's own BPE), scores them with sacrebleu
 (BLEU, TER; length ratio = hypothesis / reference length in sacrebleu's BLEU tokens) and times
 the decoding (model loading excluded; one warm-up batch first). Speeds are also given as a
@@ -9,12 +10,22 @@ ratio to the ``--baseline`` model measured in the same run. Writes a markdown ta
 Held-out check: with ``--train-src FILE ...`` (the training files of the models), the script
 refuses test lines that occur in them (exact line match) unless ``--allow-overlap``.
 
-    nice -n 10 python eval/run_translate.py \\
+    nice -n 10 python eval/run_translate.py quality \\
         --model transformer=runs/enfr-transformer --model hmm0=runs/enfr-hmm0 \\
         --baseline transformer \\
         --src /work/shared/data/enfr/train.wpt03-hansards-36.2.src \\
         --ref /work/shared/data/enfr/train.wpt03-hansards-36.2.tgt --first 500 \\
         --train-src /work/shared/data/enfr/train.src --output eval/results/translate_enfr.md
+
+``speed``: untrained models of every kind (the project's default size, random weights, one
+seed) decode the same inputs with the same beam, each hypothesis forced to a fixed output
+length (EOS banned before it): the time then measures what one decoding step of each kind
+costs, free of differences in output length. Input lengths come from real sentences (their
+word counts, as subword counts; random ids).
+
+    nice -n 10 python eval/run_translate.py speed \\
+        --src /work/shared/data/enfr/train.wpt03-hansards-36.2.src --first 40 \\
+        --output eval/results/translate_speed_cpu.md
 """
 from __future__ import annotations
 
@@ -95,6 +106,21 @@ def timed_translate(loaded, lines: List[str], args, device: torch.device):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_quality_arguments(commands.add_parser("quality", help="trained models: BLEU, TER, "
+                                                             "length ratio, speed"))
+    add_speed_arguments(commands.add_parser("speed", help="decoding cost per kind at equal "
+                                                         "output length"))
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.command == "quality":
+        quality(args)
+    else:
+        speed(args)
+
+
+def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", type=parse_model, required=True,
                         metavar="NAME=MODEL_DIR")
     parser.add_argument("--baseline", required=True, help="NAME of the speed reference.")
@@ -114,8 +140,9 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="Markdown file (default: stdout).")
     parser.add_argument("--save-translations", default=None,
                         help="Folder for one NAME.txt of translations per model.")
-    args = parser.parse_args()
 
+
+def quality(args: argparse.Namespace) -> None:
     from sacrebleu.metrics import BLEU, TER
 
     from aligner.distributed import resolve_device
@@ -125,8 +152,6 @@ def main() -> None:
     names = [name for name, _ in args.model]
     if args.baseline not in names:
         sys.exit(f"--baseline {args.baseline} is not one of the models ({', '.join(names)})")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     sources = read_slice(args.src, args.skip, args.first)
     references = read_slice(args.ref, args.skip, args.first)
@@ -182,6 +207,113 @@ def main() -> None:
                      f"{row['updates']} | {row['seed']} | {row['bleu']:.2f} | {row['ter']:.2f} | "
                      f"{row['ratio']:.3f} | {row['lines_s']:.1f} | {row['subwords_s']:.0f} | "
                      f"{row['lines_s'] / base['lines_s']:.2f} |")
+    with atomic_output(args.output) as out:
+        out.write("\n".join(lines) + "\n")
+
+
+# -- speed ------------------------------------------------------------------------------------
+
+#: (name, kind, markov order) of the speed table; the first is the baseline
+SPEED_MODELS = (("transformer", "transformer", 0), ("hmm0", "hmm0", 0), ("hmm1", "hmm1", 0),
+                ("transformer k=1", "transformer", 1), ("transformer k=2", "transformer", 2),
+                ("transformer k=4", "transformer", 4), ("hmm0 k=2", "hmm0", 2),
+                ("hmm1 k=2", "hmm1", 2))
+
+
+def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--src", required=True, help="Real sentences: their lengths are used.")
+    parser.add_argument("--skip", type=int, default=0)
+    parser.add_argument("--first", type=int, default=40)
+    parser.add_argument("--vocab", type=int, default=10000, help="Vocabulary size, both sides.")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=3, help="Encoder and decoder layers.")
+    parser.add_argument("--ff-dim", type=int, default=1024)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--length-ratio", type=float, default=1.0,
+                        help="Fixed output length = ratio x input length (at least 1).")
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--repeats", type=int, default=2, help="Timed runs (the fastest counts).")
+    parser.add_argument("--only", nargs="*", default=None, help="Subset of model names.")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--output", default=None)
+
+
+def speed(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from aligner.data import inference_batches
+    from aligner.distributed import resolve_device
+    from aligner.models import build_model
+    from aligner.translate import beam_search, make_stepper
+    from aligner.utils import atomic_output
+
+    device = resolve_device(args.device)
+    lengths = [max(1, len(line.split())) for line in read_slice(args.src, args.skip, args.first)]
+    rng = np.random.default_rng(args.seed)
+    inputs = [torch.from_numpy(rng.integers(4, args.vocab, size=n)) for n in lengths]
+    out_lengths = [max(1, int(round(args.length_ratio * n))) for n in lengths]
+    batches = inference_batches(len(inputs), [n + 1 for n in lengths],
+                                max(1, args.max_tokens // args.beam))
+    models = [m for m in SPEED_MODELS if args.only is None or m[0] in args.only]
+
+    def decode(stepper) -> None:
+        for batch in batches:
+            width = max(lengths[k] for k in batch) + 1
+            src = torch.zeros(len(batch), width, dtype=torch.long)
+            for row, k in enumerate(batch):
+                src[row, :lengths[k]] = inputs[k]
+                src[row, lengths[k]] = 2                                  # EOS
+            limits = [out_lengths[k] for k in batch]
+            beam_search(stepper, src.to(device), limits, args.beam, min_lengths=limits)
+
+    steppers = {}
+    for name, kind, order in models:
+        torch.manual_seed(args.seed)
+        config = dict(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
+                      d_model=args.d_model, n_heads=args.heads, enc_layers=args.layers,
+                      dec_layers=args.layers, d_ff=args.ff_dim, dropout=0.0,
+                      markov_order=order)
+        steppers[name] = make_stepper(build_model(kind, config).to(device).eval())
+        # warm-up on one short input (allocators, CUDA kernels)
+        beam_search(steppers[name], torch.tensor([[5, 6, 2]], device=device), [2], args.beam)
+    best = {name: float("inf") for name, _, _ in models}
+    for repeat in range(args.repeats):          # interleaved: drift hits every model alike
+        for name, _, _ in models:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            decode(steppers[name])
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best[name] = min(best[name], time.perf_counter() - start)
+            print(f"run {repeat + 1}: {name}: {best[name]:.2f}s", file=sys.stderr)
+    base = best[models[0][0]]
+    device_text = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
+    n_out = sum(out_lengths)
+    lines = [
+        "# Decoding speed per model kind at equal output length", "",
+        f"Command: `{' '.join(['python'] + sys.argv)}`  ",
+        f"Inputs: the word counts of lines {args.skip + 1}-{args.skip + args.first} of "
+        f"`{args.src}` ({sum(lengths)} input, {n_out} output subwords; output length = "
+        f"{args.length_ratio} x input, EOS banned before it), random ids.  ",
+        f"Models: untrained, d_model {args.d_model}, {args.heads} heads, {args.layers}+"
+        f"{args.layers} layers, feed-forward {args.ff_dim}, vocabulary {args.vocab}, seed "
+        f"{args.seed}. Beam {args.beam}, max {args.max_tokens} beam x source tokens per batch. "
+        f"Device {device_text}, torch {torch.__version__}. Fastest of {args.repeats} "
+        f"interleaved runs.  ",
+        f"Speed ratio = lines/s relative to `{models[0][0]}` in this run.", "",
+        "| model | kind | Markov k | seconds | lines/s | output subwords/s | speed vs "
+        f"{models[0][0]} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, kind, order in models:
+        lines.append(f"| {name} | {kind} | {order} | {best[name]:.2f} | "
+                     f"{len(lengths) / best[name]:.2f} | {n_out / best[name]:.0f} | "
+                     f"{base / best[name]:.2f} |")
     with atomic_output(args.output) as out:
         out.write("\n".join(lines) + "\n")
 
