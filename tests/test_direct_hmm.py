@@ -408,3 +408,42 @@ def test_chunked_lexicon_backward_passes_gradcheck(with_bias):
 
     inputs = (source, target, weight) + ((bias,) if with_bias else ())
     assert torch.autograd.gradcheck(function, inputs)
+
+
+@pytest.mark.parametrize("kind", ["hmm0", "hmm1"])
+def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind):
+    """`align train --model hmmK -M ...` then `align extract` of each method, both directions."""
+    import json
+
+    from click.testing import CliRunner
+
+    from aligner.cli import main
+    from aligner.formats import read_pharaoh
+    from aligner.models import MODELS
+    from synthetic import monotone_corpus, write_corpus
+
+    sources, targets, _ = monotone_corpus(30, seed=1)
+    src, tgt, _ = write_corpus(tmp_path, "train", sources, targets)
+    model = tmp_path / "model"
+
+    def run(*args):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result
+
+    run("train", "-s", src, "-t", tgt, "-o", model, "--model", kind, "--bpe-merges", "10",
+        "--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers", "2",
+        "--ff-dim", "32", "--max-tokens", "200", "--max-updates", "2", "--warmup", "1", "-q",
+        "-M", "lexicon_chunk=2", "-M", "lexicon_sample=8", "-M", "lexicon_dim=8")
+    config = json.loads((model / "config.json").read_text())
+    assert config["models"]["fwd"]["lexicon_chunk"] == 2
+    assert config["models"]["rev"]["lexicon_dim"] == 8
+    for method in MODELS[kind].METHODS:
+        for direction in ("fwd", "rev", "both"):
+            output = tmp_path / f"{method}.{direction}.txt"
+            run("extract", model, "-s", src, "-t", tgt, "--method", method, "--direction",
+                direction, "-o", output, "-q")
+            alignments = read_pharaoh(str(output))
+            assert len(alignments) == len(sources)
+            for links, source, target in zip(alignments, sources, targets):
+                assert all(i < len(source) and j < len(target) for i, j in links)
