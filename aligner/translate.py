@@ -94,8 +94,11 @@ def _select(value: Any, rows: torch.Tensor) -> Any:
 class Stepper:
     """Incremental decoder of one model kind (see the module docstring).
 
-    Subclasses provide ``embed`` (the target Embedding), ``layers`` (decoder layers, each
-    called as ``self._layer(layer, x, history, state)``), ``markov_order`` and ``_output``.
+    Subclasses set ``embed`` (the target :class:`~aligner.models.transformer.Embedding`) and
+    ``layers`` (the decoder layers, the last included), and implement ``encode`` (state with
+    the encoder ``memory`` (N, J+1, d)), ``_layer(index, x, history, state)`` (one layer on
+    the newest position x (N, 1, d), keys/values from ``history``) and ``_output(last,
+    state, step)`` (log-probabilities (N, V) from the last layer's output).
     """
 
     def __init__(self, model: AlignmentModel):
