@@ -194,10 +194,11 @@ TGT_TEXT = ["la maison est petite", "la maison", "une petite maison est une mais
             "la petite maison est la maison"]
 
 
-def make_model_dir(path, kind: str = "transformer", markov_order: int = 0) -> str:
+def make_model_dir(path, kind: str = "transformer", markov_order: int = 0,
+                   bpe_merges: int = 6) -> str:
     """A complete model directory with random weights and a few BPE merges (no training)."""
     path.mkdir()
-    prep_config = PrepConfig(bpe_merges=6, bpe_min_frequency=1)
+    prep_config = PrepConfig(bpe_merges=bpe_merges, bpe_min_frequency=1)
     pre = Preprocessor.learn(prep_config, [s.split() for s in SRC_TEXT],
                              [t.split() for t in TGT_TEXT])
     pre.save(str(path))
@@ -255,6 +256,30 @@ def test_cli_translations_with_alignments_keep_line_order(tmp_path, kind):
         if words and line:              # every output word is aligned (argmax / Viterbi)
             assert {j for _, j in links} == set(range(len(words)))
     assert got[len(SRC_TEXT)] == " ||| "          # the empty line stays, empty
+
+
+@pytest.mark.parametrize("kind", ["transformer", "hmm0", "hmm1"])
+def test_printed_alignment_equals_align_extract_on_the_output(tmp_path, kind):
+    """The alignment printed with a translation is what `align extract --direction fwd`
+    finds for (input, translation) with the same method: force-decoding a causal model
+    reproduces what it computed while generating. (Whole words as units, no BPE, so the
+    output re-encodes to the same ids.)"""
+    model_dir = make_model_dir(tmp_path / "model", kind, bpe_merges=0)
+    (tmp_path / "in.txt").write_text("\n".join(SRC_TEXT) + "\n", encoding="utf-8")
+    code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam",
+                                2, "--print-alignment", "--max-len-a", 1, "--max-len-b", 3,
+                                "-q"])
+    assert code == 0, errors
+    translations = [line.split(" ||| ") for line in output.splitlines()]
+    (tmp_path / "out.txt").write_text("".join(t + "\n" for t, _ in translations),
+                                      encoding="utf-8")
+    method = {"transformer": "attention", "hmm0": "hmm-posterior", "hmm1": "hmm-viterbi"}[kind]
+    code, extracted, errors = run(["extract", model_dir, "-s", tmp_path / "in.txt", "-t",
+                                   tmp_path / "out.txt", "--direction", "fwd", "--method",
+                                   method, "-q"])
+    assert code == 0, errors
+    assert [links for _, links in translations] == extracted.splitlines()
+    assert any(links for _, links in translations)
 
 
 def test_cli_plain_output_and_reverse_direction(tmp_path):
