@@ -265,7 +265,9 @@ def beam_search(stepper: Stepper, src: torch.Tensor, max_lengths: Sequence[int],
     limits = torch.as_tensor(list(max_lengths), device=device, dtype=torch.long)
     minimum = torch.as_tensor(list(min_lengths) if min_lengths is not None
                               else [0] * n_sentences, device=device, dtype=torch.long)
-    state = stepper.start(src.repeat_interleave(beam, dim=0))
+    # encode each sentence once, then copy its state to its K beam rows
+    state = {key: _select(value, torch.arange(n_sentences, device=device).repeat_interleave(
+        beam)) for key, value in stepper.start(src).items()}
     tokens = torch.full((n_sentences * beam, 1), C.BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((n_sentences, beam), -math.inf, device=device)
     scores[:, 0] = 0.0                              # identical beams: start from one of them
