@@ -120,6 +120,61 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
     return results
 
 
+def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str) -> np.ndarray:
+    """Word-level soft alignment (source words, target words) of one pair.
+
+    scores (I+1, J+1): the model's scores in its own orientation (rows = decoder positions).
+    Each real decoder subword's row is renormalized over the real encoder subwords (negative
+    scores count as 0); a word's row is the mean of its subwords' rows, summed within each
+    word of the other side. So for fwd every target word's column sums to 1 over the source
+    words, for rev every source word's row sums to 1 over the target words.
+    """
+    enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
+                            else (pair.tgt_word_index, pair.src_word_index))
+    rows = np.clip(scores[:len(dec_words), :len(enc_words)].astype(np.float64), 0.0, None)
+    totals = rows.sum(axis=1, keepdims=True)
+    rows = np.where(totals > 0, rows / np.where(totals > 0, totals, 1.0), 1.0 / len(enc_words))
+    n_dec, n_enc = max(dec_words) + 1, max(enc_words) + 1
+    by_enc_word = np.zeros((len(dec_words), n_enc))
+    np.add.at(by_enc_word.T, np.asarray(enc_words), rows.T)       # sum within encoder words
+    matrix = np.zeros((n_dec, n_enc))
+    np.add.at(matrix, np.asarray(dec_words), by_enc_word)          # then mean over subwords
+    matrix /= np.bincount(np.asarray(dec_words), minlength=n_dec)[:, None]
+    return (matrix.T if direction == "fwd" else matrix).astype(np.float32)
+
+
+@torch.no_grad()
+def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
+                    method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                    device: Optional[torch.device] = None,
+                    options: Optional[Dict[str, Any]] = None) -> List[np.ndarray]:
+    """Word-level soft alignment matrices (source words, target words), float32, input order.
+
+    See :func:`_word_matrix` for the normalization. Pairs that get no alignment (empty side,
+    too long) get a zero matrix of shape (source words, target words).
+    """
+    options = options or {}
+    device = device or next(model.parameters()).device
+    model.eval()
+    limit = model_max_positions(model)
+    results = [np.zeros((max(p.src_word_index, default=-1) + 1,
+                         max(p.tgt_word_index, default=-1) + 1), dtype=np.float32)
+               for p in pairs]
+    ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
+    if not ok:
+        return results
+    batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
+    for batch_indices in batches:
+        items = [pairs[ok[b]] for b in batch_indices]
+        batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
+                           direction).to(device)
+        scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
+                                        **options).float().cpu().numpy()
+        for row, b in enumerate(batch_indices):
+            results[ok[b]] = _word_matrix(scores[row], pairs[ok[b]], direction)
+    return results
+
+
 def usable(pair: EncodedPair, max_positions: Optional[int]) -> bool:
     """A pair can be aligned: both sides non-empty and (with a limit) short enough."""
     if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:

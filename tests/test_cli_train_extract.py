@@ -201,3 +201,21 @@ def test_demo_on_a_small_sample(tmp_path):
     assert (tmp_path / "work" / "model" / "fwd" / C.PARAMS_BEST).is_file()
     missing = run("demo", "--sample-dir", tmp_path, ok=False)
     assert "sample file missing" in error_line(missing)
+
+
+def test_extract_writes_soft_matrices(tmp_path, corpus):
+    import numpy as np
+
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 1,
+        *TINY)
+    soft = tmp_path / "soft.npz"
+    run("extract", model, "-s", corpus["vsrc"], "-t", corpus["vtgt"], "--soft", soft, "-q",
+        "-o", tmp_path / "out.txt")
+    arrays = np.load(soft)
+    assert sorted(arrays.files) == sorted(f"{d}_{k}" for d in ("fwd", "rev") for k in range(6))
+    for k in range(6):
+        shape = (len(corpus["sources"][k]), len(corpus["targets"][k]))
+        assert arrays[f"fwd_{k}"].shape == shape and arrays[f"rev_{k}"].shape == shape
+        assert np.allclose(arrays[f"fwd_{k}"].sum(axis=0), 1.0, atol=1e-5)  # per target word
+        assert np.allclose(arrays[f"rev_{k}"].sum(axis=1), 1.0, atol=1e-5)  # per source word

@@ -245,3 +245,22 @@ def test_model_directory_errors(tmp_path):
     (directory / C.CONFIG_NAME).write_text("{not json")
     with pytest.raises(AlignerError, match="config.json: not valid JSON"):
         LoadedModelDir.load(str(directory), ["fwd"])
+
+
+def test_soft_alignments_by_hand():
+    """Rows renormalized over real source subwords, summed within source words, averaged over
+    the subwords of each target word; EOS column and row ignored."""
+    from aligner.inference import soft_alignments
+
+    table = [[1.0, 1.0, 2.0, 99.0], [0.0, 2.0, 2.0, 99.0], [3.0, 1.0, 0.0, 99.0], [5.0] * 4]
+    model = FixedScores(table)
+    fwd_pair = pair([5, 6, 7], [8, 9, 10], [0, 1, 1], [0, 0, 1])
+    (matrix,) = soft_alignments(model, [fwd_pair], "fwd", "fixed")
+    assert matrix.shape == (2, 2)  # (source words, target words)
+    assert np.allclose(matrix, [[0.125, 0.75], [0.875, 0.25]])
+    # rev: the decoder reads the source language; the result keeps source x target order
+    rev_pair = pair([8, 9, 10], [5, 6, 7], [0, 0, 1], [0, 1, 1])
+    (matrix,) = soft_alignments(model, [rev_pair], "rev", "fixed")
+    assert np.allclose(matrix, [[0.125, 0.875], [0.75, 0.25]])
+    empty = pair([], [5, 6], [], [0, 1])
+    assert soft_alignments(model, [empty], "fwd", "fixed")[0].shape == (0, 2)

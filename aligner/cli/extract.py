@@ -42,6 +42,10 @@ from aligner.utils import check_condition
                                  f"{C.DEFAULT_HEURISTIC}].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
+@click.option("--soft", type=click.Path(dir_okay=False), default=None,
+              help="Also write word-level soft alignment matrices to this .npz file (arrays "
+                   "'fwd_K' / 'rev_K' of shape (source words, target words) for input line K, "
+                   "0-based).")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
               show_default=True, help="Which saved weights to use.")
 @click.option("--max-tokens", default=4000, show_default=True, type=click.IntRange(min=1),
@@ -53,7 +57,7 @@ from aligner.utils import check_condition
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
-            direction: str, heuristic: Optional[str], output: str, checkpoint: str,
+            direction: str, heuristic: Optional[str], output: str, soft: Optional[str], checkpoint: str,
             max_tokens: int, device: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
 
@@ -97,7 +101,32 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     alignments = extract(loaded, bitext, method, direction, heuristic or C.DEFAULT_HEURISTIC,
                          max_tokens, torch_device, options)
     write_pharaoh(output, alignments)
+    if soft is not None:
+        write_soft(soft, loaded, bitext, method, directions, max_tokens, torch_device, options)
     logger.info("aligned %d sentence pairs (%s, %s%s): %d links in %.1fs", len(alignments),
                 method, direction,
                 f", {heuristic or C.DEFAULT_HEURISTIC}" if direction == "both" else "",
                 sum(map(len, alignments)), time.time() - start)
+
+
+def write_soft(path: str, loaded, bitext, method: str, directions, max_tokens: int, device,
+               options) -> None:
+    """Soft alignment matrices of every line and direction, as one compressed .npz file.
+
+    Array ``"{direction}_{k}"``: float32 (source words, target words) for input line k
+    (0-based); see aligner.inference.soft_alignments for the normalization. Load with
+    ``numpy.load(path)["fwd_0"]``.
+    """
+    import numpy as np
+
+    from aligner.inference import encode_bitext, soft_alignments
+    from aligner.utils import atomic_output
+
+    pairs = encode_bitext(loaded, bitext)
+    arrays = {}
+    for direction in directions:
+        matrices = soft_alignments(loaded.models[direction], pairs, direction, method,
+                                   max_tokens, device, options)
+        arrays.update({f"{direction}_{k}": m for k, m in enumerate(matrices)})
+    with atomic_output(path, "wb") as out:
+        np.savez_compressed(out, **arrays)
