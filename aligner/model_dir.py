@@ -30,6 +30,7 @@ an optional ``load_extra_state(dict)`` method.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -50,6 +51,7 @@ from aligner.vocab import Vocabulary
 logger = logging.getLogger(__name__)
 
 CORPUS_DIR = "corpus"
+LOCK_NAME = ".lock"
 #: stage-1 base model directory inside an alignment-layer model directory (see train_model_dir)
 BASE_DIR = "base"
 CHECKPOINTS = ("best", "last")
@@ -83,7 +85,8 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     if os.path.exists(model_dir):
         check_condition(os.path.isdir(model_dir), f"{model_dir}: exists and is not a directory")
-        entries = [name for name in os.listdir(model_dir) if name != BASE_DIR]  # stage-1 base
+        entries = [name for name in os.listdir(model_dir)
+                   if name not in (BASE_DIR, LOCK_NAME)]  # stage-1 base, the run lock
     else:
         entries = []
     if not entries:
@@ -104,6 +107,52 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
         elif os.path.exists(path):
             os.unlink(path)
     return False
+
+
+def acquire_lock(model_dir: str) -> str:
+    """Mark `model_dir` as being written by this process (file ``.lock`` with its pid).
+
+    Refuses (one line) while another live process holds the lock, so two ``align train`` runs
+    never write the same directory at once; a lock left by a dead process is taken over.
+    Returns the lock path for :func:`release_lock`.
+    """
+    path = os.path.join(model_dir, LOCK_NAME)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    pid = int(handle.read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            check_condition(not _alive(pid), f"{model_dir}: another training process (pid "
+                                             f"{pid}) is writing this directory")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n")
+        return path
+    raise AlignerError(f"{model_dir}: cannot take the run lock {path}")
+
+
+def release_lock(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether another process `pid` runs (this process's own old lock counts as stale)."""
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_version(model_dir: str) -> None:

@@ -505,8 +505,9 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     from aligner.data import EncodedCorpus, encode_pair
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import (build_direction_model, config_path, direction_dir,
-                                   params_path, prepare_output_dir, write_version)
+    from aligner.model_dir import (acquire_lock, build_direction_model, config_path,
+                                   direction_dir, params_path, prepare_output_dir, release_lock,
+                                   write_version)
     from aligner.prep import Preprocessor
 
     base_kind = getattr(model_class(model_kind), "BASE_KIND", None)
@@ -520,7 +521,12 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     context = init_distributed(train_config.device)
     device = resolve_device(train_config.device, context.local_rank)
     resumed = resume
+    lock = None
     if context.is_main:
+        check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
+                        f"{model_dir}: exists and is not a directory")
+        os.makedirs(model_dir, exist_ok=True)
+        lock = acquire_lock(model_dir)  # before anything is removed or written
         resumed = prepare_output_dir(model_dir, resume, overwrite)
     context.barrier()
     log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
@@ -584,6 +590,8 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                           progress=not quiet)
         summaries[direction] = trainer.run(resume=resumed)
     context.barrier()
+    if lock is not None:
+        release_lock(lock)  # (a crashed run leaves a stale lock: the next run takes it over)
     shutdown_distributed(context)
     return summaries
 
