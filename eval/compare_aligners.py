@@ -446,8 +446,8 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
     ``peer_args`` maps a peer name to extra command-line arguments (see peers.plan_peer).
     """
     for name in peer_names:
-        check_condition(name in peers.PEER_NAMES, f"unknown peer '{name}' "
-                                                  f"(expected {', '.join(peers.PEER_NAMES)})")
+        check_condition(name in peers.ALL_PEERS, f"unknown peer '{name}' "
+                                                 f"(expected {', '.join(peers.ALL_PEERS)})")
     methods = [_split_method(spec) for spec in aligner_methods]
     os.makedirs(workdir, exist_ok=True)
     corpus = build_corpus(train, gold, workdir, train_limit)
@@ -488,7 +488,8 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
               help="A gold set: name, its source and target sentences, its gold (talp: i-j "
                    "sure, ipj/i?j possible). Appended to the training text; repeatable.")
 @click.option("--peers", "peer_list", default=",".join(peers.PEER_NAMES), show_default=True,
-              help="Comma-separated peers to run ('' for none).")
+              help=f"Comma-separated peers to run ('' for none; also "
+                   f"{', '.join(peers.ALL_PEERS[len(peers.PEER_NAMES):])}).")
 @click.option("--eflomal-args", default="", help="Extra arguments for eflomal-align "
                                                    "(default: none, its own settings).")
 @click.option("--fast-align-args", default="", help="Extra arguments for a fast_align binary "
@@ -523,7 +524,8 @@ def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
                                   train_limit, shlex.split(aligner_train_args),
                                   shlex.split(aligner_extract_args),
                                   {"eflomal": shlex.split(eflomal_args),
-                                   "fast_align": shlex.split(fast_align_args)})
+                                   "fast_align": shlex.split(fast_align_args),
+                                   "fast_align-binary": shlex.split(fast_align_args)})
         environment["load average (1, 5, 15 min)"] += f", {load_average()} at end"
         report = render_table(results, corpus, title, command, environment)
         with atomic_output(output) as handle:

@@ -52,7 +52,11 @@ FAST_ALIGN_FLOOR = 1e-9       # TTable::prob of an unseen (f, e) pair
 NULL_ID = 1                   # id of "<eps>" (fast_align's Dict numbers words from 1)
 SYSTRAN_TABLE_VERSION = 2     # first uint32 of systran-align's probability files
 
+# Peers run by default; "fast_align" is the binary when one is on PATH, else systran-align.
 PEER_NAMES = ("eflomal", "fast_align")
+# Every accepted name: the two fast_align builds can also be asked for by name (both in one
+# table, to compare them).
+ALL_PEERS = PEER_NAMES + ("fast_align-binary", "fast_align-systran")
 # Written by the systran-align peer: the package's own grow-diag-final-and links of the
 # decoded lines, and "AGREE TOTAL" (see check_systran_agreement).
 PACKAGE_GDFA = "package.gdfa.txt"
@@ -114,21 +118,28 @@ def fast_align_backend() -> Optional[str]:
     return None
 
 
-def fast_align_available() -> Optional[str]:
-    """None when some fast_align can run here, else the reason it cannot."""
-    if fast_align_backend() is None:
-        return ("neither a fast_align binary on PATH nor the systran-align package "
-                f"is installed ({PEERS_HINT})")
-    return None
+def _fast_align_build(peer: str) -> Optional[str]:
+    """The fast_align build a peer name stands for: "binary", "systran-align" or None."""
+    if peer == "fast_align-binary":
+        return "binary" if shutil.which("fast_align") else None
+    if peer == "fast_align-systran":
+        return "systran-align" if _package_version("systran-align") else None
+    return fast_align_backend()
 
 
 def unavailable_reason(peer: str) -> Optional[str]:
-    """None when ``peer`` (one of PEER_NAMES) can run here, else why not."""
+    """None when ``peer`` (one of ALL_PEERS) can run here, else why not."""
     if peer == "eflomal":
         return eflomal_available()
-    if peer == "fast_align":
-        return fast_align_available()
-    raise ValueError(f"unknown peer {peer!r}")
+    if peer not in ALL_PEERS:
+        raise ValueError(f"unknown peer {peer!r}")
+    if _fast_align_build(peer) is None:
+        return {"fast_align": "neither a fast_align binary on PATH nor the systran-align "
+                              f"package is installed ({PEERS_HINT})",
+                "fast_align-binary": "no fast_align binary on PATH (build "
+                                     "github.com/clab/fast_align)",
+                "fast_align-systran": f"systran-align is not installed ({PEERS_HINT})"}[peer]
+    return None
 
 
 def plan_peer(peer: str, source: str, target: str, joint: str, first_gold_line: int,
@@ -151,13 +162,14 @@ def plan_peer(peer: str, source: str, target: str, joint: str, first_gold_line: 
         return PeerRun(label="eflomal", version=f"eflomal {_package_version('eflomal')}",
                        settings=settings, steps=[Step("align", argv)], forward=forward,
                        reverse=reverse)
-    if peer == "fast_align":
-        backend = fast_align_backend()
+    if peer in ALL_PEERS:
+        backend = _fast_align_build(peer)
         if backend == "binary":
             binary = shutil.which("fast_align")
             flags = ["-d", "-o", "-v", *extra]
             return PeerRun(
-                label="fast_align", version=f"binary {binary}", settings=" ".join(flags),
+                label="fast_align (binary)", version=f"binary {binary}",
+                settings=" ".join(flags),
                 steps=[Step("fwd", [binary, "-i", joint, *flags], stdout=forward),
                        Step("rev", [binary, "-i", joint, *flags, "-r"], stdout=reverse)],
                 forward=forward, reverse=reverse)

@@ -271,14 +271,15 @@ def test_read_systran_table_reads_the_documented_layout(tmp_path):
 # smoke tests with the real peers on the shipped sample (skip when a peer is not installed)
 
 SMOKE_LINES = 300
-PEER_ARGS = {"eflomal": ["-l", "0.1", "--n-samplers", "1"], "fast_align": []}
+PEER_ARGS = {"eflomal": ["-l", "0.1", "--n-samplers", "1"]}
 # Loose ceilings on grow-diag AER that a working aligner beats even on 300 training pairs
 # (measured here on the en-fr trial set: eflomal 25.1 %, fast_align 33.1 %); a direction
 # written the wrong way round or a shifted line scores far above them.
-CEILING = {"eflomal": 0.35, "fast_align": 0.42}
+CEILING = {"eflomal": 0.35, "fast_align": 0.42, "fast_align-binary": 0.42,
+           "fast_align-systran": 0.42}
 
 
-@pytest.mark.parametrize("peer", peers.PEER_NAMES)
+@pytest.mark.parametrize("peer", peers.ALL_PEERS)
 def test_smoke_peer_on_shipped_sample(peer, tmp_path):
     reason = peers.unavailable_reason(peer)
     if reason:
@@ -305,8 +306,8 @@ def test_smoke_peer_on_shipped_sample(peer, tmp_path):
     assert f"| {result.label} | {ca.format_score(result.scores['trial']['fwd'])} |" in table
 
 
-@pytest.mark.skipif(peers.fast_align_backend() != "systran-align",
-                    reason="systran-align not installed (or a fast_align binary is used)")
+@pytest.mark.skipif(peers.unavailable_reason("fast_align-systran") is not None,
+                    reason="systran-align not installed")
 def test_systran_directions_reproduce_the_packages_own_symmetrization(tmp_path):
     """Our decoding of its tables must give back its grow-diag-final-and output."""
     src = SAMPLE / "train.en"
