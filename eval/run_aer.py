@@ -108,7 +108,8 @@ def main(argv: List[str]) -> int:
     sets = [s for s in args.sets.split(",") if s]
     unknown = [s for s in sets if s not in GOLD_SETS]
     if unknown:
-        raise SystemExit(f"run_aer.py: unknown gold set(s) {unknown}; choose from {list(GOLD_SETS)}")
+        raise SystemExit(f"run_aer.py: unknown gold set(s) {unknown}; "
+                         f"choose from {list(GOLD_SETS)}")
 
     results: Dict[Tuple[str, str, str], Any] = {}
     timings: Dict[str, float] = {}

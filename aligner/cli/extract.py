@@ -57,7 +57,8 @@ from aligner.utils import check_condition
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
-            direction: str, heuristic: Optional[str], output: str, soft: Optional[str], checkpoint: str,
+            direction: str, heuristic: Optional[str], output: str, soft: Optional[str],
+            checkpoint: str,
             max_tokens: int, device: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
 

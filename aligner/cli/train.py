@@ -33,7 +33,8 @@ def parse_key_values(pairs: Sequence[str], option: str) -> Dict[str, Any]:
     values: Dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        check_condition(bool(sep) and bool(key.strip()), f"{option} expects KEY=VALUE, got '{pair}'")
+        check_condition(bool(sep) and bool(key.strip()),
+                        f"{option} expects KEY=VALUE, got '{pair}'")
         try:
             values[key.strip().replace("-", "_")] = json.loads(raw)
         except ValueError:

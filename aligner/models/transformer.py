@@ -117,7 +117,8 @@ class Embedding(nn.Module):
         return self.token(ids) * math.sqrt(self.d_model)
 
     def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """ids (B, L) at positions offset..offset+L-1 -> (B, L, d) (offset: incremental decoding)."""
+        """ids (B, L) at positions offset..offset+L-1 -> (B, L, d) (offset: incremental
+        decoding)."""
         length = ids.size(1)
         if offset + length > self.max_positions:
             raise AlignerError(f"sequence of {offset + length} tokens exceeds max_positions "
@@ -129,7 +130,8 @@ class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention (self or cross).
 
     ``forward(query (B, Iq, d), memory (B, Jk, d), key_padding_mask (B, Jk) bool True = pad,
-    causal, need_weights, attn_mask (Iq, Jk) bool True = masked)`` returns ``(output (B, Iq, d), weights (B, H, Iq, Jk) or None)``.
+    causal, need_weights, attn_mask (Iq, Jk) bool True = masked)`` returns
+    ``(output (B, Iq, d), weights (B, H, Iq, Jk) or None)``.
     Without weights it runs ``F.scaled_dot_product_attention`` (the fast path used in training);
     with weights it computes an explicit softmax. The returned weights are the probabilities
     *before* attention dropout (identical to the fast path in eval mode).
@@ -235,7 +237,10 @@ def decoder_self_attention(attention: MultiHeadAttention, norm: nn.LayerNorm, x:
 
 
 class FeedForward(nn.Module):
-    """Position-wise Linear(d, d_ff) → ReLU → dropout → Linear(d_ff, d); (B, L, d) -> (B, L, d)."""
+    """Position-wise Linear(d, d_ff) → ReLU → dropout → Linear(d_ff, d).
+
+    (B, L, d) -> (B, L, d).
+    """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -381,7 +386,8 @@ class Transformer(AlignmentModel):
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
                need_attention: bool = False
                ) -> Tuple[torch.Tensor, Optional[List[torch.Tensor]]]:
-        """Decoder states (B, I+1, d) and, when asked, per-layer cross-attention (B, H, I+1, J+1)."""
+        """Decoder states (B, I+1, d) and, when asked, per-layer cross-attention
+        (B, H, I+1, J+1)."""
         return self.decoder(tgt_in, memory, src, need_attention)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
