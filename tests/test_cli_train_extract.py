@@ -219,3 +219,24 @@ def test_extract_writes_soft_matrices(tmp_path, corpus):
         assert arrays[f"fwd_{k}"].shape == shape and arrays[f"rev_{k}"].shape == shape
         assert np.allclose(arrays[f"fwd_{k}"].sum(axis=0), 1.0, atol=1e-5)  # per target word
         assert np.allclose(arrays[f"rev_{k}"].sum(axis=1), 1.0, atol=1e-5)  # per source word
+
+
+def test_tokenize_and_lowercase_reach_training_and_extraction(tmp_path):
+    src, tgt = tmp_path / "raw.en", tmp_path / "raw.fr"
+    src.write_text("Hello, world!\nThe cat (black) sleeps.\n" * 10)
+    tgt.write_text("Bonjour, le monde !\nLe chat (noir) dort.\n" * 10)
+    model = tmp_path / "model"
+    run("train", "-s", src, "-t", tgt, "-o", model, "--tokenize", "--lowercase",
+        "--src-lang", "en", "--tgt-lang", "fr", "--max-updates", 1, *TINY)
+    prep = json.loads((model / "prep.json").read_text())
+    assert prep["tokenize"] is True and prep["lowercase"] is True
+    vocab = json.loads((model / C.VOCAB_SRC).read_text())["tokens"]
+    assert "," in vocab and "Hello," not in vocab and "Hello" not in vocab
+    test_src, test_tgt = tmp_path / "t.en", tmp_path / "t.fr"
+    test_src.write_text("Hello, world!\n")           # 4 tokens after tokenization
+    test_tgt.write_text("Bonjour, le monde !\n")      # 5 tokens
+    out = run("extract", model, "-s", test_src, "-t", test_tgt, "--direction", "fwd", "-q")
+    links = [tuple(map(int, link.split("-"))) for link in out.stdout.split()]
+    # every tokenized target word is linked (its subwords may link to several source words)
+    assert {j for _, j in links} == {0, 1, 2, 3, 4}
+    assert all(i < 4 for i, _ in links)
