@@ -298,6 +298,20 @@ def test_cli_plain_output_and_reverse_direction(tmp_path):
     assert all(r.words == join_subwords(r.subwords)[0] for r in results)
 
 
+def test_cli_reads_stdin_and_keeps_a_too_long_line_as_an_empty_one(tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")       # max_positions 40
+    long_line = " ".join(["house"] * 45)
+    result = CliRunner().invoke(main, ["translate", model_dir, "--beam", "2"],
+                                input=f"the house\n{long_line}\nsmall\n")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert lines[0] and lines[2]
+    # "house" is two BPE units here: 90 subwords + EOS
+    assert "-:2: 91 positions > the model's limit of 40: writing an empty translation" \
+        in result.stderr
+
+
 def test_cli_bad_input_is_one_line_errors(tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     (tmp_path / "in.txt").write_text("the house\n", encoding="utf-8")
