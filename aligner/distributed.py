@@ -4,7 +4,9 @@
 sets RANK, WORLD_SIZE and LOCAL_RANK; :func:`init_distributed` then joins the process group
 (NCCL on CUDA, gloo on CPU). Without those variables everything runs in one process
 (rank 0 of 1). Every rank trains on its own shard of each epoch's batches; DDP averages the
-gradients; only rank 0 writes files.
+gradients; only rank 0 writes files. Rank 0 also prepares the data (BPE, vocabularies, the
+encoded corpus) in the model directory, which the other ranks then read: on several nodes the
+model directory must be on a shared file system.
 """
 from __future__ import annotations
 
@@ -39,9 +41,17 @@ class DistributedContext:
             dist.barrier()
 
     def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum of `value` over all ranks (in place; returns it)."""
+        """Sum of CPU tensor `value` over all ranks (in place; returns it).
+
+        NCCL reduces CUDA tensors only: there the value makes a round trip to the GPU.
+        """
         if self.enabled:
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            if dist.get_backend() == "nccl":
+                on_gpu = value.to(torch.device("cuda", torch.cuda.current_device()))
+                dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+                value.copy_(on_gpu.cpu())
+            else:
+                dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
 
 
