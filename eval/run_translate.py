@@ -80,12 +80,25 @@ def describe(model_dir: str) -> Dict[str, str]:
     metrics = os.path.join(model_dir, "fwd", "metrics.tsv")
     if os.path.isfile(metrics):
         with open(metrics, encoding="utf-8") as handle:
-            rows = handle.read().splitlines()
-        if len(rows) > 1:
-            updates = rows[-1].split("\t")[0]
+            header, *rows = [line.split("\t") for line in handle.read().splitlines()]
+        if rows:
+            updates = f"{best_update(header, rows)} of {rows[-1][0]}"
     return {"kind": config["model_kind"], "markov": str(model.get("markov_order", 0)),
             "size": f"{model['d_model']}d {model['enc_layers']}+{model['dec_layers']}L",
             "updates": updates, "seed": str(config.get("seed", "?"))}
+
+
+def best_update(header: List[str], rows: List[List[str]]) -> str:
+    """Update of the checkpoint kept as params.best (aligner.model_dir: lowest validation
+    AER, else lowest validation perplexity, else the last)."""
+    for column in ("valid_aer", "valid_ppl"):
+        if column in header:
+            k = header.index(column)
+            scored = [(float(row[k]), int(row[0])) for row in rows
+                      if len(row) > k and row[k] not in ("", "-")]
+            if scored:
+                return str(min(scored)[1])
+    return rows[-1][0]
 
 
 def timed_translate(loaded, lines: List[str], args, device: torch.device):
@@ -198,7 +211,7 @@ def quality(args: argparse.Namespace) -> None:
         f"Speed ratio = lines/s relative to `{args.baseline}` in this run. "
         f"Length ratio = hypothesis / reference length (sacrebleu 13a tokens).  ",
         f"Signatures: {base['bleu_sig']}; {base['ter_sig']}", "",
-        "| model | kind | Markov k | size | updates | seed | BLEU | TER | length ratio | "
+        "| model | kind | Markov k | size | best at update | seed | BLEU | TER | length ratio | "
         "lines/s | subwords/s | speed vs baseline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
