@@ -11,10 +11,11 @@ and peak memory, then symmetrizes and scores the two files with the project's ow
 * ``eflomal`` (PyPI ``eflomal``): ``eflomal-align -s SRC -t TGT -f FWD -r REV`` with its own
   defaults (IBM1+HMM+fertility, 3 samplers, no priors), as a user runs it. Both output files
   are in source–target order (eflomal README).
-* ``fast_align`` from a ``fast_align`` binary on PATH (github.com/clab/fast_align, built by
+* ``fast_align-binary``: a ``fast_align`` binary on PATH (github.com/clab/fast_align, built by
   the user): ``fast_align -i JOINT -d -o -v`` and the same with ``-r`` (the settings its README
   recommends); it prints source–target links in both directions.
-* ``fast_align`` from PyPI ``systran-align`` (used when no binary is on PATH). That package
+* ``fast_align-systran``: PyPI ``systran-align``. Plain ``fast_align`` means the binary when
+  one is on PATH, this package otherwise (there is no fast_align binary on PyPI). The package
   trains fast_align in both directions (``generate_alignment_probabilities``) but its aligner
   returns only its own grow-diag-final-and symmetrization. To get the two directions, this
   module reads the two lexical tables it writes and applies fast_align's decision rule (see
