@@ -69,7 +69,7 @@ from aligner.models import hmm_algorithms
 from aligner.models.base import AlignmentModel
 from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHeadAttention,
                                         TransformerConfig, decoder_self_attention)
-from aligner.utils import AlignerError, check_condition
+from aligner.utils import check_condition
 
 
 FORWARD_ALGORITHMS = {"loop": hmm_algorithms.forward_log_z,
