@@ -103,6 +103,12 @@ class Corpus:
         return len(self.sources)
 
 
+def _check_no_separator(tokens: Sequence[str], path: str, line_no: int) -> None:
+    """A '|||' token would split the joint file's line in the wrong place (fast_align)."""
+    check_condition("|||" not in tokens, f"{path}:{line_no}: the token '|||' cannot be "
+                                         "written to a 'source ||| target' file")
+
+
 def build_corpus(train: Sequence[Tuple[str, str]],
                  gold: Sequence[Tuple[str, str, str, str]],
                  workdir: str, train_limit: Optional[int] = None) -> Corpus:
@@ -113,8 +119,8 @@ def build_corpus(train: Sequence[Tuple[str, str]],
     them) and counted in ``n_dropped``; the gold sentences are kept line for line, so gold line
     k is corpus line ``offset + k``. Writes ``corpus.{src,tgt,joint}`` (joint =
     ``source ||| target``) and ``gold.{src,tgt}`` (all gold sentences) into ``workdir``.
-    Raises AlignerError naming file and line for unequal line counts, an empty gold sentence
-    or a gold link outside its sentence pair.
+    Raises AlignerError naming file and line for unequal line counts, an empty gold sentence,
+    a gold link outside its sentence pair or a ``|||`` token.
     """
     check_condition(bool(gold), "give at least one gold set (--gold)")
     sources: List[List[str]] = []
@@ -122,9 +128,11 @@ def build_corpus(train: Sequence[Tuple[str, str]],
     dropped = 0
     for src_path, tgt_path in train:
         bitext = read_bitext(source=src_path, target=tgt_path)
-        for src, tgt in zip(bitext.source, bitext.target):
+        for line_no, (src, tgt) in enumerate(zip(bitext.source, bitext.target), start=1):
             if train_limit is not None and len(sources) >= train_limit:
                 break
+            _check_no_separator(src, src_path, line_no)
+            _check_no_separator(tgt, tgt_path, line_no)
             if not src or not tgt:
                 dropped += 1
                 continue
@@ -144,6 +152,8 @@ def build_corpus(train: Sequence[Tuple[str, str]],
             check_condition(bool(src) and bool(tgt),
                             f"{src_path if not src else tgt_path}:{line_no}: empty gold "
                             "sentence (the peers cannot align it)")
+            _check_no_separator(src, src_path, line_no)
+            _check_no_separator(tgt, tgt_path, line_no)
             check_links_in_range(links.possible, len(src), len(tgt), gold_path, line_no)
         gold_sets.append(GoldSet(name, src_path, tgt_path, gold_path, len(sources), golds))
         sources.extend(bitext.source)

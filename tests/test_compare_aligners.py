@@ -98,6 +98,9 @@ def test_build_corpus_rejects_bad_gold_sets_naming_file_and_line(small_files):
         ca.build_corpus([train], [("one", g1[0], empty_tgt, g1[2])], str(tmp_path))
     with pytest.raises(AlignerError, match="given twice"):
         ca.build_corpus([train], [("one", *g1), ("one", *g1)], str(tmp_path))
+    bar = write(tmp_path / "bar.src", ["a b", "c |||", "d", "e"])
+    with pytest.raises(AlignerError, match=r"bar\.src:2: the token '\|\|\|'"):
+        ca.build_corpus([(bar, train[1])], [("one", *g1)], str(tmp_path))
     uneven = write(tmp_path / "uneven.tgt", ["A B"])
     with pytest.raises(AlignerError, match=r"uneven\.tgt:2: line counts differ"):
         ca.build_corpus([(train[0], uneven)], [("one", *g1)], str(tmp_path))
