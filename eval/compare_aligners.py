@@ -322,6 +322,9 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
     """Run the steps of one system (a step already in ``cache`` is not rerun), then score."""
     result = SystemResult(run.label, run.version, run.settings, notes=list(run.notes))
     log_path = os.path.join(workdir, "log.txt")
+    agreement = os.path.join(workdir, peers.AGREEMENT)
+    if os.path.exists(agreement):  # left by an earlier run in the same folder
+        os.unlink(agreement)
     for step in run.steps:
         key = tuple(step.argv)
         if key in cache:
@@ -344,7 +347,6 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
         result.status = f"failed: {error}"
         return result
     result.scores = score_directions(forward, reverse, corpus, workdir)
-    agreement = os.path.join(workdir, peers.AGREEMENT)
     if os.path.exists(agreement):
         with open(agreement, encoding="utf-8") as handle:
             agree, total = handle.read().split()
