@@ -101,11 +101,11 @@ def best_update(header: List[str], rows: List[List[str]]) -> str:
     return rows[-1][0]
 
 
-def timed_translate(loaded, lines: List[str], args, device: torch.device):
+def timed_translate(loaded, lines: List[str], beam: int, args, device: torch.device):
     """(translations, seconds) with one warm-up call on the first lines."""
     from aligner.translate import translate
 
-    settings = dict(direction="fwd", beam=args.beam, max_len_a=args.max_len_a,
+    settings = dict(direction="fwd", beam=beam, max_len_a=args.max_len_a,
                     max_len_b=args.max_len_b, max_tokens=args.max_tokens, device=device)
     translate(loaded, lines[:8], **settings)                       # warm-up (CUDA init etc.)
     if device.type == "cuda":
@@ -144,7 +144,8 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-src", nargs="*", default=[],
                         help="Training source files: the slice must not occur in them.")
     parser.add_argument("--allow-overlap", action="store_true")
-    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--beam", type=int, nargs="+", default=[5],
+                        help="Beam size(s): one row per model and beam.")
     parser.add_argument("--max-len-a", type=float, default=1.5)
     parser.add_argument("--max-len-b", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=8000)
@@ -173,27 +174,28 @@ def quality(args: argparse.Namespace) -> None:
         sys.exit(f"{overlap} test lines occur in the training files; pick another slice")
 
     rows = []
-    for name, model_dir in args.model:
+    for (name, model_dir), beam in [(m, b) for m in args.model for b in args.beam]:
         loaded = LoadedModelDir.load(model_dir, ("fwd",), "best", device)
-        results, seconds = timed_translate(loaded, sources, args, device)
+        results, seconds = timed_translate(loaded, sources, beam, args, device)
         hypotheses = [r.text for r in results]
         if args.save_translations:
             os.makedirs(args.save_translations, exist_ok=True)
-            with atomic_output(os.path.join(args.save_translations, f"{name}.txt")) as out:
+            path = os.path.join(args.save_translations, f"{name}.beam{beam}.txt")
+            with atomic_output(path) as out:
                 out.writelines(h + "\n" for h in hypotheses)
         bleu_metric, ter_metric = BLEU(), TER()
         bleu = bleu_metric.corpus_score(hypotheses, [references])
         ter = ter_metric.corpus_score(hypotheses, [references])
         subwords = sum(len(r.subwords) for r in results)
-        rows.append({"name": name, **describe(model_dir), "bleu": bleu.score, "ter": ter.score,
+        rows.append({"name": name, "beam": beam, **describe(model_dir), "bleu": bleu.score, "ter": ter.score,
                      "ratio": bleu.sys_len / max(1, bleu.ref_len), "seconds": seconds,
                      "lines_s": len(sources) / seconds, "subwords_s": subwords / seconds,
                      "bleu_sig": str(bleu_metric.get_signature()),
                      "ter_sig": str(ter_metric.get_signature())})
-        print(f"{name}: BLEU {bleu.score:.2f} TER {ter.score:.2f} in {seconds:.1f}s",
+        print(f"{name}, beam {beam}: BLEU {bleu.score:.2f} TER {ter.score:.2f} in {seconds:.1f}s",
               file=sys.stderr)
         del loaded
-    base = next(row for row in rows if row["name"] == args.baseline)
+    base = next(row for row in rows if row["name"] == args.baseline)   # at the first beam
 
     device_text = (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)")
@@ -204,20 +206,21 @@ def quality(args: argparse.Namespace) -> None:
         f"`{args.ref}`" + ("" if overlap is None else
                            f"; {overlap} of them occur in the training files "
                            f"({', '.join(f'`{p}`' for p in args.train_src)})") + "  ",
-        f"Decoding: beam {args.beam}, max length {args.max_len_a} x source + {args.max_len_b} "
+        f"Decoding: beam {' and '.join(map(str, args.beam))}, max length {args.max_len_a} x source + {args.max_len_b} "
         f"subwords, length-normalized scores, max {args.max_tokens} beam x source tokens per "
         f"batch; device {device_text}, torch {torch.__version__}. Times exclude model loading "
         f"and one warm-up call.  ",
-        f"Speed ratio = lines/s relative to `{args.baseline}` in this run. "
+        f"Speed ratio = lines/s relative to `{args.baseline}` with beam {args.beam[0]} in "
+        f"this run. "
         f"Length ratio = hypothesis / reference length (sacrebleu 13a tokens).  ",
         f"Signatures: {base['bleu_sig']}; {base['ter_sig']}", "",
-        "| model | kind | Markov k | size | best at update | seed | BLEU | TER | length ratio | "
-        "lines/s | subwords/s | speed vs baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | kind | Markov k | size | best at update | seed | beam | BLEU | TER | "
+        "length ratio | lines/s | subwords/s | speed vs baseline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| {row['name']} | {row['kind']} | {row['markov']} | {row['size']} | "
-                     f"{row['updates']} | {row['seed']} | {row['bleu']:.2f} | {row['ter']:.2f} | "
+                     f"{row['updates']} | {row['seed']} | {row['beam']} | {row['bleu']:.2f} | {row['ter']:.2f} | "
                      f"{row['ratio']:.3f} | {row['lines_s']:.1f} | {row['subwords_s']:.0f} | "
                      f"{row['lines_s'] / base['lines_s']:.2f} |")
     with atomic_output(args.output) as out:
