@@ -447,3 +447,32 @@ def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind):
             assert len(alignments) == len(sources)
             for links, source, target in zip(alignments, sources, targets):
                 assert all(i < len(source) and j < len(target) for i, j in links)
+
+
+def test_hmm_context_is_the_alpha_weighted_sum_outside_the_nonlinearity():
+    """c_i = Σ_j α_h(j|i) · W1·relu(W2·h_j + W3·s_i), per head slice, computed with loops."""
+    from aligner.models.direct_hmm import HMMContext
+    torch.manual_seed(0)
+    layer = HMMContext(d_model=8, n_heads=2, dropout=0.0).eval()
+    s, memory = torch.randn(2, 3, 8), torch.randn(2, 4, 8)
+    pad = torch.tensor([[False] * 4, [False, False, True, True]])
+    with torch.no_grad():
+        context, alpha = layer(s, memory, pad)
+        assert torch.allclose(alpha.sum(-1), torch.ones(2, 2, 3), atol=1e-6)
+        assert torch.all(alpha[1, :, :, 2:] == 0)
+        for b in range(2):
+            for i in range(3):
+                mixed = torch.zeros(8)
+                for j in range(4):
+                    feature = F.relu(layer.w2(memory[b, j]) + layer.w3(s[b, i]))
+                    for h in range(2):
+                        head = slice(4 * h, 4 * h + 4)
+                        mixed[head] += alpha[b, h, i, j] * feature[head]
+                assert torch.allclose(context[b, i], layer.w1(mixed), atol=1e-5)
+
+
+def test_sampled_candidates_keep_every_observed_word_when_the_sample_is_smaller():
+    model = _model(ZeroOrderHMM, lexicon_sample=3)
+    _, _, tgt_out = _batch(PAIRS)
+    candidates = model.candidate_words(tgt_out)
+    assert candidates.tolist() == sorted(set(tgt_out.flatten().tolist()))
