@@ -13,6 +13,7 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      .lock                only while a training process writes the directory (its pid)
       base/                alignment-layer only: the stage-1 transformer model directory (the
                            layer's params files hold the base weights too; extraction needs
                            only the top level)
