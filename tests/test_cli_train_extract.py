@@ -240,3 +240,15 @@ def test_tokenize_and_lowercase_reach_training_and_extraction(tmp_path):
     # every tokenized target word is linked (its subwords may link to several source words)
     assert {j for _, j in links} == {0, 1, 2, 3, 4}
     assert all(i < 4 for i, _ in links)
+
+
+def test_train_refuses_a_directory_another_process_writes(tmp_path, corpus):
+    import os
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / ".lock").write_text(f"{os.getppid()}\n")
+    line = error_line(run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+                          "--max-updates", 1, *TINY, ok=False))
+    assert f"another training process (pid {os.getppid()}) is writing this directory" in line
+    assert os.listdir(model) == [".lock"]  # nothing touched

@@ -302,3 +302,17 @@ def test_run_lock_refuses_a_live_writer_and_takes_over_a_stale_one(tmp_path):
     assert prepare_output_dir(str(tmp_path), resume=False, overwrite=False) is False
     release_lock(path)
     assert not lock.exists()
+
+
+def test_without_gold_the_best_checkpoint_has_the_lowest_perplexity(tmp_path):
+    corpus, pre, src_vocab, tgt_vocab, (sources, targets, _) = make_data(tmp_path)
+    pairs = [encode_pair(pre, src_vocab, tgt_vocab, s, t) for s, t in zip(sources, targets)]
+    trainer = Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd",
+                      config(max_updates=6, checkpoint_interval=2), str(tmp_path / "fwd"), CPU,
+                      validation=Validation(pairs[:6]), progress=False)
+    summary = trainer.run()
+    ppls = [row["valid_ppl"] for row in summary.metrics]
+    assert all(row["valid_aer"] is None for row in summary.metrics)
+    assert summary.best_score == min(ppls) and len(ppls) == 3
+    rows = (tmp_path / "fwd" / C.METRICS_NAME).read_text().splitlines()[1:]
+    assert all(row.split("\t")[5] == "-" for row in rows)  # no AER column value
