@@ -21,7 +21,7 @@ no line is ever dropped or shifted. This module returns objects and never writes
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -213,7 +213,7 @@ def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
     return pairs
 
 
-def extract_all(loaded: LoadedModelDir, bitext: Bitext, method: str,
+def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 directions: Sequence[str] = C.DIRECTIONS,
                 heuristics: Sequence[str] = (C.DEFAULT_HEURISTIC,),
                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
@@ -222,8 +222,11 @@ def extract_all(loaded: LoadedModelDir, bitext: Bitext, method: str,
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
     heuristics only when both directions are), each a list with one source–target link set
-    per input line, in input order.
+    per input line, in input order. `loaded` may be a model directory path (loaded on `device`,
+    best checkpoint, only the directions asked for).
     """
+    if isinstance(loaded, str):
+        loaded = LoadedModelDir.load(loaded, directions, "best", device)
     pairs = encode_bitext(loaded, bitext)
     out: Dict[str, List[Set[Link]]] = {}
     for direction in directions:
@@ -235,11 +238,15 @@ def extract_all(loaded: LoadedModelDir, bitext: Bitext, method: str,
     return out
 
 
-def extract(loaded: LoadedModelDir, bitext: Bitext, method: str, direction: str = "both",
+def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
+            direction: str = "both",
             heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None) -> List[Set[Link]]:
-    """Word-level source–target links per input line: one direction, or both symmetrized."""
+    """Word-level source–target links per input line: one direction, or both symmetrized.
+
+    `loaded`: a :class:`LoadedModelDir` or a model directory path.
+    """
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
                            device, options)[heuristic]

@@ -206,6 +206,7 @@ def test_extract_from_model_directory_symmetrizes_and_warns(tmp_path, caplog):
         assert {j for _, j in everything["fwd"][k]} == set(range(len(tgt[k])))
         assert {i for i, _ in everything["rev"][k]} == set(range(len(src[k])))
     assert extract(loaded, bitext, "attention", "rev") == everything["rev"]
+    assert extract(str(directory), bitext, "attention", "rev") == everything["rev"]  # a path
     assert extract(loaded, bitext, "attention") == everything["grow-diag"]
 
 
