@@ -149,6 +149,8 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len-a", type=float, default=1.5)
     parser.add_argument("--max-len-b", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="Timed runs per model and beam, interleaved (the fastest counts).")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default).")
     parser.add_argument("--output", default=None, help="Markdown file (default: stdout).")
@@ -173,10 +175,19 @@ def quality(args: argparse.Namespace) -> None:
     if overlap and not args.allow_overlap:
         sys.exit(f"{overlap} test lines occur in the training files; pick another slice")
 
+    runs = [(name, model_dir, beam) for name, model_dir in args.model for beam in args.beam]
+    loaded = {name: LoadedModelDir.load(model_dir, ("fwd",), "best", device)
+              for name, model_dir in args.model}
+    outputs, seconds = {}, {}
+    for repeat in range(args.repeats):     # interleaved: load changes hit every model alike
+        for name, _, beam in runs:
+            results, took = timed_translate(loaded[name], sources, beam, args, device)
+            outputs.setdefault((name, beam), results)
+            seconds[name, beam] = min(seconds.get((name, beam), float("inf")), took)
+            print(f"run {repeat + 1}: {name}, beam {beam}: {took:.1f}s", file=sys.stderr)
     rows = []
-    for (name, model_dir), beam in [(m, b) for m in args.model for b in args.beam]:
-        loaded = LoadedModelDir.load(model_dir, ("fwd",), "best", device)
-        results, seconds = timed_translate(loaded, sources, beam, args, device)
+    for name, model_dir, beam in runs:
+        results, took = outputs[name, beam], seconds[name, beam]
         hypotheses = [r.text for r in results]
         if args.save_translations:
             os.makedirs(args.save_translations, exist_ok=True)
@@ -187,14 +198,13 @@ def quality(args: argparse.Namespace) -> None:
         bleu = bleu_metric.corpus_score(hypotheses, [references])
         ter = ter_metric.corpus_score(hypotheses, [references])
         subwords = sum(len(r.subwords) for r in results)
-        rows.append({"name": name, "beam": beam, **describe(model_dir), "bleu": bleu.score, "ter": ter.score,
-                     "ratio": bleu.sys_len / max(1, bleu.ref_len), "seconds": seconds,
-                     "lines_s": len(sources) / seconds, "subwords_s": subwords / seconds,
+        rows.append({"name": name, "beam": beam, **describe(model_dir), "bleu": bleu.score,
+                     "ter": ter.score, "ratio": bleu.sys_len / max(1, bleu.ref_len),
+                     "seconds": took, "lines_s": len(sources) / took,
+                     "subwords_s": subwords / took,
                      "bleu_sig": str(bleu_metric.get_signature()),
                      "ter_sig": str(ter_metric.get_signature())})
-        print(f"{name}, beam {beam}: BLEU {bleu.score:.2f} TER {ter.score:.2f} in {seconds:.1f}s",
-              file=sys.stderr)
-        del loaded
+        print(f"{name}, beam {beam}: BLEU {bleu.score:.2f} TER {ter.score:.2f}", file=sys.stderr)
     base = next(row for row in rows if row["name"] == args.baseline)   # at the first beam
 
     device_text = (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -209,7 +219,7 @@ def quality(args: argparse.Namespace) -> None:
         f"Decoding: beam {' and '.join(map(str, args.beam))}, max length {args.max_len_a} x source + {args.max_len_b} "
         f"subwords, length-normalized scores, max {args.max_tokens} beam x source tokens per "
         f"batch; device {device_text}, torch {torch.__version__}. Times exclude model loading "
-        f"and one warm-up call.  ",
+        f"and one warm-up call; fastest of {args.repeats} interleaved run(s).  ",
         f"Speed ratio = lines/s relative to `{args.baseline}` with beam {args.beam[0]} in "
         f"this run. "
         f"Length ratio = hypothesis / reference length (sacrebleu 13a tokens).  ",
