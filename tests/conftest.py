@@ -31,3 +31,22 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _restore_aligner_logger():
+    """Undo what a command's setup_logging did to the global ``aligner`` logger.
+
+    Commands run in-process through CliRunner set ``propagate = False`` and attach their own
+    handlers (right for a CLI); without this, later tests' ``caplog`` would see nothing.
+    """
+    import logging
+
+    logger = logging.getLogger("aligner")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    yield
+    for handler in list(logger.handlers):
+        if handler not in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+    logger.propagate, logger.level = propagate, level
