@@ -442,11 +442,23 @@ def tokenize_bitext(pre: "Preprocessor", bitext: Bitext) -> Tuple[List[List[str]
             [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
 
 
+def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
+                     data_config) -> None:
+    """Encode the training corpus into MODEL_DIR/corpus and save prep, BPE and vocabularies."""
+    from aligner.data import encode_corpus
+
+    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
+                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
+                  max_ratio=data_config.max_ratio)
+    pre.save(model_dir)
+    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
+    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+
+
 def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
                   data_config: DataConfig, seed: int
                   ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
     """Learn BPE, build vocabularies, encode the corpus into MODEL_DIR/corpus (rank 0 only)."""
-    from aligner.data import encode_corpus
     from aligner.prep import Preprocessor
 
     start = time.time()
@@ -456,12 +468,7 @@ def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
     tgt_vocab = Vocabulary.build(pre.segment(words, "tgt").subwords for words in target if words)
     logger.info("vocabularies: %d source and %d target subwords (with 4 specials)",
                 len(src_vocab), len(tgt_vocab))
-    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
-                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
-                  max_ratio=data_config.max_ratio)
-    pre.save(model_dir)
-    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
-    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config)
     logger.info("preparation took %.1fs", time.time() - start)
     return pre, src_vocab, tgt_vocab
 
@@ -638,18 +645,12 @@ def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_confi
                        ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
     """Stage 2: the base's preprocessing and vocabularies (copied into `model_dir`) and the
     training corpus encoded with them into MODEL_DIR/corpus (rank 0 only)."""
-    from aligner.data import encode_corpus
     from aligner.prep import Preprocessor
 
     pre = Preprocessor.load(base_dir)
     src_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_SRC))
     tgt_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_TGT))
     source, target = tokenize_bitext(pre, bitext)
-    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
-                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
-                  max_ratio=data_config.max_ratio)
-    pre.save(model_dir)
-    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
-    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config)
     logger.info("preprocessing and vocabularies of the base %s", base_dir)
     return pre, src_vocab, tgt_vocab

@@ -188,7 +188,7 @@ def plan_peer(peer: str, source: str, target: str, joint: str, first_gold_line: 
                          "5 iterations; directions decoded from its tables",
                 steps=[Step("train+decode", argv)], forward=forward, reverse=reverse,
                 first_line=first_gold_line)
-        raise ValueError(fast_align_available())
+        raise ValueError(unavailable_reason(peer))
     raise ValueError(f"unknown peer {peer!r}")
 
 

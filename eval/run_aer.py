@@ -163,7 +163,7 @@ def main(argv: List[str]) -> int:
     lines.append(f"- model directory: `{args.model_dir}` ({config.model_kind}, checkpoint "
                  f"`{args.checkpoint}`), model: " + ", ".join(
                      f"{k}={v}" for k, v in sorted(config.models[config.directions[0]].items())))
-    lines.append(f"- preprocessing: " + ", ".join(f"{k}={v}" for k, v in sorted(
+    lines.append("- preprocessing: " + ", ".join(f"{k}={v}" for k, v in sorted(
         config.prep.items())))
     training = config.training.to_dict()
     lines.append("- training: " + ", ".join(f"{k}={v}" for k, v in sorted(training.items())))
