@@ -1,0 +1,157 @@
+"""The Python API: load a trained model directory once, align lists of sentences.
+
+Example (a model directory written by ``align train``)::
+
+    from aligner import Aligner
+
+    aligner = Aligner.load("model")                      # both directions, best checkpoint
+    links = aligner.align(["das Haus ist klein"], ["the house is small"])
+    # links == [{(0, 0), (1, 1), (2, 2), (3, 3)}]        (source word i, target word j)
+    links, probs = aligner.align([["das", "Haus"]], [["the", "house"]],
+                                 return_probabilities=True)[0]
+    probs["fwd"].shape == (2, 2)                         # (source words, target words)
+
+Everything runs through :mod:`aligner.inference` (the code path of ``align extract``), so the
+API and the command line give identical links. Indices are 0-based word positions of the
+(tokenized) input, always source–target, whatever the direction.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
+
+from aligner import constants as C
+from aligner.utils import AlignerError, check_condition
+
+Link = Tuple[int, int]
+Sentence = Union[str, Sequence[str]]
+#: what ``align(..., return_probabilities=True)`` gives per sentence pair
+LinksAndProbabilities = Tuple[Set[Link], Dict[str, np.ndarray]]
+
+
+def _as_words(sentences: Sequence[Sentence], name: str) -> List[List[str]]:
+    """A list of sentences (strings split on whitespace, or lists of words) -> word lists."""
+    if isinstance(sentences, str):
+        raise AlignerError(f"{name}: expected a list of sentences, got one string (wrap it in a "
+                           "list: [sentence])")
+    words = []
+    for k, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            words.append(sentence.split())
+        elif isinstance(sentence, (list, tuple)) and all(isinstance(w, str) for w in sentence):
+            words.append(list(sentence))
+        else:
+            raise AlignerError(f"{name}[{k}]: a sentence must be a string or a list of strings, "
+                               f"not {type(sentence).__name__}")
+    return words
+
+
+class Aligner:
+    """A loaded model directory that aligns tokenized sentence pairs.
+
+    Build it with :meth:`load`. ``loaded`` is the :class:`aligner.model_dir.LoadedModelDir`
+    (models per direction, preprocessor, vocabularies); ``device`` the torch device used.
+    """
+
+    def __init__(self, loaded: Any, device: Any) -> None:
+        self.loaded = loaded
+        self.device = device
+
+    @classmethod
+    def load(cls, model_dir: str, device: str = "auto", checkpoint: str = "best",
+             directions: Sequence[str] = C.DIRECTIONS) -> "Aligner":
+        """Load `model_dir` (``align train`` output) on `device` (auto, cpu, cuda, cuda:N).
+
+        `checkpoint`: "best" or "last" weights; `directions`: which models to load (both by
+        default; one is enough for ``direction="fwd"`` or ``"rev"``). Errors (no such directory,
+        missing files, CUDA asked for but absent) raise :class:`aligner.utils.AlignerError`.
+        """
+        from aligner.distributed import resolve_device
+        from aligner.model_dir import LoadedModelDir
+
+        torch_device = resolve_device(device)
+        return cls(LoadedModelDir.load(model_dir, tuple(directions), checkpoint, torch_device),
+                   torch_device)
+
+    @property
+    def model_kind(self) -> str:
+        """``transformer``, ``alignment-layer``, ``hmm0`` or ``hmm1``."""
+        return self.loaded.config.model_kind
+
+    @property
+    def methods(self) -> Tuple[str, ...]:
+        """Extraction methods of this model kind; the first is the default."""
+        return next(iter(self.loaded.models.values())).METHODS
+
+    @property
+    def directions(self) -> Tuple[str, ...]:
+        """The directions loaded ("fwd" models p(target | source), "rev" p(source | target))."""
+        return tuple(self.loaded.models)
+
+    def words(self, sentence: Sentence, side: str) -> List[str]:
+        """The words the model sees for one sentence of `side` ("src" or "tgt"): the input
+        split on whitespace, re-tokenized/lowercased when the model was trained with
+        --tokenize/--lowercase. Link indices and matrix rows/columns refer to these words."""
+        words = _as_words([sentence], side)[0]
+        pre = self.loaded.preprocessor
+        if pre.config.tokenize or pre.config.lowercase:
+            return pre.tokenize_line(" ".join(words), side)
+        return words
+
+    def align(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
+              method: Optional[str] = None, direction: str = "both",
+              heuristic: str = C.DEFAULT_HEURISTIC, return_probabilities: bool = False,
+              max_tokens: int = 4000, **method_options: Any
+              ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
+        """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
+
+        src, tgt: equally long lists of sentences; a sentence is a string (split on
+            whitespace) or a list of words. An empty sentence gets an empty link set.
+        method: one of :attr:`methods` (default: the first, as ``align extract``).
+        direction: "fwd", "rev" or "both" (both directions, combined by `heuristic`, one of
+            intersect, union, grow-diag, grow-diag-final, grow-diag-final-and).
+        method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
+            ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
+
+        Returns a list with one set of ``(i, j)`` links per pair (i = 0-based source word,
+        j = 0-based target word). With ``return_probabilities=True`` each entry is instead a
+        tuple ``(links, probabilities)`` where ``probabilities`` maps each direction used
+        ("fwd" and/or "rev") to a float32 array of shape (source words, target words): the
+        method's word-level soft alignment (for "fwd" every target column sums to 1 over the
+        source words, for "rev" every source row sums to 1 over the target words; see
+        :func:`aligner.inference.soft_alignments`). A pair that cannot be aligned (empty side,
+        too long for the model) gets zeros.
+        """
+        from aligner.formats import Bitext, check_same_length
+        from aligner.inference import align_pairs, encode_bitext, soft_alignments
+        from aligner.symmetrize import symmetrize
+
+        src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
+        check_same_length("src", len(src_words), "tgt", len(tgt_words))
+        check_condition(direction in C.DIRECTIONS + ("both",),
+                        f"direction must be fwd, rev or both, not '{direction}'")
+        check_condition(heuristic in C.HEURISTICS, f"unknown heuristic '{heuristic}' (choose "
+                                                   f"from {', '.join(C.HEURISTICS)})")
+        directions = C.DIRECTIONS if direction == "both" else (direction,)
+        missing = [d for d in directions if d not in self.loaded.models]
+        check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "
+                                     f"Aligner.load(..., directions={tuple(directions)}))")
+        method = method or self.methods[0]
+        check_condition(method in self.methods,
+                        f"unknown method '{method}' for model kind '{self.model_kind}' "
+                        f"(choose from {', '.join(self.methods)})")
+        pairs = encode_bitext(self.loaded, Bitext(src_words, tgt_words, "src", "tgt"))
+        by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,
+                                       self.device, method_options) for d in directions}
+        if direction == "both":
+            links = [symmetrize(f, r, heuristic)
+                     for f, r in zip(by_direction["fwd"], by_direction["rev"])]
+        else:
+            links = by_direction[direction]
+        if not return_probabilities:
+            return links
+        soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
+                                   self.device, method_options) for d in directions}
+        return [(pair_links, {d: soft[d][k] for d in directions})
+                for k, pair_links in enumerate(links)]
