@@ -158,8 +158,7 @@ def test_load_errors(tmp_path):
 def test_package_import_stays_torch_free_until_aligner_is_used():
     code = ("import sys, aligner; assert 'torch' not in sys.modules; "
             "from aligner import Aligner; assert 'torch' not in sys.modules; "
-            "assert Aligner.__module__ == 'aligner.api'; "
-            ""
+            "assert Aligner.__module__ == 'aligner.api'\n"
             "try:\n    aligner.Nope\nexcept AttributeError as e:\n    print('ok', e)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
