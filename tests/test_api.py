@@ -163,3 +163,20 @@ def test_package_import_stays_torch_free_until_aligner_is_used():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "ok module 'aligner' has no attribute 'Nope'" in result.stdout
+
+
+def test_method_options_reach_the_method(tmp_path):
+    """layer-sgd with 0 steps from the forward attention is the plain layer argmax; a bad
+    option is the method's one-line error."""
+    from aligner import Aligner
+    directory, sources, targets, _ = make_model_dir(tmp_path, "alignment-layer")
+    aligner = Aligner.load(str(directory), device="cpu")
+    layer = aligner.align(sources[:4], targets[:4], "layer")
+    assert aligner.align(sources[:4], targets[:4], "layer-sgd", sgd_steps=0) == layer
+    assert aligner.align(sources[:4], targets[:4], "layer-sgd", sgd_steps=0,
+                         init="random") != layer
+    with pytest.raises(AlignerError, match="unknown method 'hmm-posterior' for model kind "
+                                           "'alignment-layer'"):
+        aligner.align(sources[:1], targets[:1], "hmm-posterior")
+    with pytest.raises(AlignerError, match="method 'layer' takes no option"):
+        aligner.align(sources[:1], targets[:1], "layer", sgd_steps=2)

@@ -128,3 +128,16 @@ def test_missing_matplotlib_is_one_line_naming_pip(setup, monkeypatch):
     assert result.exit_code == 1
     assert result.output.strip() == ("align: error: drawing needs matplotlib: pip install "
                                      "matplotlib (or pip install 'aligner[plot]')")
+
+
+@pytest.mark.parametrize("kind", ["hmm0", "hmm1", "alignment-layer"])
+def test_every_model_kind_gets_one_panel_per_method(tmp_path, kind):
+    from aligner.plot import figure_size
+    directory, sources, targets, golds = make_model_dir(tmp_path, kind)
+    src, tgt, gold = write_corpus(tmp_path, "x", sources[:2], targets[:2], golds[:2])
+    out = tmp_path / "kind.png"
+    result = run(directory, "-s", src, "-t", tgt, "-n", 2, "-g", gold, "-o", out, "--dpi", 30,
+                 "--direction", "rev", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    width, height = figure_size(len(MODELS[kind].METHODS), len(sources[1]), len(targets[1]))
+    assert png_size(out) == (round(width * 30), round(height * 30))
