@@ -8,6 +8,7 @@ when drawing (the Agg canvas, so no display and no global pyplot state).
 """
 from __future__ import annotations
 
+import importlib
 import math
 from typing import IO, Optional, Sequence, Tuple
 
@@ -25,7 +26,7 @@ MAX_COLUMNS = 2
 def require_matplotlib() -> None:
     """One-line error when the optional extra is missing."""
     try:
-        import matplotlib  # noqa: F401
+        importlib.import_module("matplotlib")
     except ImportError:
         raise AlignerError("drawing needs matplotlib: pip install matplotlib "
                            "(or pip install 'aligner[plot]')") from None
