@@ -1,0 +1,63 @@
+"""Symmetrization of two directions' soft alignments by averaging them (posterior decoding).
+
+The Moses heuristics (aligner.symmetrize) see only each direction's hard links. A method that
+gives a probability per link (HMM posteriors, attention, the alignment layer) can instead be
+combined before any decision is taken, as in posterior decoding of the HMM (Liang, Taskar &
+Klein 2006, "Alignment by agreement", §4: link where the posterior exceeds a threshold) with
+the two directions averaged (the "soft union" of DeNero & Macherey 2011):
+
+    link (i, j)  ⇔  ( p_fwd(i | j) + p_rev(j | i) ) / 2  >  threshold
+
+Conventions (the same as ``align extract --soft``): both matrices are word level and in
+source–target orientation, shape (I, J) for I source and J target words:
+
+* ``forward[i, j]`` = p(source word i | target word j) of the model p(target | source): each
+  column is a distribution over source words (it may sum to less than 1 when the model
+  also aligns to NULL/EOS).
+* ``reverse[i, j]`` = p(target word j | source word i) of the model p(source | target): each
+  row is a distribution over target words.
+
+The threshold trades precision for recall. At the default 0.5 a link is kept when the two
+directions together call it more likely than not; a word can still get several links (two
+source words that both put most of their probability on one target word, as the reverse
+direction allows, while the forward direction splits that word's column between them).
+Only numpy is needed.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Set, Tuple
+
+import numpy as np
+
+from aligner.utils import AlignerError
+
+Link = Tuple[int, int]
+
+SOFT_HEURISTICS = ("soft-average",)
+DEFAULT_THRESHOLD = 0.5
+
+
+def soft_average(forward: np.ndarray, reverse: np.ndarray,
+                 threshold: float = DEFAULT_THRESHOLD) -> Set[Link]:
+    """Links (i, j) whose mean of ``forward[i, j]`` and ``reverse[i, j]`` exceeds ``threshold``.
+
+    forward, reverse: (I, J) arrays, source–target orientation (see the module docstring).
+    Returns a set of 0-based (source word, target word) links. The comparison is strict.
+    """
+    forward = np.asarray(forward, dtype=np.float64)
+    reverse = np.asarray(reverse, dtype=np.float64)
+    if forward.shape != reverse.shape or forward.ndim != 2:
+        raise AlignerError(f"soft alignments of the two directions differ in shape: "
+                           f"{forward.shape} and {reverse.shape} (expected the same (source "
+                           f"words, target words))")
+    rows, cols = np.nonzero((forward + reverse) / 2.0 > threshold)
+    return {(int(i), int(j)) for i, j in zip(rows, cols)}
+
+
+def soft_average_corpus(forward: Sequence[np.ndarray], reverse: Sequence[np.ndarray],
+                        threshold: float = DEFAULT_THRESHOLD) -> List[Set[Link]]:
+    """``soft_average`` sentence by sentence; one matrix per sentence pair in each list."""
+    if len(forward) != len(reverse):
+        raise AlignerError(f"forward and reverse soft alignments differ in length: "
+                           f"{len(forward)} and {len(reverse)} sentence pairs")
+    return [soft_average(f, r, threshold) for f, r in zip(forward, reverse)]
