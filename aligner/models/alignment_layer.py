@@ -109,7 +109,9 @@ class AlignmentLayer(nn.Module):
         """
         query = self.query(states)
         key = self.key(source)
-        logits = torch.matmul(query, key.transpose(1, 2)) / self.d_model ** 0.5
+        # float32 (a no-op in fp32): under bf16 autocast the weights are probabilities that
+        # extraction and layer-sgd read, so the softmax must not run in bfloat16
+        logits = (torch.matmul(query, key.transpose(1, 2)) / self.d_model ** 0.5).float()
         logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
         return torch.softmax(logits, dim=-1) * allowed
 
