@@ -14,9 +14,22 @@ descendants (``os.wait4``; ``ru_maxrss``; see ``run_measured``). A system's time
 over its commands, its peak the maximum.
 
 Peers (``pip install -r eval/requirements-peers.txt``; see eval/peers.py) are optional: a
-missing peer gets a "not run" row. Our own aligner runs as ``--aligner-method KIND:METHOD``
-(``align train --model KIND`` once per kind, then ``align extract --method METHOD`` of each
-direction on the gold sentences; time = training + extraction).
+missing peer gets a "not run" row. Our own aligner joins in two ways:
+
+* ``--aligner-method KIND:METHOD`` trains here: ``align train --model KIND`` once per kind on
+  the corpus, then ``align extract --method METHOD`` of each direction on the gold sentences;
+  time = training + extraction, peak = the larger of the two.
+* ``--aligner-model [LABEL=]DIR:METHOD`` takes a model directory trained beforehand (both
+  directions; a directory joined from two one-direction runs works). Only ``align extract``
+  runs here. Time = the training seconds the directory records (``elapsed_s`` of the last row
+  of ``DIR/fwd/metrics.tsv`` and ``DIR/rev/metrics.tsv``, plus "preparation took" of
+  ``DIR/train.log``; for an alignment layer also its base's) + the extraction measured here;
+  the directions' times are summed even when they were trained in parallel (the notes say
+  which). Peak = extraction only. Before anything runs, the model's training text must be the
+  benchmark corpus line for line (:func:`check_training_text`: the encoded ``DIR/corpus``
+  against the benchmark corpus encoded with the model's own BPE and vocabularies; without
+  ``corpus/``, the files named in ``train.log``, or at least its pair count); a mismatch is an
+  error unless ``--allow-other-training-text``, which marks the row.
 
 Example (en-fr, 25k training pairs, dev and trial scored separately)::
 
@@ -27,6 +40,9 @@ Example (en-fr, 25k training pairs, dev and trial scored separately)::
         --gold trial ../shared/data/enfr/trial.src ../shared/data/enfr/trial.tgt \\
                      ../shared/data/enfr/trial.talp \\
         --output eval/results/compare_enfr.md
+
+and a model trained beforehand on exactly that corpus (``cat`` of train, dev, trial) added as
+``--aligner-model runs/enfr-hmm1:hmm-posterior``.
 """
 from __future__ import annotations
 
@@ -34,6 +50,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -240,6 +257,7 @@ class SystemResult:
     wall_s: float = 0.0
     peak_kib: int = 0
     status: str = "ok"  # "ok", "not run: ...", "failed: ..."
+    training_s: Optional[float] = None  # pre-trained model: recorded training, in wall_s
     scores: Dict[str, Dict[str, AERScore]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
@@ -383,7 +401,12 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               "rev = p(source|target), symmetrized by `aligner.symmetrize`",
               "- time: wall seconds of the system's commands (training and alignment of the "
               "whole corpus, or training plus extraction of the gold lines); peak: largest "
-              "resident set of one process (MiB)", ""]
+              "resident set of one process (MiB)"]
+    if any(result.training_s is not None for result in results):
+        lines.append("- pre-trained `align` rows (`--aligner-model`): time = training seconds "
+                     "recorded in the model directory (metrics.tsv, train.log) + extraction "
+                     "measured here; peak = extraction only (see the notes under Systems)")
+    lines.append("")
     for gold_set in corpus.gold_sets:
         lines += [f"## {gold_set.name}: {gold_set.gold_path} ({gold_set.size} sentence pairs, "
                   f"corpus lines {gold_set.offset + 1}-{gold_set.offset + gold_set.size})", "",
@@ -411,7 +434,8 @@ def results_json(results: Sequence[SystemResult], corpus: Corpus) -> Dict:
         "gold_sets": {g.name: {"path": g.gold_path, "offset": g.offset, "size": g.size}
                       for g in corpus.gold_sets},
         "systems": [{"label": r.label, "version": r.version, "settings": r.settings,
-                     "status": r.status, "wall_s": r.wall_s, "peak_kib": r.peak_kib,
+                     "status": r.status, "wall_s": r.wall_s, "training_s": r.training_s,
+                     "peak_kib": r.peak_kib,
                      "scores": {g: {c: s.as_dict() for c, s in cols.items()}
                                 for g, cols in r.scores.items()},
                      "notes": r.notes} for r in results],
@@ -440,6 +464,421 @@ def load_average() -> str:
     return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
+
+# ------------------------------------------------------------------------------------------
+# Pre-trained `align` models (--aligner-model): no training, extraction only; the training
+# time recorded in the model directory is added, and the training text is checked.
+
+
+@dataclass
+class ModelSpec:
+    """``--aligner-model [LABEL=]DIR:METHOD``: an existing model directory and a method."""
+
+    model_dir: str
+    method: str
+    label: Optional[str] = None
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """``DIR:METHOD`` or ``LABEL=DIR:METHOD`` (the method is after the LAST colon).
+
+    A prefix before the first ``=`` is a label unless it contains a path separator, so
+    ``runs/a=b:m`` is the directory ``runs/a=b``; a directory whose name contains ``=`` and
+    no ``/`` needs an explicit label (``LABEL=a=b:m``).
+    """
+    label: Optional[str] = None
+    rest = spec
+    head, sep, tail = spec.partition("=")
+    if sep and head and "/" not in head and os.sep not in head:
+        label, rest = head, tail
+    model_dir, sep, method = rest.rpartition(":")
+    check_condition(bool(sep and model_dir and method),
+                    f"--aligner-model '{spec}': expected DIR:METHOD or LABEL=DIR:METHOD, "
+                    "e.g. runs/enfr-hmm1:hmm-posterior")
+    return ModelSpec(model_dir, method, label)
+
+
+def last_elapsed_seconds(path: str) -> float:
+    """``elapsed_s`` of the last row of a ``metrics.tsv`` written by aligner.train.
+
+    That column is the direction's training seconds up to that checkpoint, summed over
+    resumed runs (validation included; BPE learning and corpus encoding not). AlignerError
+    naming file and line when the file has no such column or no parseable row.
+    """
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for line in handle]
+    check_condition(bool(lines) and "elapsed_s" in lines[0].split("\t"),
+                    f"{path}:1: no 'elapsed_s' column (not a metrics.tsv of `align train`)")
+    column = lines[0].split("\t").index("elapsed_s")
+    rows = [(number, line) for number, line in enumerate(lines[1:], start=2) if line.strip()]
+    check_condition(bool(rows), f"{path}: no checkpoint rows (the training never checkpointed)")
+    number, line = rows[-1]
+    cells = line.split("\t")
+    try:
+        return float(cells[column])
+    except (IndexError, ValueError):
+        raise AlignerError(f"{path}:{number}: elapsed_s is not a number") from None
+
+
+_PREPARATION = re.compile(r"preparation took ([0-9.]+)s")
+_DONE = re.compile(r"\[(fwd|rev)\] done: ")
+
+
+@dataclass
+class TrainingRecord:
+    """Training seconds recorded in a model directory, and where each number came from.
+
+    ``seconds`` maps a part (``fwd``, ``rev``, ``base fwd``, ``base rev``, ``preparation``)
+    to seconds; ``notes`` say where they were read and what is not known.
+    """
+
+    seconds: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
+                      base_dir: Optional[str] = None) -> TrainingRecord:
+    """The training time a model directory records (see :func:`last_elapsed_seconds`).
+
+    Per direction: ``DIR/DIRECTION/metrics.tsv``; the BPE/encoding step: "preparation took
+    Xs" lines of ``DIR/train.log``; for a model trained on a frozen base (alignment layer),
+    the same for ``base_dir``. Whether the directions ran one after the other in one process
+    is read from train.log ("[fwd] done", "[rev] done"); a joined directory (``fwd/`` and
+    ``rev/`` from two runs) records one run only, and the note says the sum is counted.
+    """
+    record = TrainingRecord()
+    folders = [("", model_dir)] + ([("base ", base_dir)] if base_dir else [])
+    for prefix, folder in folders:
+        read, missing = [], []
+        for direction in directions:
+            path = os.path.join(folder, direction, "metrics.tsv")
+            if os.path.isfile(path):
+                record.seconds[prefix + direction] = last_elapsed_seconds(path)
+                read.append(path)
+            else:
+                missing.append(path)
+        log_path = os.path.join(folder, "train.log")
+        log = ""
+        if os.path.isfile(log_path):
+            with open(log_path, encoding="utf-8", errors="replace") as handle:
+                log = handle.read()
+        preparation = sum(float(seconds) for seconds in _PREPARATION.findall(log))
+        if preparation:
+            key = prefix + "preparation"
+            record.seconds[key] = preparation
+        parts = ", ".join(f"{d} {record.seconds[prefix + d]:.1f} s" for d in directions
+                          if prefix + d in record.seconds)
+        if parts:
+            where = " and ".join(read)
+            record.notes.append(
+                ("trained beforehand" if not prefix else f"its base model {folder} trained "
+                 "beforehand") + f": {parts} (elapsed_s of the last row of "
+                f"{where})" + (f", BPE and corpus encoding {preparation:.1f} s ({log_path})"
+                               if preparation else "")
+                + "; counted into the time column")
+        for path in missing:
+            record.notes.append(f"training time unknown: {path} is missing (0 s counted)")
+        done = set(_DONE.findall(log))
+        if len(read) > 1:
+            if done >= set(directions):
+                record.notes.append(f"{folder}/train.log: the directions were trained one after "
+                                    "the other by one `align train` process, so their sum is "
+                                    "its training wall time")
+            else:
+                record.notes.append(f"{folder}/train.log records the training of "
+                                    f"{', '.join(sorted(done)) or 'no direction'} only: the "
+                                    "directions were trained by separate `align train` "
+                                    "processes, possibly in parallel; the time column counts "
+                                    "the sum of their training times")
+    return record
+
+
+def describe_line(corpus: Corpus, line: int) -> str:
+    """Where 0-based corpus line `line` comes from: a training pair or a gold set's line."""
+    for gold_set in corpus.gold_sets:
+        if gold_set.offset <= line < gold_set.offset + gold_set.size:
+            return f"gold set '{gold_set.name}' line {line - gold_set.offset + 1}"
+    return f"training pair {line + 1}"
+
+
+def _corpus_size(corpus: Corpus) -> str:
+    return (f"{len(corpus)} lines ({corpus.n_train} training pairs + "
+            + " + ".join(f"{g.size} {g.name}" for g in corpus.gold_sets) + ")")
+
+
+def _first_encoded_difference(trained, ours) -> Optional[Tuple[int, str]]:
+    """First 0-based input line where two EncodedCorpus differ, and how; None if equal.
+
+    Both encode the same number of input lines; a line may be kept by one and skipped (length
+    filter) by the other, or kept by both with different subword ids on one side.
+    """
+    import numpy as np
+
+    kept_a, kept_b = trained.line_numbers, ours.line_numbers
+    common = min(len(kept_a), len(kept_b))
+    unequal = np.nonzero(kept_a[:common] != kept_b[:common])[0]
+    first_kept = None
+    if len(unequal):
+        first_kept = int(min(kept_a[unequal[0]], kept_b[unequal[0]]))
+    elif len(kept_a) != len(kept_b):
+        first_kept = int((kept_a if len(kept_a) > common else kept_b)[common])
+    limit = int(unequal[0]) if len(unequal) else common
+    for k in range(limit):
+        for side, a, b in (("source", trained.source(k), ours.source(k)),
+                           ("target", trained.target(k), ours.target(k))):
+            if not np.array_equal(a, b):
+                return int(kept_a[k]), f"the {side} side differs"
+    if first_kept is not None:
+        return first_kept, "kept by the length filter in one and skipped in the other"
+    return None
+
+
+def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: str
+                          ) -> Tuple[Optional[str], str]:
+    """Compare the model's encoded training corpus with the benchmark corpus encoded by the
+    model's own preprocessing (BPE codes, vocabularies, tokenization, length filter)."""
+    from aligner.config import RunConfig
+    from aligner.data import EncodedCorpus, encode_corpus
+    from aligner.formats import Bitext
+    from aligner.prep import Preprocessor
+    from aligner.train import tokenize_bitext
+    from aligner.vocab import Vocabulary
+
+    trained = EncodedCorpus.open(folder)
+    n_input = trained.stats.n_input if trained.stats else -1
+    if n_input != len(corpus):
+        return (f"{folder}: the model was trained on {n_input} lines, the benchmark corpus has "
+                f"{_corpus_size(corpus)}"), ""
+    config = RunConfig.load(os.path.join(model_dir, "config.json"))
+    pre = Preprocessor.load(model_dir)
+    src_vocab = Vocabulary.load(os.path.join(model_dir, "vocab.src.json"))
+    tgt_vocab = Vocabulary.load(os.path.join(model_dir, "vocab.tgt.json"))
+    source, target = tokenize_bitext(pre, Bitext(corpus.sources, corpus.targets,
+                                                 corpus.source, corpus.target))
+    with tempfile.TemporaryDirectory(prefix="training-text-check.", dir=scratch) as tmp:
+        encode_corpus(pre, src_vocab, tgt_vocab, source, target, tmp,
+                      max_len=config.data.max_len, max_ratio=config.data.max_ratio)
+        difference = _first_encoded_difference(trained, EncodedCorpus.open(tmp))
+    if difference is not None:
+        line, how = difference
+        return (f"{folder}: line {line + 1} of the benchmark corpus ({describe_line(corpus, line)}"
+                f") is not the model's training line {line + 1}: {how} (compared as subword ids "
+                "of the model's own preprocessing)"), ""
+    return None, (f"training text checked: the {_corpus_size(corpus)} of the benchmark corpus, "
+                  f"encoded with the model's own BPE and vocabularies, equal its encoded "
+                  f"training corpus ({folder}) line for line")
+
+
+_BITEXT_OPTIONS = {"-s": "source", "--source": "source", "-t": "target", "--target": "target",
+                   "-i": "joint", "--input": "joint"}
+
+
+def training_files_from_log(log_path: str) -> Tuple[Optional[int], Dict[str, str]]:
+    """From an `align train` log: the number of training pairs and the bitext files it named.
+
+    Returns (pairs or None, {"source"/"target"/"joint": absolute path}); the last run logged
+    counts. Relative paths are resolved against the logged working directory.
+    """
+    pairs: Optional[int] = None
+    argv: List[str] = []
+    cwd = ""
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            message = line.split("] ", 1)[-1].rstrip("\n")
+            if message.startswith("command: "):
+                try:
+                    argv = shlex.split(message[len("command: "):])
+                except ValueError:  # the log joins argv with spaces: quotes may not balance
+                    argv = message[len("command: "):].split()
+            elif message.startswith("working directory: "):
+                cwd = message[len("working directory: "):]
+            else:
+                found = re.search(r"; (\d+) training pairs$", message)
+                if found:
+                    pairs = int(found.group(1))
+    files: Dict[str, str] = {}
+    for k, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if eq and name in _BITEXT_OPTIONS:
+            files[_BITEXT_OPTIONS[name]] = value
+        elif arg in _BITEXT_OPTIONS and k + 1 < len(argv):
+            files[_BITEXT_OPTIONS[arg]] = argv[k + 1]
+    return pairs, {key: os.path.join(cwd, path) for key, path in files.items()}
+
+
+def _check_logged_files(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
+    """Fallback for a directory without corpus/ (e.g. joined from two runs): train.log."""
+    log_path = os.path.join(model_dir, "train.log")
+    if not os.path.isfile(log_path):
+        return None, (f"training text not checked: {model_dir} has neither a corpus/ folder "
+                      "nor a train.log")
+    pairs, files = training_files_from_log(log_path)
+    if pairs is not None and pairs != len(corpus):
+        return (f"{log_path}: the model was trained on {pairs} sentence pairs, the benchmark "
+                f"corpus has {_corpus_size(corpus)}"), ""
+    names = ("joint",) if "joint" in files else ("source", "target")
+    if all(os.path.isfile(files.get(name, "")) for name in names):
+        bitext = read_bitext(**{name: files[name] for name in names})
+        if len(bitext) != len(corpus):
+            return (f"{bitext.source_name}: {len(bitext)} lines, the benchmark corpus has "
+                    f"{_corpus_size(corpus)}"), ""
+        for k, (src, tgt) in enumerate(zip(bitext.source, bitext.target)):
+            for path, words, ours in ((bitext.source_name, src, corpus.sources[k]),
+                                      (bitext.target_name, tgt, corpus.targets[k])):
+                if words != ours:
+                    return (f"{path}:{k + 1}: differs from line {k + 1} of the benchmark corpus "
+                            f"({describe_line(corpus, k)}); this file is named as training "
+                            f"text in {log_path}"), ""
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            done = set(_DONE.findall(handle.read()))
+        others = [d for d in DIRECTIONS if d not in done]
+        return None, (f"training text checked: {' and '.join(files[n] for n in names)} (named in "
+                      f"{log_path}; {model_dir} has no corpus/ folder) equal the "
+                      f"{_corpus_size(corpus)} of the benchmark corpus line for line, as they "
+                      "are now" + (f"; train.log records no {' or '.join(others)} run, whose "
+                                   "training text is not checked" if others else ""))
+    if pairs is not None:
+        return None, (f"training text not checked: {model_dir} has no corpus/ folder and the "
+                      f"training files named in {log_path} are gone; only the number of "
+                      f"training pairs ({pairs}) equals the benchmark corpus")
+    return None, (f"training text not checked: {model_dir} has no corpus/ folder and its "
+                  "train.log names no training text")
+
+
+def check_training_text(model_dir: str, corpus: Corpus, scratch: str
+                        ) -> Tuple[Optional[str], str]:
+    """Was the model in `model_dir` trained on exactly the benchmark corpus, line for line?
+
+    Returns (mismatch message or None, note saying what was checked). With ``DIR/corpus``
+    (the encoded training corpus that ``align train`` keeps), every benchmark line is encoded
+    with the model's own preprocessing and compared as subword ids, gold lines included;
+    without it (a directory joined from two one-direction runs), the training files named in
+    ``train.log`` are compared word for word when they still exist, else only the number of
+    training pairs the log records; with neither, nothing is checked and the note says so.
+    `scratch` is a folder for a temporary encoded copy.
+    """
+    folder = os.path.join(model_dir, "corpus")
+    if os.path.isfile(os.path.join(folder, "corpus.json")):
+        return _check_encoded_corpus(model_dir, folder, corpus, scratch)
+    return _check_logged_files(model_dir, corpus)
+
+
+@dataclass
+class PretrainedModel:
+    """A checked ``--aligner-model``: what to run, the recorded training, the text check."""
+
+    spec: ModelSpec
+    kind: str
+    version: str
+    training: TrainingRecord
+    text_notes: List[str]
+    mismatch: Optional[str] = None
+
+
+def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
+                    allow_other_text: bool = False,
+                    checked: Optional[Dict[str, Tuple[Optional[str], str]]] = None
+                    ) -> PretrainedModel:
+    """Check an ``--aligner-model`` before anything runs (AlignerError: one line).
+
+    The directory must hold a complete model of both directions whose kind (config.json
+    ``model_kind``) has the method; its training text must be the benchmark corpus (see
+    :func:`check_training_text`) unless `allow_other_text`, which keeps the mismatch for a
+    loud note. ``checked`` caches text checks by real path (several methods of one model).
+    """
+    from aligner.config import RunConfig
+    from aligner.model_dir import list_incomplete
+    from aligner.models import METHODS_BY_KIND
+
+    model_dir = spec.model_dir
+    what = f"--aligner-model {model_dir}:{spec.method}"
+    check_condition(os.path.isdir(model_dir), f"{what}: {model_dir} is not a directory")
+    config_file = os.path.join(model_dir, "config.json")
+    check_condition(os.path.isfile(config_file),
+                    f"{what}: {config_file} is missing (not a model directory)")
+    config = RunConfig.load(config_file)
+    missing = [d for d in DIRECTIONS if d not in config.directions]
+    check_condition(not missing, f"{what}: the model was trained for "
+                                 f"{', '.join(config.directions)} only; the table needs fwd and "
+                                 "rev (join two one-direction runs into one directory)")
+    incomplete = list_incomplete(model_dir, list(DIRECTIONS))
+    check_condition(not incomplete, f"{what}: the model directory is incomplete "
+                                    f"({', '.join(incomplete)} missing)")
+    check_condition(config.model_kind in METHODS_BY_KIND,
+                    f"{what}: unknown model kind '{config.model_kind}' in {config_file}")
+    methods = METHODS_BY_KIND[config.model_kind]
+    check_condition(spec.method in methods,
+                    f"{what}: unknown method '{spec.method}' for a {config.model_kind} model "
+                    f"(choose from {', '.join(methods)})")
+    base_dir = config.extra.get("base")  # alignment layer: the frozen base model directory
+    base = base_dir if base_dir and os.path.isdir(base_dir) else None
+    training = recorded_training(model_dir, DIRECTIONS, base)
+    if base_dir and base is None:
+        training.notes.append(f"the base model {base_dir} is gone: its training time is unknown "
+                              "and not counted, its training text not checked")
+    checked = {} if checked is None else checked
+    folders = [model_dir] + ([base] if base else [])
+    mismatches, notes = [], []
+    for folder in folders:  # an alignment layer's base must have seen the same text
+        key = os.path.realpath(folder)
+        if key not in checked:
+            click.echo(f"checking the training text of {folder} against the benchmark corpus",
+                       err=True)
+            checked[key] = check_training_text(folder, corpus, scratch)
+        found, note = checked[key]
+        prefix = "" if folder == model_dir else f"base model {folder}: "
+        if found is not None:
+            mismatches.append(prefix + found)
+        if note:
+            notes.append(prefix + note)
+    mismatch = "; ".join(mismatches) if mismatches else None
+    check_condition(mismatch is None or allow_other_text,
+                    f"{what}: not trained on the benchmark corpus: {mismatch} (the row would "
+                    "not be comparable; --allow-other-training-text adds it with a warning)")
+    version = ""
+    version_file = os.path.join(model_dir, "version")
+    if os.path.isfile(version_file):
+        with open(version_file, encoding="utf-8") as handle:
+            version = handle.read().strip()
+    return PretrainedModel(spec, config.model_kind, version, training, notes, mismatch)
+
+
+def plan_pretrained(model: PretrainedModel, corpus: Corpus, workdir: str,
+                    extract_args: Sequence[str]) -> peers.PeerRun:
+    """``align extract DIR --method METHOD --direction fwd|rev`` on the gold sentences."""
+    spec = model.spec
+    forward = os.path.join(workdir, "fwd.txt")
+    reverse = os.path.join(workdir, "rev.txt")
+    steps = [peers.Step(f"extract-{direction}", [
+        "align", "extract", spec.model_dir, "--method", spec.method, "--direction", direction,
+        "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", path, *extract_args])
+        for direction, path in (("fwd", forward), ("rev", reverse))]
+    label = spec.label or f"align {model.kind}:{spec.method} (pre-trained {spec.model_dir})"
+    notes = []
+    if model.mismatch is not None:
+        label += " [OTHER TRAINING TEXT]"
+        notes.append(f"WARNING: NOT trained on the benchmark corpus ({model.mismatch}); added "
+                     "with --allow-other-training-text, its scores are not comparable with the "
+                     "other rows")
+    notes.append(f"pre-trained model {spec.model_dir} ({model.kind}), not trained by this "
+                 "benchmark; only `align extract` of the gold sentences ran here")
+    notes += model.training.notes
+    notes.append("peak memory is that of extraction only (a model directory does not record "
+                 "the training's peak)")
+    notes += model.text_notes
+    return peers.PeerRun(label=label,
+                         version=(f"model written by aligner {model.version or '?'}, extracted "
+                                  f"with aligner {aligner_version}"),
+                         settings=f"model: {spec.model_dir}; extract: "
+                                  f"{' '.join(extract_args) or 'defaults'}",
+                         steps=steps, forward=forward, reverse=reverse,
+                         first_line=corpus.first_gold_line, notes=notes)
+
+
 def _split_method(spec: str) -> Tuple[str, str]:
     kind, sep, method = spec.partition(":")
     check_condition(bool(sep and kind and method),
@@ -451,18 +890,25 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
             peer_names: Sequence[str], aligner_methods: Sequence[str], workdir: str,
             train_limit: Optional[int] = None, aligner_train_args: Sequence[str] = (),
             aligner_extract_args: Sequence[str] = (),
-            peer_args: Optional[Dict[str, Sequence[str]]] = None
+            peer_args: Optional[Dict[str, Sequence[str]]] = None,
+            aligner_models: Sequence[str] = (), allow_other_training_text: bool = False
             ) -> Tuple[Corpus, List[SystemResult]]:
     """Build the corpus in ``workdir``, run every system, return the scored results.
 
     ``peer_args`` maps a peer name to extra command-line arguments (see peers.plan_peer).
+    ``aligner_models``: ``[LABEL=]DIR:METHOD`` specs of pre-trained model directories; all
+    are checked (:func:`load_pretrained`) before any system runs. Their rows come last.
     """
     for name in peer_names:
         check_condition(name in peers.ALL_PEERS, f"unknown peer '{name}' "
                                                  f"(expected {', '.join(peers.ALL_PEERS)})")
     methods = [_split_method(spec) for spec in aligner_methods]
+    specs = [parse_model_spec(spec) for spec in aligner_models]
     os.makedirs(workdir, exist_ok=True)
     corpus = build_corpus(train, gold, workdir, train_limit)
+    checked: Dict[str, Tuple[Optional[str], str]] = {}
+    pretrained = [load_pretrained(spec, corpus, workdir, allow_other_training_text, checked)
+                  for spec in specs]
     results: List[SystemResult] = []
     cache: Dict[Tuple[str, ...], Measurement] = {}
     for name in peer_names:
@@ -485,6 +931,15 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
         run = plan_aligner(kind, method, corpus, folder, list(aligner_train_args),
                            list(aligner_extract_args))
         results.append(run_system(run, corpus, folder, cache))
+    for number, model in enumerate(pretrained, start=1):
+        name = os.path.basename(os.path.normpath(model.spec.model_dir))
+        folder = os.path.join(workdir, f"model{number}-{name}-{model.spec.method}")
+        os.makedirs(folder, exist_ok=True)
+        result = run_system(plan_pretrained(model, corpus, folder, list(aligner_extract_args)),
+                            corpus, folder, cache)
+        result.training_s = model.training.total
+        result.wall_s += model.training.total
+        results.append(result)
     return corpus, results
 
 
@@ -509,8 +964,16 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--aligner-method", "aligner_methods", multiple=True, metavar="KIND:METHOD",
               help="Also run our aligner: `align train --model KIND`, `align extract --method "
                    "METHOD` (repeatable; one training per kind).")
+@click.option("--aligner-model", "aligner_models", multiple=True, metavar="[LABEL=]DIR:METHOD",
+              help="Also score an already trained model directory (both directions, trained "
+                   "on this benchmark's corpus): `align extract DIR --method METHOD` only; "
+                   "time = recorded training time + extraction (repeatable).")
+@click.option("--allow-other-training-text", is_flag=True,
+              help="Accept an --aligner-model whose training text is not the benchmark corpus "
+                   "(its row is marked and not comparable).")
 @click.option("--aligner-train-args", default="", help="Extra arguments for `align train`.")
-@click.option("--aligner-extract-args", default="", help="Extra arguments for `align extract`.")
+@click.option("--aligner-extract-args", default="",
+              help="Extra arguments for `align extract` (also for --aligner-model rows).")
 @click.option("--train-limit", type=click.IntRange(min=0), default=None,
               help="Use at most this many training pairs (from the start).")
 @click.option("--title", default="benchmark", show_default=True, help="Heading of the report.")
@@ -522,8 +985,8 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the results as JSON.")
 def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
-         aligner_train_args, aligner_extract_args, train_limit, title, workdir, output,
-         json_path) -> None:
+         aligner_models, allow_other_training_text, aligner_train_args, aligner_extract_args,
+         train_limit, title, workdir, output, json_path) -> None:
     """Run peers and `align` methods on one bitext and write one AER/time/memory table."""
     command = "python eval/compare_aligners.py " + shlex.join(sys.argv[1:])
     if workdir is None:
@@ -537,7 +1000,8 @@ def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
                                   shlex.split(aligner_extract_args),
                                   {"eflomal": shlex.split(eflomal_args),
                                    "fast_align": shlex.split(fast_align_args),
-                                   "fast_align-binary": shlex.split(fast_align_args)})
+                                   "fast_align-binary": shlex.split(fast_align_args)},
+                                  aligner_models, allow_other_training_text)
         environment["load average (1, 5, 15 min)"] += f", {load_average()} at end"
         report = render_table(results, corpus, title, command, environment)
         with atomic_output(output) as handle:

@@ -5,6 +5,7 @@ installed. Everything else runs with the package's own dependencies.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from aligner.config import RunConfig
+from aligner.data import EncodedCorpus
 from aligner.formats import read_pharaoh
 from aligner.symmetrize import symmetrize
 from aligner.utils import AlignerError
@@ -355,3 +358,357 @@ def test_aligner_method_rows_call_align_train_and_extract(tmp_path):
     assert any("shared with an earlier row" in note for note in results[1].notes)
     for result in results:
         assert set(result.scores["trial"]) == set(ca.COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------
+# pre-trained models (--aligner-model): spec, recorded training time, training-text guard
+
+
+def test_parse_model_spec_takes_an_optional_label_and_the_method_after_the_last_colon():
+    assert ca.parse_model_spec("runs/enfr-hmm1:hmm-posterior") == ca.ModelSpec(
+        "runs/enfr-hmm1", "hmm-posterior", None)
+    assert ca.parse_model_spec("mine=runs/m:layer") == ca.ModelSpec("runs/m", "layer", "mine")
+    # '=' inside a path is part of the directory, ':' inside it too (the method is last)
+    assert ca.parse_model_spec("runs/a=b:layer") == ca.ModelSpec("runs/a=b", "layer", None)
+    assert ca.parse_model_spec("x=c:/m:d:hmm-viterbi") == ca.ModelSpec("c:/m:d", "hmm-viterbi",
+                                                                       "x")
+    for bad in ("runs/m", "runs/m:", ":hmm-posterior", "name=:layer"):
+        with pytest.raises(AlignerError, match="expected DIR:METHOD"):
+            ca.parse_model_spec(bad)
+
+
+METRICS_HEADER = "update\tepoch\ttrain_loss\ttrain_ppl\tvalid_ppl\tvalid_aer\tlr\ttokens_per_s" \
+                 "\telapsed_s"
+
+
+def write_metrics(folder: Path, *elapsed) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / "metrics.tsv", [METRICS_HEADER] + [
+        f"{100 * (k + 1)}\t0\t5.0\t148.4\t-\t-\t0.001\t500\t{seconds}"
+        for k, seconds in enumerate(elapsed)])
+
+
+def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_preparation(
+        tmp_path):
+    model = tmp_path / "m"
+    write_metrics(model / "fwd", 10.5, 20.25)  # cumulative: the last row counts
+    write_metrics(model / "rev", 7.0, 30.5)
+    write(model / "train.log", ["[2026-11-21 12:44:47 INFO] preparation took 1.5s",
+                                "[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates",
+                                "[2026-11-21 12:55:00 INFO] [rev] done: 200 updates"])
+    record = ca.recorded_training(str(model))
+    assert record.seconds == {"fwd": 20.25, "rev": 30.5, "preparation": 1.5}
+    assert record.total == pytest.approx(52.25)
+    assert any("fwd 20.2 s, rev 30.5 s" in note and "fwd/metrics.tsv" in note
+               for note in record.notes)
+    assert any("one after the other by one `align train` process" in note
+               for note in record.notes)
+    # a directory joined from two one-direction runs: its train.log shows one run only
+    write(model / "train.log", ["[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates"])
+    record = ca.recorded_training(str(model))
+    assert record.total == pytest.approx(50.75)
+    assert any("separate `align train` processes, possibly in parallel" in note
+               for note in record.notes)
+    # an alignment layer also counts the training of its base
+    write_metrics(tmp_path / "base" / "fwd", 100.0)
+    write_metrics(tmp_path / "base" / "rev", 200.0)
+    record = ca.recorded_training(str(model), base_dir=str(tmp_path / "base"))
+    assert record.seconds["base fwd"] == 100.0 and record.seconds["base rev"] == 200.0
+    assert record.total == pytest.approx(350.75)
+    # a missing direction is said, not guessed; a damaged row is an error naming file and line
+    (model / "rev" / "metrics.tsv").unlink()
+    record = ca.recorded_training(str(model))
+    assert record.total == 20.25
+    assert any("training time unknown" in note and "rev/metrics.tsv is missing" in note
+               for note in record.notes)
+    write(model / "rev" / "metrics.tsv", [METRICS_HEADER, "1\t0\t5\t5\t-\t-\t1\t1\t-"])
+    with pytest.raises(AlignerError, match=r"rev/metrics\.tsv:2: elapsed_s is not a number"):
+        ca.recorded_training(str(model))
+    write(model / "rev" / "metrics.tsv", ["update\tloss", "1\t2"])
+    with pytest.raises(AlignerError, match=r"rev/metrics\.tsv:1: no 'elapsed_s' column"):
+        ca.recorded_training(str(model))
+
+
+def prepare_model_dir(model_dir: Path, source: str, target: str, max_len: int = 200) -> None:
+    """What `align train` writes before training (prep, BPE, vocabularies, corpus/, config),
+    by its own code (aligner.train._prepare_data); no weights: the guard does not read them."""
+    from aligner.config import DataConfig, RunConfig, TrainConfig
+    from aligner.formats import read_bitext
+    from aligner.prep import PrepConfig
+    from aligner.train import _prepare_data
+
+    model_dir.mkdir(parents=True)
+    prep = PrepConfig(bpe_merges=20)
+    data = DataConfig(max_len=max_len)
+    _prepare_data(str(model_dir), read_bitext(source=source, target=target), prep, data, 1)
+    RunConfig(model_kind="hmm0", directions=["fwd", "rev"], models={"fwd": {}, "rev": {}},
+              prep=prep.to_dict(), data=data,
+              training=TrainConfig(max_updates=1)).save(str(model_dir / "config.json"))
+
+
+def test_check_training_text_compares_every_line_of_the_encoded_corpus(small_files):
+    tmp_path, train, g1, g2 = small_files
+    (tmp_path / "bench").mkdir()
+    corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path / "bench"))
+    model = tmp_path / "model"
+    prepare_model_dir(model, corpus.source, corpus.target)
+    mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch is None
+    assert note.startswith("training text checked: the 6 lines (3 training pairs + 2 one + "
+                           "1 two) of the benchmark corpus")
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("training-text-check")]
+    # a gold set whose second target sentence differs: corpus line 5 = gold set one, line 2
+    other_tgt = write(tmp_path / "other.tgt", ["B A", "D C"])
+    (tmp_path / "b2").mkdir()
+    other = ca.build_corpus([train], [("one", g1[0], other_tgt, g1[2]), ("two", *g2)],
+                            str(tmp_path / "b2"))
+    mismatch, _ = ca.check_training_text(str(model), other, str(tmp_path))
+    assert mismatch == (f"{model}/corpus: line 5 of the benchmark corpus (gold set 'one' line 2) "
+                        "is not the model's training line 5: the target side differs (compared "
+                        "as subword ids of the model's own preprocessing)")
+    # the same lines in another order: the first training pair differs on the source side
+    swapped = write(tmp_path / "swapped.src", ["c d e", "", "a b", "f"])
+    swapped_tgt = write(tmp_path / "swapped.tgt", ["C D E", "X", "A B", "F"])
+    other = ca.build_corpus([(swapped, swapped_tgt)], [("one", *g1), ("two", *g2)],
+                            str(tmp_path / "b2"))
+    mismatch, _ = ca.check_training_text(str(model), other, str(tmp_path))
+    assert "line 1 of the benchmark corpus (training pair 1)" in mismatch
+    assert "the source side differs" in mismatch
+    # one gold set fewer: the line counts differ
+    other = ca.build_corpus([train], [("one", *g1)], str(tmp_path / "b2"))
+    mismatch, _ = ca.check_training_text(str(model), other, str(tmp_path))
+    assert mismatch == (f"{model}/corpus: the model was trained on 6 lines, the benchmark corpus "
+                        "has 5 lines (3 training pairs + 2 one)")
+
+
+def test_check_training_text_applies_the_models_length_filter(small_files):
+    """Lines the model's length filter skipped are skipped in the comparison too."""
+    tmp_path, train, g1, g2 = small_files
+    corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path))
+    model = tmp_path / "model"
+    # 20 BPE merges cannot cover "c d e"/"d e f" in 2 subwords: max_len 2 skips those lines
+    prepare_model_dir(model, corpus.source, corpus.target, max_len=2)
+    kept = list(EncodedCorpus.open(str(model / "corpus")).line_numbers)
+    assert kept == [0, 2, 3, 4]  # lines 2 ("c d e") and 6 ("d e f") skipped
+    assert ca.check_training_text(str(model), corpus, str(tmp_path))[0] is None
+    # a benchmark whose line 2 is short enough to be kept: kept here, skipped by the model
+    short = write(tmp_path / "short.src", ["a b", "", "c", "f"])
+    short_tgt = write(tmp_path / "short.tgt", ["A B", "X", "C", "F"])
+    (tmp_path / "b2").mkdir()
+    other = ca.build_corpus([(short, short_tgt)], [("one", *g1), ("two", *g2)],
+                            str(tmp_path / "b2"))
+    mismatch, _ = ca.check_training_text(str(model), other, str(tmp_path))
+    assert "line 2 of the benchmark corpus (training pair 2)" in mismatch
+    assert "kept by the length filter in one and skipped in the other" in mismatch
+
+
+def test_check_training_text_without_corpus_folder_reads_the_files_named_in_train_log(
+        small_files):
+    """A directory joined from two one-direction runs has no corpus/: train.log is used."""
+    tmp_path, train, g1, g2 = small_files
+    corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path))
+    model = tmp_path / "joined"
+    model.mkdir()
+    train_src = write(tmp_path / "t.en", [" ".join(s) for s in corpus.sources])
+    write(tmp_path / "t.fr", [" ".join(t) for t in corpus.targets])
+    log = ["[2026-11-21 12:44:42 INFO] command: align train -s t.en --target=t.fr -o joined-fwd "
+           "--directions fwd",
+           f"[2026-11-21 12:44:42 INFO] working directory: {tmp_path}",
+           "[2026-11-21 12:44:42 INFO] device cpu, 1 process(es); 6 training pairs",
+           "[2026-11-21 12:50:00 INFO] [fwd] done: 3 updates"]
+    write(model / "train.log", log)
+    assert ca.training_files_from_log(str(model / "train.log")) == (
+        6, {"source": str(tmp_path / "t.en"), "target": str(tmp_path / "t.fr")})
+    mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch is None
+    assert note.startswith(f"training text checked: {tmp_path}/t.en and {tmp_path}/t.fr (named "
+                           f"in {model}/train.log")
+    assert "no rev run, whose training text is not checked" in note
+    # a changed word on line 4 (the first gold line) is found, naming the file and line
+    lines = Path(train_src).read_text().splitlines()
+    lines[3] = "a c"
+    write(tmp_path / "t.en", lines)
+    mismatch, _ = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch == (f"{tmp_path}/t.en:4: differs from line 4 of the benchmark corpus (gold "
+                        f"set 'one' line 1); this file is named as training text in "
+                        f"{model}/train.log")
+    # a joint file (-i) works the same way
+    write(tmp_path / "t.joint", [" ".join(s) + " ||| " + " ".join(t)
+                                 for s, t in zip(corpus.sources, corpus.targets)])
+    write(model / "train.log", [log[0].replace("-s t.en --target=t.fr", "-i t.joint")] + log[1:])
+    assert ca.check_training_text(str(model), corpus, str(tmp_path))[0] is None
+    # files gone: only the count is checked, and the note says so
+    os.unlink(tmp_path / "t.joint")
+    mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch is None and note.startswith("training text not checked")
+    assert "only the number of training pairs (6) equals the benchmark corpus" in note
+    write(model / "train.log", [log[2].replace("6 training", "7 training")])
+    mismatch, _ = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch == (f"{model}/train.log: the model was trained on 7 sentence pairs, the "
+                        "benchmark corpus has 6 lines (3 training pairs + 2 one + 1 two)")
+    os.unlink(model / "train.log")
+    mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch is None
+    assert note == (f"training text not checked: {model} has neither a corpus/ folder nor a "
+                    "train.log")
+
+
+def test_cli_refuses_an_unusable_model_directory_in_one_line(small_files):
+    tmp_path, train, g1, _ = small_files
+    args = ["--train", *train, "--gold", "one", *g1, "--peers", "", "--workdir",
+            str(tmp_path / "w"), "-o", str(tmp_path / "t.md")]
+
+    def refused(spec):
+        result = CliRunner().invoke(ca.main, args + ["--aligner-model", spec])
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert not (tmp_path / "t.md").exists()
+        (line,) = [x for x in result.output.splitlines() if "error" in x]
+        return line
+
+    assert "missing.model is not a directory" in refused(f"{tmp_path}/missing.model:layer")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"{empty}/config.json is missing" in refused(f"{empty}:layer")
+    corpus = ca.build_corpus([train], [("one", *g1)], str(tmp_path))
+    model = tmp_path / "model"
+    prepare_model_dir(model, corpus.source, corpus.target)
+    assert "incomplete (fwd/params.best.pt" in refused(f"{model}:hmm-posterior")
+    config = RunConfig.load(str(model / "config.json"))
+    config.directions = ["fwd"]
+    config.save(str(model / "config.json"))
+    assert "trained for fwd only; the table needs fwd and rev" in refused(f"{model}:hmm-posterior")
+
+
+TINY_MODEL = ["--bpe-merges", "50", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+              "--decoder-layers", "1", "--ff-dim", "32", "--max-updates", "3", "--device", "cpu",
+              "--threads", "1", "-q"]
+
+
+@pytest.mark.slow
+def test_aligner_model_rows_score_the_models_own_extraction_and_count_its_training(tmp_path):
+    """--aligner-model end to end (about 30 s): a tiny hmm0 trained the benchmark way (the
+    corpus files of build_corpus), then scored by the benchmark and by hand."""
+    from aligner.cli import main as align
+
+    if shutil.which("align") is None:
+        pytest.skip("align command not on PATH")
+    train = (str(SAMPLE / "train.en"), str(SAMPLE / "train.fr"))
+    gold = ("trial", str(SAMPLE / "trial.en"), str(SAMPLE / "trial.fr"),
+            str(SAMPLE / "trial.talp"))
+    (tmp_path / "bench").mkdir()
+    corpus = ca.build_corpus([train], [gold], str(tmp_path / "bench"), train_limit=100)
+    model = str(tmp_path / "tiny.model")
+    trained = CliRunner().invoke(align, ["train", "--model", "hmm0", "-s", corpus.source,
+                                         "-t", corpus.target, "-o", model, *TINY_MODEL])
+    assert trained.exit_code == 0, trained.output
+    # our own scoring of the model's `align extract` output
+    links = {}
+    for direction in ca.DIRECTIONS:
+        out = str(tmp_path / f"{direction}.txt")
+        extracted = CliRunner().invoke(align, [
+            "extract", model, "--method", "hmm-posterior", "--direction", direction,
+            "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", out, "--device", "cpu",
+            "-q"])
+        assert extracted.exit_code == 0, extracted.output
+        links[direction] = read_pharaoh(out)
+    columns = {"fwd": links["fwd"], "rev": links["rev"]}
+    for heuristic in ca.HEURISTICS:
+        columns[heuristic] = [symmetrize(f, r, heuristic)
+                              for f, r in zip(links["fwd"], links["rev"])]
+    golds = corpus.gold_sets[0].golds
+    # the training seconds the model directory records, read here by hand
+    seconds = {}
+    for direction in ca.DIRECTIONS:
+        rows = (Path(model) / direction / "metrics.tsv").read_text().splitlines()
+        seconds[direction] = float(rows[-1].split("\t")[-1])
+    log = (Path(model) / "train.log").read_text()
+    preparation = float(log.split("preparation took ")[1].split("s")[0])
+
+    args = ["--train", *train, "--train-limit", "100", "--gold", *gold, "--peers", "",
+            "--aligner-extract-args", "--device cpu -q", "--workdir", str(tmp_path / "w")]
+    out, js = tmp_path / "t.md", tmp_path / "t.json"
+    result = CliRunner().invoke(ca.main, args + ["--aligner-model", f"{model}:hmm-posterior",
+                                                 "-o", str(out), "--json", str(js)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(js.read_text())["systems"]
+    assert row["label"] == f"align hmm0:hmm-posterior (pre-trained {model})"
+    for column, hyps in columns.items():
+        score = row["scores"]["trial"][column]
+        assert (score["aer"], score["precision"], score["recall"]) == pytest.approx(
+            brute_force_aer(hyps, golds)), column
+    assert row["training_s"] == pytest.approx(seconds["fwd"] + seconds["rev"] + preparation)
+    assert row["wall_s"] > row["training_s"]  # + the two extractions measured here
+    notes = " ".join(row["notes"])
+    assert (f"trained beforehand: fwd {seconds['fwd']:.1f} s, rev {seconds['rev']:.1f} s"
+            in notes and f"{model}/fwd/metrics.tsv" in notes)
+    assert "peak memory is that of extraction only" in notes
+    assert "training text checked: the 137 lines (100 training pairs + 37 trial)" in notes
+    table = out.read_text()
+    assert "time = training seconds recorded in the model directory" in table
+    assert f"| align hmm0:hmm-posterior (pre-trained {model}) | " in table
+    assert f"| {row['wall_s']:.1f} | " in table
+
+    # a method the kind does not have: refused before anything runs
+    bad = CliRunner().invoke(ca.main, args + ["--aligner-model", f"{model}:layer", "-o",
+                                              str(tmp_path / "bad.md")])
+    assert bad.exit_code == 1 and "unknown method 'layer' for a hmm0 model" in bad.output
+
+    # a benchmark on other text (training pairs 2..101 instead of 1..100): same line count,
+    # so only the line-by-line comparison can tell; refused, then accepted with a warning
+    shifted = [write(tmp_path / f"shifted.{lang}",
+                     (SAMPLE / f"train.{lang}").read_text().splitlines()[1:101])
+               for lang in ("en", "fr")]
+    other = ["--train", *shifted, "--gold", *gold, "--peers", "", "--aligner-extract-args",
+             "--device cpu -q", "--workdir", str(tmp_path / "w2"), "--aligner-model",
+             f"tiny={model}:hmm-alignment", "-o", str(tmp_path / "other.md")]
+    refused = CliRunner().invoke(ca.main, other)
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    assert (f"error: --aligner-model {model}:hmm-alignment: not trained on the benchmark "
+            f"corpus: {model}/corpus: line 1 of the benchmark corpus (training pair 1) is not "
+            "the model's training line 1") in refused.output
+    assert not (tmp_path / "other.md").exists()
+    accepted = CliRunner().invoke(ca.main, other + ["--allow-other-training-text"])
+    assert accepted.exit_code == 0, accepted.output
+    table = (tmp_path / "other.md").read_text()
+    assert "| tiny [OTHER TRAINING TEXT] | " in table
+    assert "WARNING: NOT trained on the benchmark corpus" in table
+
+
+def test_load_pretrained_checks_an_alignment_layers_base_too(small_files):
+    """The base's training time is counted and its training text checked as well."""
+    tmp_path, train, g1, g2 = small_files
+    corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path))
+    base, layer = tmp_path / "base", tmp_path / "layer"
+    prepare_model_dir(layer, corpus.source, corpus.target)
+    # the base was trained with source and target swapped
+    prepare_model_dir(base, corpus.target, corpus.source)
+    config = RunConfig.load(str(layer / "config.json"))
+    config.model_kind, config.extra = "alignment-layer", {"base": str(base)}
+    config.save(str(layer / "config.json"))
+    for folder, seconds in ((layer, 5.0), (base, 50.0)):
+        for direction in ca.DIRECTIONS:
+            write_metrics(folder / direction, seconds)
+    for direction in ca.DIRECTIONS:  # load_pretrained only checks that the weights exist
+        for name in ("params.best.pt", "params.last.pt"):
+            (layer / direction / name).touch()
+    spec = ca.ModelSpec(str(layer), "layer")
+    with pytest.raises(AlignerError, match=f"not trained on the benchmark corpus: base model "
+                                           f"{base}: {base}/corpus: line 1 of the benchmark"):
+        ca.load_pretrained(spec, corpus, str(tmp_path))
+    model = ca.load_pretrained(spec, corpus, str(tmp_path), allow_other_text=True)
+    assert model.kind == "alignment-layer" and model.mismatch.startswith(f"base model {base}")
+    assert model.training.total == pytest.approx(110.0)  # 5 + 5 + 50 + 50 (no train.log)
+    assert model.text_notes[0].startswith("training text checked: the 6 lines")
+    run = ca.plan_pretrained(model, corpus, str(tmp_path), ["--device", "cpu"])
+    assert run.label == f"align alignment-layer:layer (pre-trained {layer}) [OTHER TRAINING TEXT]"
+    assert run.notes[0].startswith("WARNING: NOT trained on the benchmark corpus")
+    assert [step.argv[:6] for step in run.steps] == [
+        ["align", "extract", str(layer), "--method", "layer", "--direction"]] * 2
+    assert [step.argv[6] for step in run.steps] == ["fwd", "rev"]
+    assert run.first_line == corpus.first_gold_line and run.steps[0].argv[-2:] == ["--device",
+                                                                                   "cpu"]
+    # base gone: its time is not counted and the note says so
+    shutil.rmtree(base)
+    model = ca.load_pretrained(spec, corpus, str(tmp_path))
+    assert model.mismatch is None and model.training.total == pytest.approx(10.0)
+    assert any(f"the base model {base} is gone" in note for note in model.training.notes)
