@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
 import click
 
@@ -69,6 +69,9 @@ from aligner.formats import (GoldAlignment, check_links_in_range, check_same_len
 from aligner.metrics import AERScore, score_aer  # noqa: E402
 from aligner.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.data import EncodedCorpus
 
 Link = Tuple[int, int]
 # Table columns: the two directions, then the symmetrizations computed from them.
@@ -610,7 +613,8 @@ def _corpus_size(corpus: Corpus) -> str:
             + " + ".join(f"{g.size} {g.name}" for g in corpus.gold_sets) + ")")
 
 
-def _first_encoded_difference(trained, ours) -> Optional[Tuple[int, str]]:
+def _first_encoded_difference(trained: "EncodedCorpus", ours: "EncodedCorpus"
+                              ) -> Optional[Tuple[int, str]]:
     """First 0-based input line where two EncodedCorpus differ, and how; None if equal.
 
     Both encode the same number of input lines; a line may be kept by one and skipped (length
