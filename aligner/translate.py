@@ -24,6 +24,11 @@ Per kind (l_j = log p_lex(e | j), the lexicon of source position j, EOS state in
   q_i(j) = π_i(j) · p_lex(e|j) / p(e). The sum of log p(e) over a hypothesis is log Z of the
   forward algorithm, i.e. exactly the training objective of the output.
 
+The direct HMMs' lexicon of one step, log p_lex(v|j) for N rows × (J+1) positions × V words,
+is never held whole: :func:`mixture_log_probs` runs over chunks of source positions with a
+running logsumexp (:data:`LEXICON_CHUNK_FLOATS`), and hmm1 recomputes only the chosen words'
+entries when it updates q.
+
 **Beam search** (fairseq-style, batched over sentences): each step takes the 2K best
 extensions of the K hypotheses of every sentence; an extension by EOS among the first K
 ends a hypothesis (score = Σ log p / length^len_penalty, length counting EOS); the K best
@@ -76,6 +81,9 @@ DEFAULT_MAX_TOKENS = 8000
 DEFAULT_ALIGNMENT_METHODS = {"transformer": "attention", "hmm0": "hmm-posterior",
                              "hmm1": "hmm-viterbi", "alignment-layer": "layer-sgd"}
 MAX_WARNINGS = 10
+#: hmm0/hmm1 decoding: most lexicon logits (floats) one step computes at a time, in chunks of
+#: source positions (a chunk never has fewer than one position: N · V floats for N beam rows)
+LEXICON_CHUNK_FLOATS = 1 << 22
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,14 +181,57 @@ class TransformerStepper(Stepper):
         return torch.log_softmax(logits.float(), dim=-1)
 
 
-class DirectHMMStepper(Stepper):
-    """hmm0 and hmm1: the beam runs over the word distribution Σ_j α · p_lex."""
+def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
+                      target_hidden: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor], positions: int
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The direct HMM's word distribution at one target position, source positions chunked.
 
-    def __init__(self, model: AlignmentModel):
+    log p(v) = logsumexp_j (log π(j) + log p_lex(v|j)) with
+    log p_lex(v|j) = logit(v|j) − log Σ_v' exp(logit(v'|j)), logit(·|j) = W4·relu(W5·h_j + W6·s).
+
+    Args:
+        log_prior: (N, J+1) log π(j) (−inf at padded positions), float32.
+        source_hidden: (N, J+1, k) W5·h_j; target_hidden: (N, k) W6·s of the newest position.
+        weight, bias: W4 (V, k) and its bias (V,) or None.
+        positions: source positions per chunk (>= 1): only (N, positions, V) logits exist at
+            a time; the chunks are combined by a running logsumexp.
+    Returns:
+        (log p (N, V), log normalizers log Σ_v exp(logit(v|j)) (N, J+1)), float32.
+    """
+    total: Optional[torch.Tensor] = None
+    norms = []
+    for start in range(0, log_prior.size(1), positions):
+        stop = start + positions
+        hidden = F.relu(source_hidden[:, start:stop] + target_hidden[:, None, :])  # (N, c, k)
+        logits = F.linear(hidden, weight, bias).float()                            # (N, c, V)
+        log_norm = torch.logsumexp(logits, dim=-1)                                 # (N, c)
+        logits += (log_prior[:, start:stop] - log_norm)[:, :, None]   # log π + log p_lex
+        part = torch.logsumexp(logits, dim=1)                                      # (N, V)
+        total = part if total is None else torch.logaddexp(total, part)
+        norms.append(log_norm)
+    assert total is not None, "no source positions"
+    return total, torch.cat(norms, dim=1)
+
+
+class DirectHMMStepper(Stepper):
+    """hmm0 and hmm1: the beam runs over the word distribution Σ_j α · p_lex.
+
+    Memory per step: the lexicon logits exist for ``positions`` source positions at a time,
+    positions = max(1, chunk_floats // (N · V)) (N beam rows, V words), so one step holds
+    about max(chunk_floats, N · V) floats of them, whatever the source length (see
+    :func:`mixture_log_probs`; eval/results/translate_memory.md). hmm1's ``choose`` needs
+    log p_lex(e|j) of the chosen words only: it recomputes those (N', J+1) entries from the
+    kept rows' hidden states and the saved log normalizers instead of keeping (N, J+1, V).
+    """
+
+    def __init__(self, model: AlignmentModel, chunk_floats: int = LEXICON_CHUNK_FLOATS):
         super().__init__(model)
+        check_condition(chunk_floats >= 1, f"chunk_floats must be >= 1 (got {chunk_floats})")
         self.order = model.order
         self.embed = model.embed
         self.layers = list(model.layers) + [model.output_layer]
+        self.chunk_floats = chunk_floats
 
     def encode(self, src: torch.Tensor) -> State:
         return {"memory": self.model.encode(src)}
@@ -188,33 +239,36 @@ class DirectHMMStepper(Stepper):
     def _layer(self, index, x, history, state):
         return self.layers[index](x, state["memory"], None, state["src_pad_mask"], history)
 
-    def _lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
-        """log p_lex(v | j) (N, J+1, V) from W5·h (N, J+1, d) and W6·s (N, d)."""
-        hidden = F.relu(source_hidden + target_hidden[:, None, :])
-        logits = F.linear(hidden, self.model.lexicon.weight, self.model.lexicon.bias)
-        return torch.log_softmax(logits.float(), dim=-1)
-
     def _output(self, last, state, step):
         log_alpha, source_hidden, target_hidden = last
-        log_lex = self._lexicon(source_hidden, target_hidden[:, -1])        # (N, J+1, V)
         if self.order == 0:
             log_prior = log_alpha[:, -1]                                      # (N, J+1)
         elif step == 0:
             log_prior = log_alpha[:, -1, 0]                                   # α(j | 0, start)
         else:                                                  # Σ_j' q(j') α(j | i, j')
             log_prior = torch.logsumexp(state["forward"][:, :, None] + log_alpha[:, -1, 1:], 1)
-        log_p = torch.logsumexp(log_prior[:, :, None] + log_lex, dim=1)       # (N, V)
+        rows = log_prior.size(0)
+        positions = max(1, self.chunk_floats // max(1, rows * self.vocab_size))
+        log_p, log_norm = mixture_log_probs(log_prior, source_hidden, target_hidden[:, -1],
+                                            self.model.lexicon.weight,
+                                            self.model.lexicon.bias, positions)
         if self.order == 1:
-            state["pending_prior"], state["pending_lex"], state["pending_p"] = (
-                log_prior, log_lex, log_p)
+            state["pending"] = (log_prior, log_norm, source_hidden, target_hidden[:, -1])
         return log_p
 
     def choose(self, state, rows, words):
         kept = super().choose(state, rows, words)
-        if self.order == 1:          # q_i(j) = π_i(j) p_lex(e|j) / p(e) for the chosen e
-            kept["forward"] = (state["pending_prior"][rows]
-                               + state["pending_lex"][rows, :, words]
-                               - state["pending_p"][rows, words][:, None])
+        if self.order == 1:
+            # q_i(j) = π_i(j) p_lex(e|j) / p(e) for the chosen e, normalized over j (p(e) is
+            # that sum); log p_lex(e|j) = logit(e|j) − log norm(j), (N', J+1) entries only
+            log_prior, log_norm, source_hidden, target_hidden = (
+                _select(value, rows) for value in state["pending"])
+            hidden = F.relu(source_hidden + target_hidden[:, None, :])       # (N', J+1, k)
+            weight = self.model.lexicon.weight.index_select(0, words)          # (N', k)
+            logit = torch.einsum("njk,nk->nj", hidden, weight).float()
+            if self.model.lexicon.bias is not None:
+                logit = logit + self.model.lexicon.bias.index_select(0, words)[:, None].float()
+            kept["forward"] = torch.log_softmax(log_prior + logit - log_norm, dim=-1)
         return kept
 
 
