@@ -51,28 +51,34 @@ class Aligner:
     """A loaded model directory that aligns tokenized sentence pairs.
 
     Build it with :meth:`load`. ``loaded`` is the :class:`aligner.model_dir.LoadedModelDir`
-    (models per direction, preprocessor, vocabularies); ``device`` the torch device used.
+    (models per direction, preprocessor, vocabularies); ``device`` the torch device used;
+    ``precision`` "fp32" or "bf16" (see :mod:`aligner.precision`).
     """
 
-    def __init__(self, loaded: Any, device: Any) -> None:
+    def __init__(self, loaded: Any, device: Any, precision: str = "fp32") -> None:
         self.loaded = loaded
         self.device = device
+        self.precision = precision
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", checkpoint: str = "best",
-             directions: Sequence[str] = C.DIRECTIONS) -> "Aligner":
+             directions: Sequence[str] = C.DIRECTIONS, precision: str = "auto") -> "Aligner":
         """Load `model_dir` (``align train`` output) on `device` (auto, cpu, cuda, cuda:N).
 
         `checkpoint`: "best" or "last" weights; `directions`: which models to load (both by
-        default; one is enough for ``direction="fwd"`` or ``"rev"``). Errors (no such directory,
-        missing files, CUDA asked for but absent) raise :class:`aligner.utils.AlignerError`.
+        default; one is enough for ``direction="fwd"`` or ``"rev"``); `precision`: "fp32",
+        "bf16" (bfloat16 autocast) or "auto" (bf16 on CUDA GPUs that support it, else fp32),
+        as ``align extract --precision``. Errors (no such directory, missing files, CUDA asked
+        for but absent, bf16 where unsupported) raise :class:`aligner.utils.AlignerError`.
         """
         from aligner.distributed import resolve_device
         from aligner.model_dir import LoadedModelDir
+        from aligner.precision import resolve_precision
 
         torch_device = resolve_device(device)
+        resolved = resolve_precision(precision, torch_device)
         return cls(LoadedModelDir.load(model_dir, tuple(directions), checkpoint, torch_device),
-                   torch_device)
+                   torch_device, resolved)
 
     @property
     def model_kind(self) -> str:
@@ -125,6 +131,7 @@ class Aligner:
         """
         from aligner.formats import Bitext, check_same_length
         from aligner.inference import align_pairs, encode_bitext, soft_alignments
+        from aligner.precision import autocast_context
         from aligner.symmetrize import symmetrize
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
@@ -142,8 +149,9 @@ class Aligner:
                         f"unknown method '{method}' for model kind '{self.model_kind}' "
                         f"(choose from {', '.join(self.methods)})")
         pairs = encode_bitext(self.loaded, Bitext(src_words, tgt_words, "src", "tgt"))
-        by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,
-                                       self.device, method_options) for d in directions}
+        with autocast_context(self.precision, self.device):
+            by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,
+                                           self.device, method_options) for d in directions}
         if direction == "both":
             links = [symmetrize(f, r, heuristic)
                      for f, r in zip(by_direction["fwd"], by_direction["rev"])]
@@ -151,7 +159,8 @@ class Aligner:
             links = by_direction[direction]
         if not return_probabilities:
             return links
-        soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
-                                   self.device, method_options) for d in directions}
+        with autocast_context(self.precision, self.device):
+            soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
+                                       self.device, method_options) for d in directions}
         return [(pair_links, {d: soft[d][k] for d in directions})
                 for k, pair_links in enumerate(links)]

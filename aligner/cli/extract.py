@@ -51,6 +51,10 @@ from aligner.utils import check_condition
 @click.option("--max-tokens", default=4000, show_default=True, type=click.IntRange(min=1),
               help="Padded tokens per batch (pairs are batched by length, order restored).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
+              show_default=True,
+              help="bf16: bfloat16 autocast (softmaxes and HMM sums stay float32); auto = bf16 "
+                   "on CUDA GPUs that support it, fp32 otherwise.")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
@@ -59,7 +63,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], output: str, soft: Optional[str],
             checkpoint: str,
-            max_tokens: int, device: str, threads: int, quiet: bool) -> None:
+            max_tokens: int, device: str, precision: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
 
     Writes one Pharaoh line (0-based source-target word links "i-j") per input line, in input
@@ -74,6 +78,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.inference import extract
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
+    from aligner.precision import autocast_context, resolve_precision
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
@@ -92,6 +97,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     bitext = read_bitext(source, target, joint)
     start = time.time()
     torch_device = resolve_device(device)
+    precision = resolve_precision(precision, torch_device)
     directions = C.DIRECTIONS if direction == "both" else (direction,)
     loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
     kind_methods = next(iter(loaded.models.values())).METHODS
@@ -99,15 +105,17 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
-    alignments = extract(loaded, bitext, method, direction, heuristic or C.DEFAULT_HEURISTIC,
-                         max_tokens, torch_device, options)
-    write_pharaoh(output, alignments)
-    if soft is not None:
-        write_soft(soft, loaded, bitext, method, directions, max_tokens, torch_device, options)
-    logger.info("aligned %d sentence pairs (%s, %s%s): %d links in %.1fs", len(alignments),
+    with autocast_context(precision, torch_device):
+        alignments = extract(loaded, bitext, method, direction,
+                             heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options)
+        write_pharaoh(output, alignments)
+        if soft is not None:
+            write_soft(soft, loaded, bitext, method, directions, max_tokens, torch_device,
+                       options)
+    logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
                 f", {heuristic or C.DEFAULT_HEURISTIC}" if direction == "both" else "",
-                sum(map(len, alignments)), time.time() - start)
+                precision, sum(map(len, alignments)), time.time() - start)
 
 
 def write_soft(path: str, loaded, bitext, method: str, directions, max_tokens: int, device,

@@ -43,11 +43,15 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
               show_default=True, help="Which saved weights to use.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
+              show_default=True,
+              help="bf16: bfloat16 autocast (softmaxes and scores stay float32); auto = bf16 "
+                   "on CUDA GPUs that support it, fp32 otherwise.")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
 def command(model_dir: str, input_path: str, output: str, direction: str, beam: int,
             print_alignment: bool, alignment_method: Optional[str], max_len_a: float,
             max_len_b: int, len_penalty: float, max_tokens: int, checkpoint: str, device: str,
-            quiet: bool) -> None:
+            precision: str, quiet: bool) -> None:
     """Translate the lines of -i with the model in MODEL_DIR (any model kind).
 
     Prints one translation per input line, in input order (an empty line, or one too long
@@ -61,6 +65,7 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     from aligner.formats import read_lines
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
+    from aligner.precision import autocast_context, resolve_precision
     from aligner.translate import translate
     from aligner.utils import atomic_output, check_condition
 
@@ -69,15 +74,17 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
                     "--alignment-method chooses the alignment of --print-alignment: give both")
     lines = read_lines(input_path)
     torch_device = resolve_device(device)
+    precision = resolve_precision(precision, torch_device)
     loaded = LoadedModelDir.load(model_dir, (direction,), checkpoint, torch_device)
     if alignment_method is not None:
         methods = loaded.models[direction].METHODS
         check_condition(alignment_method in methods,
                         f"unknown --alignment-method '{alignment_method}' for model kind "
                         f"'{loaded.config.model_kind}' (choose from {', '.join(methods)})")
-    results = translate(loaded, lines, direction, beam, max_len_a, max_len_b, len_penalty,
-                        max_tokens, print_alignment, alignment_method, torch_device,
-                        input_path)
+    with autocast_context(precision, torch_device):
+        results = translate(loaded, lines, direction, beam, max_len_a, max_len_b, len_penalty,
+                            max_tokens, print_alignment, alignment_method, torch_device,
+                            input_path)
     with atomic_output(output) as out:
         for result in results:
             if print_alignment:

@@ -1,0 +1,64 @@
+"""Inference precision: float32, or bfloat16 autocast (``--precision`` of ``align translate``
+and ``align extract``, ``Aligner.load(..., precision=...)``).
+
+``bf16`` runs the model's matrix products under :func:`torch.autocast` with dtype bfloat16:
+parameters stay float32, linear layers and attention products return bfloat16 (about 3
+significant digits). The numerically sensitive parts are computed in float32 by the models
+themselves, which cast with ``.float()`` before them (or switch autocast off locally):
+
+* every log_softmax / softmax that yields a probability the search or extraction reads
+  (the transformer's output and attention weights, the direct HMM's lexicon and alignment
+  α, the alignment layer's output and attention);
+* the direct HMM's forward–backward, Viterbi and log-semiring products
+  (aligner/models/hmm_algorithms.py works in its inputs' dtype, float32);
+* the beam search's running scores and the finished hypotheses' log-probabilities.
+
+``auto`` is bf16 on a CUDA device that supports it (:func:`torch.cuda.is_bf16_supported`),
+float32 everywhere else. ``bf16`` on CPU uses CPU autocast: it exists for testing and for
+CPUs with fast bfloat16 units; on most CPUs it is slower than float32. Note that CPU autocast,
+unlike CUDA autocast, does not promote softmax / layer norm to float32 by itself: the explicit
+``.float()`` casts above are what keeps them exact.
+
+Usage (the whole decoding or extraction call goes inside the context)::
+
+    with autocast_context(resolve_precision("bf16", device), device):
+        links = extract(loaded, bitext, method)
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+from aligner.utils import AlignerError, check_condition
+
+#: the choices of ``--precision`` (``auto`` resolves to one of the other two)
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """``fp32`` or ``bf16`` for the precision `name` on `device`.
+
+    ``auto``: bf16 on CUDA with bfloat16 support, else fp32. ``bf16`` is accepted on CPU and on
+    CUDA devices that support it; anything else is a one-line user error.
+    """
+    if name not in PRECISIONS:
+        raise AlignerError(f"--precision must be one of {', '.join(PRECISIONS)} (got '{name}')")
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if name == "auto":
+        return "bf16" if cuda_bf16 else "fp32"
+    if name == "bf16":
+        check_condition(device.type == "cpu" or cuda_bf16,
+                        f"--precision bf16: not supported on device '{device}' "
+                        f"(use --precision fp32)")
+    return name
+
+
+def autocast_context(precision: str, device: torch.device) -> ContextManager:
+    """The context to run inference in: nothing for ``fp32``, bfloat16 autocast on `device`'s
+    type for ``bf16`` (``auto`` is resolved first, see :func:`resolve_precision`)."""
+    precision = resolve_precision(precision, device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
