@@ -1,0 +1,218 @@
+"""Benchmark: peak memory of one hmm0/hmm1 beam-search step, whole lexicon or chunked.
+
+One decoding step of the direct HMM computes log p_lex(v|j) for N beam rows × (J+1) source
+positions × V words. Before (``whole``, the stepper of commit 7b8823e, reproduced below as
+:class:`WholeLexiconStepper`) the step held that tensor whole, several times over (logits,
+log_softmax, + log prior, logsumexp), and hmm1 kept the log_softmax until ``choose``. Now
+(aligner/translate.py :func:`mixture_log_probs`) the logits exist for a chunk of source
+positions at a time (``chunk_floats`` // (N·V) positions, at least 1) and hmm1's ``choose``
+recomputes only the chosen words' (N', J+1) entries.
+
+Each cell runs in a fresh subprocess (``--one``): build a random model (memory does not depend
+on the weights), encode the sources, then measure ``log_probs`` at step 0 + ``choose`` of the
+beam's rows. On CPU the step's extra peak memory is the growth of the process's peak resident
+set (resource.getrusage ru_maxrss; tracemalloc does not see torch), with glibc's
+MALLOC_MMAP_THRESHOLD_ fixed so that every large tensor is its own mapping, returned when
+freed; on CUDA it is torch.cuda.max_memory_allocated. Writes a markdown table.
+
+    python eval/bench_translate_memory.py --output eval/results/translate_memory.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+MiB = 1024 * 1024
+SETTINGS = ("whole", "default", "1-position")
+
+
+READING = """## Reading
+
+* **whole**: the step holds about four (N, J+1, V) float32 tensors at once (logits,
+  log_softmax, log prior + log p_lex, logsumexp's shifted exponentials), so its peak grows
+  linearly with the source length J and would reach gigabytes at N·(J+1)·V of a few 10^8.
+* **default**: only (N, c, V) logits of c source positions exist at a time (plus logsumexp's
+  temporary of the same size): the peak is bounded by about 2-3 × LEXICON_CHUNK_FLOATS × 4 B
+  (16 MiB per tensor) whatever J is; as many positions per chunk as fit, so short sources run
+  in one chunk. Time per step is within ~10 % of whole (one matmul per chunk).
+* **1-position**: the floor, N·V floats per tensor, at about 2× the time (J+1 small matmuls).
+* **hmm1**: after the lexicon is chunked the peak is set by the first-order alignment model,
+  which recomputes α(j | i, j') from W_o·relu(W_a·h_j + W_b·h_j' + D) for every beam row at
+  every step: tensors of N·(J+2)·(J+1)·d floats (see its column), beyond the reach of
+  LEXICON_CHUNK_FLOATS. That tensor depends on the source only: computing it once per sentence
+  (not per beam row) and per sentence pair rather than per step would remove it (not done).
+"""
+
+
+def whole_lexicon_stepper(model):
+    """The DirectHMMStepper before chunking (commit 7b8823e): the whole (N, J+1, V) lexicon."""
+    import torch
+    import torch.nn.functional as F
+
+    from aligner.translate import DirectHMMStepper, Stepper
+
+    class WholeLexiconStepper(DirectHMMStepper):
+        def _output(self, last, state, step):
+            log_alpha, source_hidden, target_hidden = last
+            hidden = F.relu(source_hidden + target_hidden[:, -1][:, None, :])
+            logits = F.linear(hidden, self.model.lexicon.weight, self.model.lexicon.bias)
+            log_lex = torch.log_softmax(logits.float(), dim=-1)              # (N, J+1, V)
+            if self.order == 0:
+                log_prior = log_alpha[:, -1]
+            elif step == 0:
+                log_prior = log_alpha[:, -1, 0]
+            else:
+                log_prior = torch.logsumexp(state["forward"][:, :, None]
+                                            + log_alpha[:, -1, 1:], 1)
+            log_p = torch.logsumexp(log_prior[:, :, None] + log_lex, dim=1)
+            if self.order == 1:
+                state["pending_prior"], state["pending_lex"], state["pending_p"] = (
+                    log_prior, log_lex, log_p)
+            return log_p
+
+        def choose(self, state, rows, words):
+            kept = Stepper.choose(self, state, rows, words)
+            if self.order == 1:
+                kept["forward"] = (state["pending_prior"][rows]
+                                   + state["pending_lex"][rows, :, words]
+                                   - state["pending_p"][rows, words][:, None])
+            return kept
+
+    return WholeLexiconStepper(model)
+
+
+def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: str,
+        device_name: str) -> dict:
+    """One decoding step in this process: peak extra memory (MiB), time (s), a checksum."""
+    import torch
+
+    from aligner import constants as C
+    from aligner.models import build_model
+    from aligner.translate import DirectHMMStepper
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    device = torch.device(device_name)
+    config = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model, n_heads=4,
+                  enc_layers=1, dec_layers=1, d_ff=2 * d_model, dropout=0.0,
+                  max_positions=max(256, length + 2))
+    model = build_model(kind, config).to(device).eval()
+    if setting == "whole":
+        stepper = whole_lexicon_stepper(model)
+    elif setting == "1-position":
+        stepper = DirectHMMStepper(model, chunk_floats=1)
+    else:
+        stepper = DirectHMMStepper(model)
+    src = torch.randint(4, vocab, (rows, length + 1), device=device)
+    src[:, -1] = C.EOS_ID
+    tokens = torch.full((rows,), C.BOS_ID, device=device)
+    with torch.no_grad():
+        warm_up = stepper.start(src[:1, -2:])    # first calls allocate library buffers
+        stepper.choose(warm_up, torch.zeros(1, dtype=torch.long, device=device),
+                       stepper.log_probs(warm_up, tokens[:1], 0).argmax(-1))
+        state = stepper.start(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        else:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        start = time.perf_counter()
+        log_p = stepper.log_probs(state, tokens, 0)
+        words = log_p.argmax(-1)
+        state = stepper.choose(state, torch.arange(rows, device=device), words)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    checksum = float(log_p.max(-1).values.sum())
+    if kind == "hmm1":
+        checksum += float(state["forward"].exp().sum())
+    return {"peak_mib": peak / MiB, "seconds": time.perf_counter() - start,
+            "checksum": checksum}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", default=["hmm0", "hmm1"])
+    parser.add_argument("--rows", type=int, default=40, help="beam rows N (beam × sentences)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64],
+                        help="source subwords J (without EOS)")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--one", nargs=3, metavar=("KIND", "LENGTH", "SETTING"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        kind, length, setting = args.one
+        print(json.dumps(one(kind, args.rows, int(length), args.vocab, args.d_model, setting,
+                             args.device)))
+        return
+
+    from aligner.translate import LEXICON_CHUNK_FLOATS
+    from aligner.utils import atomic_output
+
+    environment = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    results = {}
+    for kind in args.kinds:
+        for length in args.lengths:
+            for setting in SETTINGS:
+                command = [sys.executable, __file__, "--rows", str(args.rows), "--vocab",
+                           str(args.vocab), "--d-model", str(args.d_model), "--device",
+                           args.device, "--one", kind, str(length), setting]
+                output = subprocess.run(command, check=True, capture_output=True, text=True,
+                                        env=environment).stdout
+                results[kind, length, setting] = json.loads(output.strip().splitlines()[-1])
+                print(f"{kind} J={length} {setting}: {results[kind, length, setting]}",
+                      file=sys.stderr)
+
+    rows, vocab = args.rows, args.vocab
+    default_positions = max(1, LEXICON_CHUNK_FLOATS // (rows * vocab))
+    with atomic_output(args.output) as out:
+        out.write("# Peak memory of one hmm0/hmm1 decoding step: whole lexicon or chunked\n\n")
+        out.write(f"Command: `python eval/bench_translate_memory.py "
+                  f"{' '.join(sys.argv[1:])}`  \n")
+        out.write(f"Device: {args.device} ({platform.machine()}), float32, 1 thread; N = "
+                  f"{rows} beam rows (e.g. beam 5 × 8 sentences), vocabulary V = {vocab}, "
+                  f"d_model = lexicon dim k = {args.d_model}, 1 encoder + 1 decoder layer, "
+                  "random weights. One fresh process per cell; memory = growth of the peak "
+                  "resident set during one step (log_probs at step 0 + choose), glibc "
+                  "MALLOC_MMAP_THRESHOLD_=131072 (CPU), or max_memory_allocated (CUDA).\n\n")
+        out.write(f"Settings: **whole** = the stepper before this change (the whole "
+                  f"(N, J+1, V) lexicon); **default** = chunks of LEXICON_CHUNK_FLOATS = "
+                  f"{LEXICON_CHUNK_FLOATS} floats, here {default_positions} source positions "
+                  f"per chunk; **1-position** = chunk_floats 1, one source position per chunk "
+                  f"(the floor: N·V floats).\n\n")
+        for kind in args.kinds:
+            out.write(f"## {kind}\n\n")
+            extra = " first-order α hidden N·(J+2)·(J+1)·d·4 B, MiB |" if kind == "hmm1" else ""
+            out.write(f"| J | lexicon N·(J+1)·V·4 B, MiB |{extra} whole: MiB (s) | "
+                      f"default: MiB (s) | 1-position: MiB (s) |\n"
+                      f"|---|---|{'---|' if extra else ''}---|---|---|\n")
+            for length in args.lengths:
+                tensor = rows * (length + 1) * vocab * 4 / MiB
+                alignment = rows * (length + 2) * (length + 1) * args.d_model * 4 / MiB
+                cells = " | ".join(f"{results[kind, length, s]['peak_mib']:.0f} "
+                                   f"({results[kind, length, s]['seconds']:.3f})"
+                                   for s in SETTINGS)
+                column = f" {alignment:.0f} |" if extra else ""
+                out.write(f"| {length} | {tensor:.0f} |{column} {cells} |\n")
+            same = all(abs(results[kind, length, s]["checksum"]
+                           - results[kind, length, "whole"]["checksum"]) < 1e-3
+                       for length in args.lengths for s in SETTINGS)
+            out.write(f"\nSame log-probabilities{' and forward states' if kind == 'hmm1' else ''}"
+                      f" in every setting (checksums agree to 1e-3): {same}\n\n")
+        out.write(READING)
+
+
+if __name__ == "__main__":
+    main()
