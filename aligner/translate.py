@@ -37,6 +37,11 @@ maximum length (``max_len_a`` · source subwords + ``max_len_b``, capped by the 
 ``max_positions``) only EOS is allowed. PAD and BOS are never generated. With K = 1 this is
 greedy search. Finished sentences leave the batch.
 
+**Precision.** Run under :func:`aligner.precision.autocast_context` (``align translate
+--precision bf16``) the models' matmuls are bfloat16, while every stepper returns float32
+log-probabilities (each casts before its log_softmax / logsumexp), so the beam's running
+scores and the finished hypotheses' log-probabilities are float32 sums.
+
 **Alignments** (``alignment_method``): after the search, the chosen output is force-decoded
 through :func:`aligner.inference.hard_alignment` — the model is causal, so its alignment of
 output word i equals what it computed while generating i. Defaults
@@ -566,7 +571,12 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
                                input_name)
     seconds = time.time() - start
     n_subwords = sum(len(t.subwords) for t in results)
-    logger.info("translated %d lines (%s, beam %d) into %d subwords in %.1fs (%.1f lines/s, "
-                "%.0f subwords/s)", len(lines), direction, beam, n_subwords, seconds,
-                len(lines) / max(seconds, 1e-9), n_subwords / max(seconds, 1e-9))
+    device_type = (device or next(model.parameters()).device).type
+    precision = "fp32"                       # or autocast's (aligner.precision: bf16)
+    if torch.is_autocast_enabled(device_type):
+        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+            torch.get_autocast_dtype(device_type), "autocast")
+    logger.info("translated %d lines (%s, beam %d, %s) into %d subwords in %.1fs (%.1f "
+                "lines/s, %.0f subwords/s)", len(lines), direction, beam, precision, n_subwords,
+                seconds, len(lines) / max(seconds, 1e-9), n_subwords / max(seconds, 1e-9))
     return results

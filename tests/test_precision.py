@@ -314,7 +314,7 @@ def test_translate_precision_fp32_is_the_plain_output_and_bf16_runs(tmp_path, ki
     expected = "".join(f"{r.text} ||| {' '.join(f'{i}-{j}' for i, j in sorted(r.links))}\n"
                        for r in plain)
     args = ["translate", model_dir, "-i", tmp_path / "in.txt", "--beam", 3,
-            "--print-alignment", "-q"]
+            "--print-alignment", "--threads", 1, "-q"]
     outputs = {}
     for precision in (None, "fp32", "bf16"):
         code, outputs[precision], errors = run(

@@ -47,11 +47,13 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
               show_default=True,
               help="bf16: bfloat16 autocast (softmaxes and scores stay float32); auto = bf16 "
                    "on CUDA GPUs that support it, fp32 otherwise.")
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
+              help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
 def command(model_dir: str, input_path: str, output: str, direction: str, beam: int,
             print_alignment: bool, alignment_method: Optional[str], max_len_a: float,
             max_len_b: int, len_penalty: float, max_tokens: int, checkpoint: str, device: str,
-            precision: str, quiet: bool) -> None:
+            precision: str, threads: int, quiet: bool) -> None:
     """Translate the lines of -i with the model in MODEL_DIR (any model kind).
 
     Prints one translation per input line, in input order (an empty line, or one too long
@@ -61,6 +63,7 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
 
     Example: align translate runs/enfr -i test.en --beam 5 --print-alignment
     """
+    from aligner.cli.train import set_threads
     from aligner.distributed import resolve_device
     from aligner.formats import read_lines
     from aligner.log import setup_logging
@@ -70,6 +73,7 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     from aligner.utils import atomic_output, check_condition
 
     setup_logging(quiet=quiet)
+    set_threads(threads)
     check_condition(alignment_method is None or print_alignment,
                     "--alignment-method chooses the alignment of --print-alignment: give both")
     lines = read_lines(input_path)
