@@ -240,6 +240,39 @@ def test_mixture_log_probs_in_chunks_equals_the_whole_lexicon(positions, with_bi
     assert torch.logsumexp(log_p, dim=-1).abs().max() < 1e-5     # a distribution over V
 
 
+def test_mixture_log_probs_under_bf16_autocast_is_float32_and_close():
+    generator = torch.Generator().manual_seed(0)
+    log_prior = torch.log_softmax(torch.randn(3, 6, generator=generator), dim=-1)
+    source_hidden, target_hidden = torch.randn(3, 6, 8, generator=generator), torch.randn(3, 8)
+    weight, bias = torch.randn(20, 8, generator=generator), torch.randn(20, generator=generator)
+    exact, _ = mixture_log_probs(log_prior, source_hidden, target_hidden, weight, bias, 2)
+    with autocast_context("bf16", CPU):
+        log_p, log_norm = mixture_log_probs(log_prior, source_hidden, target_hidden, weight,
+                                            bias, 2)
+    assert log_p.dtype == log_norm.dtype == torch.float32
+    assert 0 < float((log_p - exact).abs().max()) <= 0.1       # logits |x| <~ 10: 2^-8 · 10 · 2
+
+
+@pytest.mark.parametrize("chunk_floats,expected", [(1, 1), (3 * 6 * 11, 3), (3 * 6 * 11 + 65, 3),
+                                                   (10 ** 6, 10 ** 6 // 66)])
+def test_positions_per_chunk_follow_chunk_floats(monkeypatch, chunk_floats, expected):
+    """positions = max(1, chunk_floats // (N · V)): N = 6 rows, V = 11 words."""
+    import aligner.translate as translate_module
+    seen = []
+
+    def spy(*args):
+        seen.append(args[-1])
+        return mixture_log_probs(*args)
+
+    monkeypatch.setattr(translate_module, "mixture_log_probs", spy)
+    model = tiny("hmm0")
+    stepper = DirectHMMStepper(model, chunk_floats)
+    state = stepper.start(sources([5, 6, 7], [8, 9, 10, 11, 12], [4], [5, 5], [6], [7, 8]))
+    with torch.no_grad():
+        stepper.log_probs(state, torch.full((6,), C.BOS_ID), 0)
+    assert seen == [expected]
+
+
 def hmm_models(trained):
     """Random (tiny, from test_translate) and trained direct HMMs of both orders."""
     return [tiny("hmm0", seed=1), tiny("hmm1", seed=1), tiny("hmm1", markov_order=2, seed=2),
