@@ -8,16 +8,19 @@ themselves, which cast with ``.float()`` before them (or switch autocast off loc
 
 * every log_softmax / softmax that yields a probability the search or extraction reads
   (the transformer's output and attention weights, the direct HMM's lexicon and alignment
-  α, the alignment layer's output and attention);
+  α, the alignment layer's output and attention); the transformer's attention weights are
+  then rounded to bfloat16 for their product with the values, and extraction reads them so
+  (relative error <= 2^-9);
 * the direct HMM's forward–backward, Viterbi and log-semiring products
   (aligner/models/hmm_algorithms.py works in its inputs' dtype, float32);
 * the beam search's running scores and the finished hypotheses' log-probabilities.
 
-``auto`` is bf16 on a CUDA device that supports it (:func:`torch.cuda.is_bf16_supported`),
-float32 everywhere else. ``bf16`` on CPU uses CPU autocast: it exists for testing and for
-CPUs with fast bfloat16 units; on most CPUs it is slower than float32. Note that CPU autocast,
-unlike CUDA autocast, does not promote softmax / layer norm to float32 by itself: the explicit
-``.float()`` casts above are what keeps them exact.
+``auto`` is bf16 on a CUDA device with native bfloat16 (compute capability >= 8: A100, H100,
+RTX 30xx and later), float32 everywhere else; ``bf16`` is also accepted on older GPUs, which
+emulate it. ``bf16`` on CPU uses CPU autocast: faster than float32 on CPUs with bfloat16
+instructions (avx512_bf16, AMX; see eval/results/precision_bf16.md), usually slower on others,
+hence not ``auto``. CPU autocast, unlike CUDA autocast, does not promote softmax and layer norm
+to float32 by itself: the explicit ``.float()`` casts above are what keeps them exact.
 
 Usage (the whole decoding or extraction call goes inside the context)::
 
@@ -45,14 +48,22 @@ def resolve_precision(name: str, device: torch.device) -> str:
     """
     if name not in PRECISIONS:
         raise AlignerError(f"--precision must be one of {', '.join(PRECISIONS)} (got '{name}')")
-    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     if name == "auto":
-        return "bf16" if cuda_bf16 else "fp32"
+        native = device.type == "cuda" and cuda_supports_bf16(device, emulation=False)
+        return "bf16" if native else "fp32"
     if name == "bf16":
-        check_condition(device.type == "cpu" or cuda_bf16,
+        check_condition(device.type == "cpu" or (device.type == "cuda" and
+                                                 cuda_supports_bf16(device, emulation=True)),
                         f"--precision bf16: not supported on device '{device}' "
                         f"(use --precision fp32)")
     return name
+
+
+def cuda_supports_bf16(device: torch.device, emulation: bool) -> bool:
+    """Whether CUDA device `device` runs bfloat16: natively (compute capability >= 8, e.g.
+    A100/H100) or, with `emulation`, at all (older GPUs emulate it, slowly)."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_bf16_supported(including_emulation=emulation)
 
 
 def autocast_context(precision: str, device: torch.device) -> ContextManager:

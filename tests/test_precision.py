@@ -129,6 +129,31 @@ def test_resolve_precision_on_cpu_and_bad_values():
         resolve_precision("bf16", torch.device("meta"))
 
 
+@pytest.mark.parametrize("capability,auto,bf16_ok", [(8, "bf16", True), (7, "fp32", True),
+                                                    (None, "fp32", False)])
+def test_resolve_precision_on_cuda_by_compute_capability(monkeypatch, capability, auto,
+                                                         bf16_ok):
+    """A fake CUDA device: native bf16 from compute capability 8 (auto picks it), emulated
+    below (only an explicit bf16 uses it), none at all (bf16 is a one-line error)."""
+    import contextlib
+
+    def is_bf16_supported(including_emulation=True):
+        if capability is None:
+            return False
+        return capability >= 8 or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    cuda = torch.device("cuda", 0)
+    assert resolve_precision("auto", cuda) == auto
+    assert resolve_precision("fp32", cuda) == "fp32"
+    if bf16_ok:
+        assert resolve_precision("bf16", cuda) == "bf16"
+    else:
+        with pytest.raises(AlignerError, match="not supported on device 'cuda:0'"):
+            resolve_precision("bf16", cuda)
+
+
 def test_autocast_context_switches_bf16_matmuls_on_and_off():
     layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     with autocast_context("fp32", CPU):
