@@ -193,7 +193,8 @@ def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
     """The direct HMM's word distribution at one target position, source positions chunked.
 
     log p(v) = logsumexp_j (log π(j) + log p_lex(v|j)) with
-    log p_lex(v|j) = logit(v|j) − log Σ_v' exp(logit(v'|j)), logit(·|j) = W4·relu(W5·h_j + W6·s).
+    log p_lex(v|j) = logit(v|j) − log Σ_v' exp(logit(v'|j)),
+    logit(·|j) = W4·relu(W5·h_j + W6·s).
 
     Args:
         log_prior: (N, J+1) log π(j) (−inf at padded positions), float32.

@@ -194,7 +194,8 @@ def main() -> None:
                   f"(the floor: N·V floats).\n\n")
         for kind in args.kinds:
             out.write(f"## {kind}\n\n")
-            extra = " first-order α hidden N·(J+2)·(J+1)·d·4 B, MiB |" if kind == "hmm1" else ""
+            extra = (" first-order α hidden N·(J+2)·(J+1)·d·4 B, MiB |" if kind == "hmm1"
+                     else "")
             out.write(f"| J | lexicon N·(J+1)·V·4 B, MiB |{extra} whole: MiB (s) | "
                       f"default: MiB (s) | 1-position: MiB (s) |\n"
                       f"|---|---|{'---|' if extra else ''}---|---|---|\n")

@@ -46,7 +46,7 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
               show_default=True,
               help="bf16: bfloat16 autocast (softmaxes and scores stay float32); auto = bf16 "
-                   "on CUDA GPUs that support it, fp32 otherwise.")
+                   "on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
