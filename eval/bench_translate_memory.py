@@ -16,6 +16,10 @@ MALLOC_MMAP_THRESHOLD_ fixed so that every large tensor is its own mapping, retu
 freed; on CUDA it is torch.cuda.max_memory_allocated. Writes a markdown table.
 
     python eval/bench_translate_memory.py --output eval/results/translate_memory.md
+
+``--compare MODEL_DIR INPUT`` instead translates the first ``--lines`` lines of INPUT with a
+trained hmm0/hmm1 model directory both ways and prints one markdown row: times, identical
+outputs, largest log-probability difference.
 """
 from __future__ import annotations
 
@@ -139,6 +143,38 @@ def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: st
             "checksum": checksum}
 
 
+def compare(model_dir: str, input_path: str, n_lines: int, beam: int) -> str:
+    """Translate the first `n_lines` of `input_path` with a trained hmm0/hmm1 model directory,
+    whole lexicon vs chunked (default), 1 thread: a markdown row (times, identical outputs)."""
+    import torch
+
+    import aligner.translate as translate_module
+    from aligner.model_dir import LoadedModelDir
+
+    torch.set_num_threads(1)
+    with open(input_path, encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for _, line in zip(range(n_lines), handle)]
+    loaded = LoadedModelDir.load(model_dir, ("fwd",))
+    original = translate_module.make_stepper
+    results, seconds = {}, {}
+    try:
+        for setting in ("chunked", "whole", "chunked"):     # chunked twice: warm-up, noise
+            translate_module.make_stepper = (whole_lexicon_stepper if setting == "whole"
+                                             else original)
+            start = time.perf_counter()
+            results[setting] = translate_module.translate(loaded, lines, "fwd", beam=beam)
+            seconds[setting] = min(seconds.get(setting, 1e9), time.perf_counter() - start)
+    finally:
+        translate_module.make_stepper = original
+    pairs = list(zip(results["chunked"], results["whole"]))
+    same = sum(a.subwords == b.subwords for a, b in pairs)
+    delta = max((abs(a.log_prob - b.log_prob) for a, b in pairs if a.subwords == b.subwords),
+                default=0.0)
+    return (f"| {model_dir} ({loaded.config.model_kind}) | {len(lines)} | {beam} | "
+            f"{seconds['whole']:.1f} | {seconds['chunked']:.1f} | {same}/{len(lines)} | "
+            f"{delta:.1e} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=["hmm0", "hmm1"])
@@ -151,7 +187,15 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     parser.add_argument("--one", nargs=3, metavar=("KIND", "LENGTH", "SETTING"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--compare", nargs=2, metavar=("MODEL_DIR", "INPUT"),
+                        help="instead: translate INPUT with a trained hmm model directory, "
+                             "whole vs chunked lexicon; prints one markdown table row")
+    parser.add_argument("--lines", type=int, default=50, help="--compare: first N lines")
+    parser.add_argument("--beam", type=int, default=5, help="--compare: beam size")
     args = parser.parse_args()
+    if args.compare:
+        print(compare(args.compare[0], args.compare[1], args.lines, args.beam))
+        return
     if args.one:
         kind, length, setting = args.one
         print(json.dumps(one(kind, args.rows, int(length), args.vocab, args.d_model, setting,
