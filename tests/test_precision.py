@@ -202,9 +202,10 @@ def test_bf16_extraction_is_close_to_fp32(trained, kind):
 def test_bf16_beam_search_log_probs_are_float32_and_close_to_fp32(trained, kind):
     """The stepper's log-probabilities stay float32 under autocast; each bf16 hypothesis'
     log-probability is within LOG_PROB_TOLERANCE_PER_TOKEN per token of the fp32 model's score
-    of the same output. The trained hmm models find the same outputs in both precisions; the
-    barely trained transformer (flat distributions: near-ties early in the search send the
-    beam down other paths) at least half of them (measured 6/8)."""
+    of the same output. The trained hmm models find the same outputs in both precisions (all
+    8 measured; one flip is allowed for CPUs with other bf16 kernels); the barely trained
+    transformer (flat distributions: near-ties early in the search send the beam down other
+    paths) at least half of them (measured 6/8)."""
     model = trained[kind]
     pairs = reversal_pairs(random.Random(8), 8)
     src = sources(*[s for s, _ in pairs])
@@ -230,7 +231,7 @@ def test_bf16_beam_search_log_probs_are_float32_and_close_to_fp32(trained, kind)
         if a.tokens == b.tokens:
             assert abs(a.log_prob - b.log_prob) <= tolerance * length
     same = sum(a.tokens == b.tokens for a, b in zip(fp32, bf16))
-    assert same == len(pairs) if kind.startswith("hmm") else same >= len(pairs) // 2
+    assert same >= (len(pairs) - 1 if kind.startswith("hmm") else len(pairs) // 2)
 
 
 # -- the hmm decoding lexicon, chunked over source positions -----------------------------------
