@@ -11,7 +11,12 @@ and layer norms is off by up to 0.03 (transformer logits, magnitude <= 6), 0.06 
 and 0.08 (log p_lex, magnitude <= 20); measured with scripts like this file's, on CPU.
 A probability moves by at most a quarter of its log-score's error (d softmax / d logit
 <= p(1-p) <= 1/4); a posterior ∝ α·p_lex combines two such errors: <= (0.06 + 0.08)/4 = 0.035,
-so SOFT_TOLERANCE = 0.04 (measured worst case over all kinds and methods: 0.014).
+so SOFT_TOLERANCE = 0.04 (measured worst case over all kinds and methods: 0.015). layer-sgd
+adds three gradient steps (lr 1) on the attention, each gradient computed through bf16
+matmuls and off by a few % of itself: its errors compound, and after renormalization the
+measured worst case is 0.014 with this machine's avx512_bf16 kernels but 0.069 with
+ATEN_CPU_CAPABILITY=default (plain kernels, as on CPUs without bf16 units; mean 0.0007):
+SGD_SOFT_TOLERANCE = 0.1.
 A hypothesis' log-probability adds one log p(e) error per output token, at worst the largest
 log-score error (~0.1), in practice much less because roundings partly cancel (measured
 <= 0.005 per token): LOG_PROB_TOLERANCE_PER_TOKEN = 0.03. Hard links are argmaxes and flip
@@ -48,6 +53,7 @@ CPU = torch.device("cpu")
 KINDS = ("transformer", "hmm0", "hmm1", "alignment-layer")
 VOCAB = 24                  # ids 4..13 source words, 14..23 target words (source + 10)
 SOFT_TOLERANCE = 0.04
+SGD_SOFT_TOLERANCE = 0.1
 LOG_PROB_TOLERANCE_PER_TOKEN = 0.03
 LINK_AGREEMENT = 0.95
 
@@ -190,7 +196,8 @@ def test_bf16_extraction_is_close_to_fp32(trained, kind):
             links16 = align_pairs(model, pairs, "fwd", method)
         assert all(m.dtype == np.float32 for m in soft16)
         worst = max(float(np.abs(a - b).max()) for a, b in zip(soft32, soft16))
-        assert worst <= SOFT_TOLERANCE, (method, worst)
+        assert worst <= (SGD_SOFT_TOLERANCE if method == "layer-sgd" else SOFT_TOLERANCE), (
+            method, worst)
         differs |= worst > 0
         common = sum(len(a & b) for a, b in zip(links32, links16))
         either = sum(len(a | b) for a, b in zip(links32, links16))
@@ -413,7 +420,8 @@ def test_extract_precision_fp32_is_the_plain_output_and_bf16_is_close(tmp_path, 
     assert soft["fp32"].keys() == soft["bf16"].keys()
     worst = max(float(np.abs(soft["fp32"][k] - soft["bf16"][k]).max()) for k in soft["fp32"])
     assert all(a.dtype == np.float32 for a in soft["bf16"].values())
-    assert 0 < worst <= SOFT_TOLERANCE, worst          # > 0: bf16 did reach the model
+    tolerance = SGD_SOFT_TOLERANCE if kind == "alignment-layer" else SOFT_TOLERANCE
+    assert 0 < worst <= tolerance, worst               # > 0: bf16 did reach the model
 
 
 def test_api_precision(tmp_path):
