@@ -109,7 +109,7 @@ class Aligner:
     def align(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
               method: Optional[str] = None, direction: str = "both",
               heuristic: str = C.DEFAULT_HEURISTIC, return_probabilities: bool = False,
-              max_tokens: int = 4000, **method_options: Any
+              max_tokens: int = 4000, threshold: float = 0.5, **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -117,7 +117,9 @@ class Aligner:
             whitespace) or a list of words. An empty sentence gets an empty link set.
         method: one of :attr:`methods` (default: the first, as ``align extract``).
         direction: "fwd", "rev" or "both" (both directions, combined by `heuristic`, one of
-            intersect, union, grow-diag, grow-diag-final, grow-diag-final-and).
+            intersect, union, grow-diag, grow-diag-final, grow-diag-final-and, or
+            soft-average: links where the mean of the two directions' probabilities exceeds
+            `threshold`; see aligner.soft_symmetrize).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
 
@@ -133,14 +135,16 @@ class Aligner:
         from aligner.formats import Bitext, check_same_length
         from aligner.inference import align_pairs, encode_bitext, soft_alignments
         from aligner.precision import autocast_context
+        from aligner.soft_symmetrize import soft_average
         from aligner.symmetrize import symmetrize
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
         check_same_length("src", len(src_words), "tgt", len(tgt_words))
         check_condition(direction in C.DIRECTIONS + ("both",),
                         f"direction must be fwd, rev or both, not '{direction}'")
-        check_condition(heuristic in C.HEURISTICS, f"unknown heuristic '{heuristic}' (choose "
-                                                   f"from {', '.join(C.HEURISTICS)})")
+        heuristics = C.HEURISTICS + C.SOFT_HEURISTICS
+        check_condition(heuristic in heuristics, f"unknown heuristic '{heuristic}' (choose "
+                                                 f"from {', '.join(heuristics)})")
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         missing = [d for d in directions if d not in self.loaded.models]
         check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "
@@ -153,15 +157,19 @@ class Aligner:
         with autocast_context(self.precision, self.device):
             by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,
                                            self.device, method_options) for d in directions}
-        if direction == "both":
+        soft = None
+        if return_probabilities or (direction == "both" and heuristic in C.SOFT_HEURISTICS):
+            with autocast_context(self.precision, self.device):
+                soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
+                                           self.device, method_options) for d in directions}
+        if direction == "both" and heuristic in C.SOFT_HEURISTICS:
+            links = [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
+        elif direction == "both":
             links = [symmetrize(f, r, heuristic)
                      for f, r in zip(by_direction["fwd"], by_direction["rev"])]
         else:
             links = by_direction[direction]
         if not return_probabilities:
             return links
-        with autocast_context(self.precision, self.device):
-            soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
-                                       self.device, method_options) for d in directions}
         return [(pair_links, {d: soft[d][k] for d in directions})
                 for k, pair_links in enumerate(links)]

@@ -28,5 +28,7 @@ LOG_NAME = "train.log"
 # Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
 HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
 DEFAULT_HEURISTIC = "grow-diag"
+# Combine the two directions' soft alignments instead of their links (aligner.soft_symmetrize).
+SOFT_HEURISTICS = ("soft-average",)
 
 DEFAULT_SEED = 1

@@ -32,6 +32,7 @@ from aligner.data import (EncodedPair, encode_pair, inference_batches, make_batc
 from aligner.formats import Bitext
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
+from aligner.soft_symmetrize import DEFAULT_THRESHOLD, SOFT_HEURISTICS, soft_average
 from aligner.symmetrize import symmetrize
 from aligner.utils import check_condition
 
@@ -217,13 +218,17 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 directions: Sequence[str] = C.DIRECTIONS,
                 heuristics: Sequence[str] = (C.DEFAULT_HEURISTIC,),
                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
-                options: Optional[Dict[str, Any]] = None) -> Dict[str, List[Set[Link]]]:
+                options: Optional[Dict[str, Any]] = None,
+                threshold: float = DEFAULT_THRESHOLD) -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
     heuristics only when both directions are), each a list with one source–target link set
     per input line, in input order. `loaded` may be a model directory path (loaded on `device`,
-    best checkpoint, only the directions asked for).
+    best checkpoint, only the directions asked for). A Moses heuristic (aligner.symmetrize)
+    combines the two directions' hard links; ``soft-average`` (aligner.soft_symmetrize)
+    averages their word-level soft alignments (:func:`soft_alignments`) and keeps the links
+    above `threshold`.
     """
     if isinstance(loaded, str):
         loaded = LoadedModelDir.load(loaded, directions, "best", device)
@@ -233,8 +238,17 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         out[direction] = align_pairs(loaded.models[direction], pairs, direction, method,
                                      max_tokens, device, options)
     if "fwd" in out and "rev" in out:
+        soft: Dict[str, List[np.ndarray]] = {}
         for heuristic in heuristics:
-            out[heuristic] = [symmetrize(f, r, heuristic) for f, r in zip(out["fwd"], out["rev"])]
+            if heuristic in SOFT_HEURISTICS:
+                if not soft:
+                    soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens,
+                                               device, options) for d in C.DIRECTIONS}
+                out[heuristic] = [soft_average(f, r, threshold)
+                                  for f, r in zip(soft["fwd"], soft["rev"])]
+            else:
+                out[heuristic] = [symmetrize(f, r, heuristic)
+                                  for f, r in zip(out["fwd"], out["rev"])]
     return out
 
 
@@ -242,13 +256,15 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             direction: str = "both",
             heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
             device: Optional[torch.device] = None,
-            options: Optional[Dict[str, Any]] = None) -> List[Set[Link]]:
-    """Word-level source–target links per input line: one direction, or both symmetrized.
+            options: Optional[Dict[str, Any]] = None,
+            threshold: float = DEFAULT_THRESHOLD) -> List[Set[Link]]:
+    """Word-level source–target links per input line: one direction, or both symmetrized
+    (`heuristic`: a Moses heuristic or soft-average with `threshold`; see extract_all).
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
-                           device, options)[heuristic]
+                           device, options, threshold)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
                        options)[direction]

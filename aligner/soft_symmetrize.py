@@ -29,11 +29,11 @@ from typing import List, Sequence, Set, Tuple
 
 import numpy as np
 
+from aligner.constants import SOFT_HEURISTICS  # noqa: F401  (re-exported)
 from aligner.utils import AlignerError
 
 Link = Tuple[int, int]
 
-SOFT_HEURISTICS = ("soft-average",)
 DEFAULT_THRESHOLD = 0.5
 
 

@@ -105,6 +105,18 @@ def test_both_directions_give_both_matrices_and_the_symmetrized_links(aligner, t
     assert links == symmetrize(fwd, rev, "intersect") == fwd & rev
 
 
+def test_soft_average_thresholds_the_mean_of_the_two_matrices(aligner, transformer_dir):
+    import numpy as np
+    _, sources, targets, _ = transformer_dir
+    results = aligner.align(sources[:4], targets[:4], return_probabilities=True)
+    for threshold in (0.5, 0.2):
+        links = aligner.align(sources[:4], targets[:4], heuristic="soft-average",
+                              threshold=threshold)
+        for pair_links, (_, probabilities) in zip(links, results):
+            mean = (probabilities["fwd"] + probabilities["rev"]) / 2
+            assert pair_links == {(int(i), int(j)) for i, j in zip(*np.nonzero(mean > threshold))}
+
+
 def test_empty_sentence_gets_no_links_and_a_zero_matrix_in_place(aligner, transformer_dir):
     _, sources, targets, _ = transformer_dir
     results = aligner.align([sources[0], "", sources[1]], [targets[0], targets[1], targets[1]],

@@ -221,6 +221,35 @@ def test_extract_writes_soft_matrices(tmp_path, corpus):
         assert np.allclose(arrays[f"rev_{k}"].sum(axis=1), 1.0, atol=1e-5)  # per source word
 
 
+def test_extract_soft_average_uses_the_soft_matrices(tmp_path, corpus):
+    """-H soft-average links exactly where the mean of the --soft matrices exceeds --threshold
+    (checked with numpy here, not with the library function), for two thresholds."""
+    import numpy as np
+
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 6,
+        *TINY)
+    soft = tmp_path / "soft.npz"
+    base = ["extract", model, "-s", corpus["vsrc"], "-t", corpus["vtgt"], "-q"]
+    run(*base, "--soft", soft, "-o", tmp_path / "gd.txt")
+    arrays = np.load(soft)
+    for threshold in (None, 0.3):
+        out = tmp_path / f"soft-{threshold}.txt"
+        extra = [] if threshold is None else ["--threshold", threshold]
+        run(*base, "-H", "soft-average", *extra, "-o", out)
+        links = read_pharaoh(str(out))
+        assert len(links) == 6
+        for k in range(6):
+            mean = (arrays[f"fwd_{k}"] + arrays[f"rev_{k}"]) / 2
+            expected = {(int(i), int(j)) for i, j in zip(*np.nonzero(mean > (threshold or 0.5)))}
+            assert links[k] == expected
+    assert read_pharaoh(str(tmp_path / "soft-0.3.txt")) != read_pharaoh(str(tmp_path / "gd.txt"))
+    assert "--threshold is the threshold of -H soft-average" in error_line(
+        run(*base, "--threshold", 0.4, ok=False))
+    assert "--symmetrize combines two directions" in error_line(
+        run(*base, "--direction", "rev", "-H", "soft-average", ok=False))
+
+
 def test_tokenize_and_lowercase_reach_training_and_extraction(tmp_path):
     src, tgt = tmp_path / "raw.en", tmp_path / "raw.fr"
     src.write_text("Hello, world!\nThe cat (black) sleeps.\n" * 10)

@@ -37,9 +37,14 @@ from aligner.utils import check_condition
 @click.option("--direction", type=click.Choice(["fwd", "rev", "both"]), default="both",
               show_default=True, help="fwd = p(target|source), rev = p(source|target), both = "
                                       "symmetrized. Output is always source-target.")
-@click.option("-H", "--symmetrize", "heuristic", type=click.Choice(list(C.HEURISTICS)),
-              default=None, help=f"Heuristic for --direction both [default: "
-                                 f"{C.DEFAULT_HEURISTIC}].")
+@click.option("-H", "--symmetrize", "heuristic",
+              type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)), default=None,
+              help=f"Heuristic for --direction both [default: {C.DEFAULT_HEURISTIC}]. The Moses "
+                   f"heuristics combine the two directions' links; soft-average links (i, j) "
+                   f"when the mean of the two directions' word-level probabilities (as "
+                   f"written by --soft) exceeds --threshold.")
+@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+              help="Probability threshold of -H soft-average  [default: 0.5]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -61,7 +66,8 @@ from aligner.utils import check_condition
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
-            direction: str, heuristic: Optional[str], output: str, soft: Optional[str],
+            direction: str, heuristic: Optional[str], threshold: Optional[float], output: str,
+            soft: Optional[str],
             checkpoint: str,
             max_tokens: int, device: str, precision: str, threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
@@ -79,6 +85,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
+    from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
@@ -88,6 +95,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     "give the sentence pairs as -s/-t or as -i, not both (and not neither)")
     check_condition(heuristic is None or direction == "both",
                     "--symmetrize combines two directions: use it with --direction both")
+    check_condition(threshold is None or heuristic in C.SOFT_HEURISTICS,
+                    "--threshold is the threshold of -H soft-average: give both")
     options = parse_key_values(method_option, "--method-option")
     if layer is not None:
         options["layer"] = layer
@@ -107,7 +116,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     f"(choose from {', '.join(kind_methods)})")
     with autocast_context(precision, torch_device):
         alignments = extract(loaded, bitext, method, direction,
-                             heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options)
+                             heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options,
+                             DEFAULT_THRESHOLD if threshold is None else threshold)
         write_pharaoh(output, alignments)
         if soft is not None:
             write_soft(soft, loaded, bitext, method, directions, max_tokens, torch_device,
