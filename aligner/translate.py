@@ -240,9 +240,18 @@ class DirectHMMStepper(Stepper):
         self.chunk_floats = chunk_floats
 
     def encode(self, src: torch.Tensor) -> State:
-        return {"memory": self.model.encode(src)}
+        memory = self.model.encode(src)
+        if self.order == 0:
+            return {"memory": memory}
+        # hmm1's alignment keys (N, J+1, J, d) depend on the source only: computed once here
+        # and selected with the beam rows, not recomputed at every output position
+        return {"memory": memory,
+                "alignment_keys": self.model.output_layer.first_order.keys(memory)}
 
     def _layer(self, index, x, history, state):
+        if index == len(self.layers) - 1 and self.order == 1:
+            return self.layers[index](x, state["memory"], None, state["src_pad_mask"], history,
+                                      state["alignment_keys"])
         return self.layers[index](x, state["memory"], None, state["src_pad_mask"], history)
 
     def _output(self, last, state, step):

@@ -318,8 +318,10 @@ class FirstOrderAlignment(nn.Module):
         nn.init.normal_(self.start, std=d_model ** -0.5)
         nn.init.normal_(self.jump.weight, std=d_model ** -0.5)
 
-    def forward(self, s_prev: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor
-                ) -> torch.Tensor:
+    def keys(self, memory: torch.Tensor) -> torch.Tensor:
+        """W_o·relu(W_a·h_j + W_b·h_j' + D[jump]): (B, J+1, J, d), previous state j' (start
+        first) by state j. Depends on the source only, so a decoder computes it once per
+        sentence (aligner.translate) instead of once per output position."""
         batch, states, d_model = memory.shape
         previous = torch.cat([self.start.expand(batch, 1, d_model).to(memory.dtype), memory], 1)
         position = torch.arange(states, device=memory.device)
@@ -328,8 +330,15 @@ class FirstOrderAlignment(nn.Module):
             -self.max_jump, self.max_jump) + self.max_jump                       # (J+1, J)
         hidden = F.relu(self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
                         + self.jump(jump).to(memory.dtype))                      # (B, J+1, J, d)
-        keys = self.w_o(hidden)
-        scores = torch.einsum("bid,bkjd->bikj", self.query(s_prev), keys) / math.sqrt(d_model)
+        return self.w_o(hidden)
+
+    def forward(self, s_prev: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
+                keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """s_prev (B, I, d), memory (B, J, d), src_pad_mask (B, J); keys: ``self.keys(memory)``
+        when already computed. Returns log α (B, I, J+1, J)."""
+        keys = self.keys(memory) if keys is None else keys
+        scores = torch.einsum("bid,bkjd->bikj", self.query(s_prev), keys) / math.sqrt(
+            memory.size(-1))
         scores = scores.float().masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
         return torch.log_softmax(scores, dim=-1)
 
@@ -362,10 +371,12 @@ class HMMOutputLayer(nn.Module):
             self.first_order = FirstOrderAlignment(d_model, config.max_jump)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
-                src_pad_mask: torch.Tensor, history: Optional[torch.Tensor] = None
+                src_pad_mask: torch.Tensor, history: Optional[torch.Tensor] = None,
+                alignment_keys: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.order == 1:
-            log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask)
+        if self.order == 1:   # alignment_keys: first_order.keys(memory), cached by a decoder
+            log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask,
+                                         alignment_keys)
         attended = decoder_self_attention(self.self_attn, self.norm_self, x, tgt_pad_mask,
                                           history, self.markov_order)
         s = self.norm_out(x + self.dropout(attended))                           # s_i^(L)
