@@ -76,8 +76,12 @@ if TYPE_CHECKING:  # pragma: no cover
 Link = Tuple[int, int]
 # Table columns: the two directions, then the symmetrizations computed from them.
 DIRECTIONS = ("fwd", "rev")
-HEURISTICS = ("grow-diag", "grow-diag-final-and")
-COLUMNS = DIRECTIONS + HEURISTICS
+HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
+# A column only `align` rows fill: the two directions' soft alignments averaged and
+# thresholded at 0.5 (`align extract --direction both -H soft-average`); peers give no
+# probabilities, their cell stays empty.
+SOFT_COLUMN = "soft-average"
+COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
 
 
 @dataclass
@@ -331,11 +335,24 @@ def plan_aligner(kind: str, method: str, corpus: Corpus, workdir: str,
         steps.append(peers.Step(f"extract-{direction}", [
             "align", "extract", model, "--method", method, "--direction", direction,
             "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", path, *extract_args]))
+    soft_step, soft_path = _soft_average_step(model, method, corpus, workdir, extract_args)
+    steps.append(soft_step)
     return peers.PeerRun(label=f"align {kind}:{method}", version=f"aligner {aligner_version}",
                          settings=f"train: {' '.join(train_args) or 'defaults'}; "
                                   f"extract: {' '.join(extract_args) or 'defaults'}",
                          steps=steps, forward=forward, reverse=reverse,
-                         first_line=corpus.first_gold_line)
+                         first_line=corpus.first_gold_line,
+                         symmetrized={SOFT_COLUMN: soft_path})
+
+
+def _soft_average_step(model_dir: str, method: str, corpus: Corpus, workdir: str,
+                       extract_args: Sequence[str]) -> Tuple[peers.Step, str]:
+    """``align extract --direction both -H soft-average`` of the gold sentences."""
+    path = os.path.join(workdir, f"{SOFT_COLUMN}.txt")
+    return peers.Step(f"extract-{SOFT_COLUMN}", [
+        "align", "extract", model_dir, "--method", method, "--direction", "both",
+        "-H", SOFT_COLUMN, "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", path,
+        *extract_args]), path
 
 
 def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
@@ -368,6 +385,12 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
         result.status = f"failed: {error}"
         return result
     result.scores = score_directions(forward, reverse, corpus, workdir)
+    try:
+        for column, path in run.symmetrized.items():
+            score_symmetrized(column, path, run.first_line, corpus, result.scores)
+    except AlignerError as error:
+        result.status = f"failed: {error}"
+        return result
     if os.path.exists(agreement):
         with open(agreement, encoding="utf-8") as handle:
             agree, total = handle.read().split()
@@ -381,6 +404,23 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
             result.notes.append(f"the package's own grow-diag-final-and output scores "
                                 f"{format_score(score)} on {gold_set.name}")
     return result
+
+
+def score_symmetrized(column: str, path: str, first_line: int, corpus: Corpus,
+                      scores: Dict[str, Dict[str, AERScore]]) -> None:
+    """Score a system's own symmetrized links (Pharaoh ``path`` from corpus line
+    ``first_line`` to the end) on every gold set into ``scores[gold set][column]``."""
+    links = read_pharaoh(path)
+    expected = len(corpus) - first_line
+    check_condition(len(links) == expected, f"{path}: {len(links)} lines, expected {expected}")
+    for gold_set in corpus.gold_sets:
+        start = gold_set.offset - first_line
+        for k in range(gold_set.size):
+            line = gold_set.offset + k
+            check_links_in_range(links[start + k], len(corpus.sources[line]),
+                                 len(corpus.targets[line]), path, start + k + 1)
+        scores[gold_set.name][column] = score_aer(links[start:start + gold_set.size],
+                                                  gold_set.golds)
 
 
 def format_score(score: AERScore) -> str:
@@ -401,7 +441,10 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               + f" = {len(corpus)} lines; every system trains on all of them",
               "- cells: AER % (precision % / recall %), corpus-level counts "
               "(Och & Ney; `aligner.metrics.score_aer`); fwd = p(target|source), "
-              "rev = p(source|target), symmetrized by `aligner.symmetrize`",
+              "rev = p(source|target), symmetrized by `aligner.symmetrize`; soft-average "
+              "(`align` rows only: peers give no probabilities) = `align extract -H "
+              "soft-average`, links where the mean of the two directions' word-level "
+              "probabilities exceeds 0.5 (`aligner.soft_symmetrize`)",
               "- time: wall seconds of the system's commands (training and alignment of the "
               "whole corpus, or training plus extraction of the gold lines); peak: largest "
               "resident set of one process (MiB)"]
@@ -413,13 +456,14 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
     for gold_set in corpus.gold_sets:
         lines += [f"## {gold_set.name}: {gold_set.gold_path} ({gold_set.size} sentence pairs, "
                   f"corpus lines {gold_set.offset + 1}-{gold_set.offset + gold_set.size})", "",
-                  "| system | fwd | rev | grow-diag | grow-diag-final-and | time s | peak MiB |",
-                  "|---|---|---|---|---|---:|---:|"]
+                  "| system | " + " | ".join(COLUMNS) + " | time s | peak MiB |",
+                  "|---" * (len(COLUMNS) + 1) + "|---:|---:|"]
         for result in results:
             if result.status != "ok":
-                lines.append(f"| {result.label} | {result.status} | | | | | |")
+                lines.append(f"| {result.label} | {result.status} |" + " |" * (len(COLUMNS) + 1))
                 continue
-            cells = [format_score(result.scores[gold_set.name][c]) for c in COLUMNS]
+            cells = [format_score(result.scores[gold_set.name][c])
+                     if c in result.scores[gold_set.name] else "–" for c in COLUMNS]
             lines.append(f"| {result.label} | " + " | ".join(cells)
                          + f" | {result.wall_s:.1f} | {result.peak_kib / 1024:.0f} |")
         lines.append("")
@@ -861,6 +905,9 @@ def plan_pretrained(model: PretrainedModel, corpus: Corpus, workdir: str,
         "align", "extract", spec.model_dir, "--method", spec.method, "--direction", direction,
         "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", path, *extract_args])
         for direction, path in (("fwd", forward), ("rev", reverse))]
+    soft_step, soft_path = _soft_average_step(spec.model_dir, spec.method, corpus, workdir,
+                                              extract_args)
+    steps.append(soft_step)
     label = spec.label or f"align {model.kind}:{spec.method} (pre-trained {spec.model_dir})"
     notes = []
     if model.mismatch is not None:
@@ -880,7 +927,8 @@ def plan_pretrained(model: PretrainedModel, corpus: Corpus, workdir: str,
                          settings=f"model: {spec.model_dir}; extract: "
                                   f"{' '.join(extract_args) or 'defaults'}",
                          steps=steps, forward=forward, reverse=reverse,
-                         first_line=corpus.first_gold_line, notes=notes)
+                         first_line=corpus.first_gold_line, notes=notes,
+                         symmetrized={SOFT_COLUMN: soft_path})
 
 
 def _split_method(spec: str) -> Tuple[str, str]:

@@ -94,6 +94,9 @@ class PeerRun:
     reverse: str
     first_line: int = 0
     notes: List[str] = field(default_factory=list)
+    # Further table columns the system writes itself, already symmetrized: column name ->
+    # Pharaoh file starting at corpus line ``first_line`` (e.g. align's soft-average).
+    symmetrized: Dict[str, str] = field(default_factory=dict)
 
 
 def _package_version(name: str) -> Optional[str]:
