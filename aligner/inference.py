@@ -263,6 +263,13 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
+    if direction == "both" and heuristic in SOFT_HEURISTICS:   # needs no hard links
+        if isinstance(loaded, str):
+            loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
+        pairs = encode_bitext(loaded, bitext)
+        soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens, device,
+                                   options) for d in C.DIRECTIONS}
+        return [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
                            device, options, threshold)[heuristic]

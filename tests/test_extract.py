@@ -208,6 +208,11 @@ def test_extract_from_model_directory_symmetrizes_and_warns(tmp_path, caplog):
     assert extract(loaded, bitext, "attention", "rev") == everything["rev"]
     assert extract(str(directory), bitext, "attention", "rev") == everything["rev"]  # a path
     assert extract(loaded, bitext, "attention") == everything["grow-diag"]
+    # soft-average: extract's shortcut (no hard links) == extract_all's, and a real threshold
+    soft = extract_all(loaded, bitext, "attention", heuristics=("soft-average",),
+                       threshold=0.3)["soft-average"]
+    assert extract(loaded, bitext, "attention", heuristic="soft-average", threshold=0.3) == soft
+    assert soft[1] == set() and soft[3] == set()
 
 
 def test_extract_maps_pairs_through_bpe(tmp_path):
