@@ -43,7 +43,7 @@ from aligner.metrics import score_aer
 from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_params, save_params
 from aligner.models import model_class
 from aligner.models.base import AlignmentModel
-from aligner.utils import atomic_output, check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -196,7 +196,8 @@ class Trainer:
     def __init__(self, model: AlignmentModel, corpus: EncodedCorpus, direction: str,
                  config: TrainConfig, out_dir: Optional[str], device: torch.device,
                  context: Optional[DistributedContext] = None,
-                 validation: Optional[Validation] = None, progress: bool = True):
+                 validation: Optional[Validation] = None, progress: bool = True,
+                 progress_position: int = 0):
         check_condition(direction in C.DIRECTIONS, f"direction must be fwd or rev: {direction}")
         self.model = model.to(device)
         self.corpus = corpus
@@ -207,6 +208,7 @@ class Trainer:
         self.context = context or DistributedContext()
         self.validation = validation
         self.progress = progress and self.context.is_main
+        self.progress_position = progress_position
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         check_condition(bool(self.parameters), "the model has no trainable parameters")
         self.optimizer = torch.optim.Adam(self.parameters, lr=config.lr,
@@ -363,7 +365,8 @@ class Trainer:
         start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
         total = config.max_updates or config.max_epochs * math.ceil(
             len(self.batcher) / config.update_freq)
-        bar = _progress_bar(total, self.state.updates, self.direction, self.progress)
+        bar = _progress_bar(total, self.state.updates, self.direction, self.progress,
+                            self.progress_position)
         # loss sums and token counts of this rank: since the last log line / checkpoint
         window = [0.0, 0.0]
         interval = [0.0, 0.0]
@@ -422,12 +425,135 @@ def _format_metric(value: Any) -> str:
     return str(value)
 
 
-def _progress_bar(total: int, initial: int, direction: str, enabled: bool):
-    """A tqdm bar on stderr (a do-nothing stand-in when disabled)."""
+def _progress_bar(total: int, initial: int, direction: str, enabled: bool, position: int = 0):
+    """A tqdm bar on stderr in row `position` (a do-nothing stand-in when disabled)."""
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=f"train {direction}", unit="upd",
-                disable=not enabled, dynamic_ncols=True, leave=False)
+                disable=not enabled, dynamic_ncols=True, leave=False, position=position)
+
+
+# ---------------------------------------------------------------------------------------------
+# One direction's training, in this process or in a process of its own
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DirectionRun:
+    """Everything training one direction needs beyond the files in `model_dir` (picklable, so
+    that a --parallel-directions process can receive it).
+
+    base_dir: the frozen base of a stage-2 run (alignment layer), else None; position: the row
+    of this direction's progress bar when several are shown at once.
+    """
+
+    model_dir: str
+    config: RunConfig
+    direction: str
+    resume: bool
+    base_dir: Optional[str] = None
+    validation: Optional[Validation] = None
+    progress: bool = True
+    position: int = 0
+
+
+def train_direction(run: DirectionRun, device: torch.device,
+                    context: Optional[DistributedContext] = None) -> TrainSummary:
+    """Build the direction's model (seeded with the run's seed) and train it into
+    MODEL_DIR/DIRECTION from the encoded corpus in MODEL_DIR/corpus."""
+    from aligner.model_dir import build_direction_model, direction_dir, params_path
+
+    context = context or DistributedContext()
+    seed_everything(run.config.training.seed)
+    model = build_direction_model(run.config, run.direction)
+    if run.base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
+        base_weights = load_checkpoint_file(params_path(run.base_dir, run.direction, "best"))
+        model.load_base(base_weights["state_dict"])
+    if context.is_main:
+        n_params = sum(p.numel() for p in model.parameters())
+        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info("[%s] %s model: %d parameters (%d trained)", run.direction,
+                    run.config.model_kind, n_params, n_train)
+    corpus = EncodedCorpus.open(os.path.join(run.model_dir, CORPUS_DIR))
+    trainer = Trainer(model, corpus, run.direction, run.config.training,
+                      direction_dir(run.model_dir, run.direction), device, context,
+                      run.validation, progress=run.progress, progress_position=run.position)
+    return trainer.run(resume=run.resume)
+
+
+def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: bool,
+                       verbose: bool) -> None:
+    """Body of one --parallel-directions process: log like the parent, train on the CPU, send
+    ("done", TrainSummary), ("error", AlignerError) or ("crash", traceback text) back."""
+    import signal
+    import sys
+    import traceback
+
+    from aligner.log import setup_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent stops us
+    # the parent's terminate(): exit normally, so that multiprocessing cleans up (tqdm's lock)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    try:
+        torch.set_num_threads(threads)
+        setup_logging(quiet=quiet, verbose=verbose,
+                      logfile=os.path.join(run.model_dir, C.LOG_NAME))
+        connection.send(("done", train_direction(run, torch.device("cpu"))))
+    except AlignerError as error:
+        connection.send(("error", error))
+    except Exception:  # a bug: its traceback goes to the parent
+        connection.send(("crash", traceback.format_exc()))
+    finally:
+        connection.close()
+
+
+def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = False,
+                                 verbose: bool = False) -> Dict[str, TrainSummary]:
+    """Train each run's direction at the same time in its own ("spawn") process on the CPU.
+
+    Each process gets ``torch.get_num_threads() // len(runs)`` threads (at least 1); with that
+    many threads per direction the weights are the same as when the directions train one after
+    the other (the directions share nothing but the read-only corpus). The first process to
+    fail stops the others and its error is raised here; so does Ctrl-C (checkpoints are written
+    atomically, so ``--resume`` continues from the last one of each direction).
+    """
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    threads = max(1, torch.get_num_threads() // len(runs))
+    logger.info("training %s in parallel: %d processes with %d thread(s) each",
+                ", ".join(run.direction for run in runs), len(runs), threads)
+    context = multiprocessing.get_context("spawn")
+    processes, waiting = [], {}
+    summaries: Dict[str, TrainSummary] = {}
+    try:
+        for run in runs:
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_direction_process, name=f"train-{run.direction}",
+                                      args=(sender, run, threads, quiet, verbose))
+            process.start()
+            sender.close()
+            processes.append(process)
+            waiting[receiver] = (run.direction, process)
+        while waiting:
+            for receiver in wait(list(waiting)):
+                direction, process = waiting.pop(receiver)
+                try:
+                    status, value = receiver.recv()
+                except EOFError:
+                    process.join()
+                    raise AlignerError(f"[{direction}] the training process ended without a "
+                                       f"result (exit code {process.exitcode})") from None
+                if status == "error":
+                    raise value
+                if status == "crash":
+                    raise RuntimeError(f"[{direction}] training failed:\n{value}")
+                summaries[direction] = value
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+    return {run.direction: summaries[run.direction] for run in runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,13 +619,18 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     resume: bool = False, overwrite: bool = False, quiet: bool = False,
                     verbose: bool = False, argv: Sequence[str] = (),
                     extra: Optional[Dict[str, Any]] = None,
-                    base_dir: Optional[str] = None) -> Dict[str, TrainSummary]:
+                    base_dir: Optional[str] = None,
+                    parallel_directions: bool = False) -> Dict[str, TrainSummary]:
     """`align train`: prepare `model_dir` and train `model_kind` in every direction.
 
     model_options: the model config without vocabulary sizes (those come from the data).
     valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
     gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
     Returns the training summary per direction.
+
+    parallel_directions (CPU only, not under torchrun): train the directions at the same time,
+    each in its own process with an equal share of torch's threads (see
+    :func:`train_directions_in_parallel`); otherwise one after the other.
 
     Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
     alignment layer on a transformer) train in two stages: stage 1 is an ordinary run of
@@ -509,11 +640,10 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     what is not frozen. Model size comes from the base; of `model_options` only the kind's own
     options (``split_options``) apply in stage 2.
     """
-    from aligner.data import EncodedCorpus, encode_pair
+    from aligner.data import encode_pair
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import (acquire_lock, build_direction_model, config_path,
-                                   direction_dir, params_path, prepare_output_dir, release_lock,
+    from aligner.model_dir import (acquire_lock, config_path, prepare_output_dir, release_lock,
                                    write_version)
     from aligner.prep import Preprocessor
 
@@ -523,7 +653,8 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     if base_kind is not None:
         model_options, base_dir, resume = _base_stage(
             model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
-            directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir)
+            directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir,
+            parallel_directions)
         extra = {**(extra or {}), "base": os.path.abspath(base_dir)}
     context = init_distributed(train_config.device)
     device = resolve_device(train_config.device, context.local_rank)
@@ -573,29 +704,25 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     if context.is_main:
         config.save(config_path(model_dir))
         write_version(model_dir)
-    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
     validation = None
     if valid_bitext is not None:
         source, target = tokenize_bitext(pre, valid_bitext)
         validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
                                  for s, t in zip(source, target)], valid_gold,
                                 train_config.valid_method)
-    summaries = {}
-    for direction in directions:
-        seed_everything(train_config.seed)
-        model = build_direction_model(config, direction)
-        if base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
-            base_weights = load_checkpoint_file(params_path(base_dir, direction, "best"))
-            model.load_base(base_weights["state_dict"])
-        if context.is_main:
-            n_params = sum(p.numel() for p in model.parameters())
-            n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            logger.info("[%s] %s model: %d parameters (%d trained)", direction, model_kind,
-                        n_params, n_train)
-        trainer = Trainer(model, corpus, direction, train_config,
-                          direction_dir(model_dir, direction), device, context, validation,
-                          progress=not quiet)
-        summaries[direction] = trainer.run(resume=resumed)
+    runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
+                         progress=not quiet, position=position)
+            for position, direction in enumerate(directions)]
+    if parallel_directions and len(runs) > 1:
+        check_condition(not context.enabled,
+                        "--parallel-directions cannot be combined with torchrun (DDP trains "
+                        "one direction at a time on all processes)")
+        check_condition(device.type == "cpu",
+                        f"--parallel-directions trains each direction in its own CPU process; "
+                        f"on {device} train them one after the other (the default)")
+        summaries = train_directions_in_parallel(runs, quiet=quiet, verbose=verbose)
+    else:
+        summaries = {run.direction: train_direction(run, device, context) for run in runs}
     context.barrier()
     if lock is not None:
         release_lock(lock)  # (a crashed run leaves a stale lock: the next run takes it over)
@@ -607,8 +734,8 @@ def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: 
                 prep_config: "PrepConfig", data_config: DataConfig, train_config: TrainConfig,
                 directions: Sequence[str], valid_bitext: Optional[Bitext],
                 valid_gold: Optional[List[GoldAlignment]], resume: bool, overwrite: bool,
-                quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str]
-                ) -> Tuple[Dict[str, Any], str, bool]:
+                quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str],
+                parallel_directions: bool = False) -> Tuple[Dict[str, Any], str, bool]:
     """Stage 1 of a kind trained on a frozen base: train the base (unless `base_dir` is given),
     check it. Returns (the kind's own model options, base directory, resume flag of stage 2)."""
     import dataclasses
@@ -627,7 +754,8 @@ def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: 
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
         train_model_dir(base_dir, bitext, base_kind, base_options, prep_config, data_config,
                         stage1, directions, valid_bitext, valid_gold, resume=resume,
-                        overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv)
+                        overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv,
+                        parallel_directions=parallel_directions)
         # stage 2 resumes only when it had started (it writes config.json first)
         resume = resume and os.path.isfile(config_path(model_dir))
     check_condition(os.path.isfile(config_path(base_dir)),

@@ -142,6 +142,10 @@ def bitext_options(function):
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default, usually all cores).")
+@click.option("--parallel-directions", is_flag=True,
+              help="CPU: train fwd and rev at the same time, each in its own process with "
+                   "half of --threads (about twice as fast as one after the other on 2+ "
+                   "cores; the same weights as training them in turn with that many threads).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --model-dir.")
 @click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
@@ -157,7 +161,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
             valid_gold_format: str, valid_method: str, device: str, seed: int, threads: int,
-            resume: bool,
+            parallel_directions: bool, resume: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
@@ -217,7 +221,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                     train_config, direction_list, valid_bitext, gold,
                                     resume=resume, overwrite=overwrite, quiet=quiet,
                                     verbose=verbose, argv=["align"] + sys.argv[1:],
-                                    base_dir=base_dir)
+                                    base_dir=base_dir,
+                                    parallel_directions=parallel_directions)
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None

@@ -1,0 +1,103 @@
+"""`align train --parallel-directions`: fwd and rev trained at the same time in two CPU processes
+give exactly the weights, metrics and checkpoints of training them one after the other."""
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aligner import constants as C
+from aligner.cli import main
+from aligner.model_dir import load_checkpoint_file
+from synthetic import monotone_corpus, write_corpus
+
+TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+        "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
+        "--lr", "3e-3", "--checkpoint-interval", "2", "--device", "cpu", "-q"]
+#: metrics.tsv columns that depend on the clock, not on the computation
+TIMING_COLUMNS = ("tokens_per_s", "elapsed_s")
+
+
+def run(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    sources, targets, golds = monotone_corpus(40, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "train", sources, targets, golds)
+    vsrc, vtgt, vgold = write_corpus(tmp_path, "valid", sources[:6], targets[:6], golds[:6])
+    return ["-s", src, "-t", tgt, "--valid-src", vsrc, "--valid-tgt", vtgt,
+            "--valid-gold", vgold]
+
+
+def metrics_without_timing(path):
+    header, *rows = path.read_text().splitlines()
+    names = header.split("\t")
+    keep = [k for k, name in enumerate(names) if name not in TIMING_COLUMNS]
+    return [[row.split("\t")[k] for k in keep] for row in rows]
+
+
+def assert_same_runs(one, other, directions=C.DIRECTIONS):
+    for direction in directions:
+        for name in (C.PARAMS_BEST, C.PARAMS_LAST):
+            a = load_checkpoint_file(str(one / direction / name))["state_dict"]
+            b = load_checkpoint_file(str(other / direction / name))["state_dict"]
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.equal(a[key], b[key]), (direction, name, key)
+        assert (metrics_without_timing(one / direction / C.METRICS_NAME)
+                == metrics_without_timing(other / direction / C.METRICS_NAME))
+
+
+@pytest.mark.parametrize("kind", ["hmm1", "transformer"])
+def test_parallel_equals_sequential(tmp_path, corpus, kind):
+    # the test process runs torch with 1 thread (conftest): each direction's process gets 1
+    assert torch.get_num_threads() == 1
+    sequential, parallel = tmp_path / "sequential", tmp_path / "parallel"
+    run("train", *corpus, "-o", sequential, "--model", kind, "--max-updates", 5, *TINY)
+    run("train", *corpus, "-o", parallel, "--model", kind, "--max-updates", 5,
+        "--parallel-directions", *TINY)
+    assert_same_runs(sequential, parallel)
+    log = (parallel / C.LOG_NAME).read_text()
+    assert "training fwd, rev in parallel: 2 processes with 1 thread(s) each" in log
+    assert "[fwd] done: 5 updates" in log and "[rev] done: 5 updates" in log  # children log too
+
+
+def test_parallel_resume_and_two_stage_kind(tmp_path, corpus):
+    """alignment-layer (base, then layer, both stages in parallel), stopped after 4 updates
+    and resumed to 6, equals one sequential run of 6."""
+    sequential, parallel = tmp_path / "sequential", tmp_path / "parallel"
+    run("train", *corpus, "-o", sequential, "--model", "alignment-layer", "--max-updates", 6,
+        *TINY)
+    run("train", *corpus, "-o", parallel, "--model", "alignment-layer", "--max-updates", 4,
+        "--parallel-directions", *TINY)
+    run("train", *corpus, "-o", parallel, "--model", "alignment-layer", "--max-updates", 6,
+        "--parallel-directions", "--resume", *TINY)
+    assert_same_runs(sequential / "base", parallel / "base")
+    assert_same_runs(sequential, parallel)
+
+
+def test_one_direction_ignores_the_flag(tmp_path, corpus):
+    run("train", *corpus, "-o", tmp_path / "m", "--directions", "rev", "--max-updates", 2,
+        "--parallel-directions", *TINY)
+    assert (tmp_path / "m" / "rev" / C.PARAMS_LAST).exists()
+    assert not (tmp_path / "m" / "fwd").exists()
+    assert "in parallel" not in (tmp_path / "m" / C.LOG_NAME).read_text()
+
+
+def test_error_in_one_process_is_one_line(tmp_path, corpus):
+    """A direction's process that fails (here: rev's training state is unreadable) ends the
+    command with that process's one-line error, not a traceback."""
+    model = tmp_path / "m"
+    run("train", *corpus, "-o", model, "--max-updates", 2, "--parallel-directions", *TINY)
+    (model / "rev" / C.TRAINING_STATE).write_bytes(b"not a checkpoint")
+    result = CliRunner().invoke(main, [str(a) for a in (
+        "train", *corpus, "-o", model, "--max-updates", 4, "--parallel-directions", "--resume",
+        *TINY)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("align: error:")]
+    assert len(errors) == 1 and C.TRAINING_STATE in errors[0], result.output
