@@ -194,11 +194,16 @@ def test_demo_on_a_small_sample(tmp_path):
     lines = result.stdout.splitlines()
     assert "AER (%) on the 6 trial pairs" in lines[0]
     assert lines[1].split("|")[1].strip() == "method"
-    assert [line.split("|")[1].strip() for line in lines[3:5]] == ["attention", "attention-avg"]
+    assert [line.split("|")[1].strip() for line in lines[3:5]] == ["hmm-posterior",
+                                                                      "hmm-viterbi"]
+    assert [c.strip() for c in lines[1].split("|")[2:-1]] == ["fwd", "rev", "grow-diag",
+                                                              "intersect", "soft-average"]
     for line in lines[3:5]:
         cells = [float(c) for c in line.split("|")[2:-1]]
         assert len(cells) == 5 and all(0.0 <= c <= 100.0 for c in cells)
     assert (tmp_path / "work" / "model" / "fwd" / C.PARAMS_BEST).is_file()
+    assert json.loads((tmp_path / "work" / "model" / C.CONFIG_NAME).read_text())[
+        "model_kind"] == "hmm1"
     missing = run("demo", "--sample-dir", tmp_path, ok=False)
     assert "sample file missing" in error_line(missing)
 
