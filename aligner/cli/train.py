@@ -144,8 +144,9 @@ def bitext_options(function):
               help="CPU threads for torch (0 = torch's default, usually all cores).")
 @click.option("--parallel-directions", is_flag=True,
               help="CPU: train fwd and rev at the same time, each in its own process with "
-                   "half of --threads (about twice as fast as one after the other on 2+ "
-                   "cores; the same weights as training them in turn with that many threads).")
+                   "half of --threads (the same weights as training them in turn with that "
+                   "many threads; faster where more threads help a model less than a second "
+                   "process, see eval/results/parallel_directions.md).")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --model-dir.")
 @click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
