@@ -141,7 +141,9 @@ class _Bpe:
 
 def _learn_codes(counts: Counter, config: PrepConfig, what: str) -> str:
     """Run subword-nmt's learn_bpe on word counts; returns the codes file text (with header)."""
-    from subword_nmt.learn_bpe import learn_bpe
+    from unittest import mock
+
+    import subword_nmt.learn_bpe as subword_learn
 
     check_condition(len(counts) > 0, f"cannot learn BPE for {what}: the training text has no words")
     start = time.time()
@@ -149,8 +151,11 @@ def _learn_codes(counts: Counter, config: PrepConfig, what: str) -> str:
     dict_text = "".join(f"{word} {count}\n" for word, count in counts.items())
     codes = io.StringIO()
     if any(len(word) > 1 for word in counts):
-        learn_bpe(io.StringIO(dict_text), codes, config.bpe_merges,
-                  min_frequency=config.bpe_min_frequency, is_dict=True)
+        # subword-nmt draws a tqdm bar over the merges whatever the caller wants (even under
+        # `-q`); this module logs the result instead, so its bar is replaced by a no-op
+        with mock.patch.object(subword_learn, "tqdm", lambda iterable, *_, **__: iterable):
+            subword_learn.learn_bpe(io.StringIO(dict_text), codes, config.bpe_merges,
+                                    min_frequency=config.bpe_min_frequency, is_dict=True)
     else:  # only one-character words: nothing to merge (learn_bpe would fail on empty stats)
         codes.write("#version: 0.2\n")
     text = codes.getvalue()

@@ -91,6 +91,14 @@ def test_merge_count_and_min_frequency():
     assert seg.word_index == [0] * 5
 
 
+def test_learning_draws_no_progress_bar(capfd):
+    """subword-nmt's own tqdm bar over the merges is silenced (it printed even under -q)."""
+    pre = Preprocessor.learn(PrepConfig(bpe_merges=5), SRC, TGT)
+    assert len([m for m in pre.codes("src").split("\n")[1:] if m]) == 5
+    err = capfd.readouterr().err
+    assert "%|" not in err and "it/s" not in err, err
+
+
 def test_joint_versus_separate_codes():
     src = [["aaaa", "abab"]] * 3
     tgt = [["zzzz", "zyzy"]] * 3
