@@ -94,9 +94,12 @@ def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
     """
     emission, lengths = _prepare(log_emission, target_lengths, source_mask)
     transition = _clamp(log_transition)
-    forward = _clamp(log_initial) + emission[:, 0]                       # (B, J)
-    for i in range(1, emission.shape[1]):
-        step = torch.logsumexp(forward.unsqueeze(2) + transition[:, i], dim=1) + emission[:, i]
+    # one unbind per tensor, not transition[:, i] in the loop: the backward of each indexing
+    # fills a zero tensor of the whole input, I times (O(I^2 J^2); 60 % of a training step)
+    emissions, transitions = emission.unbind(1), transition.unbind(1)    # I x (B, J), (B, J', J)
+    forward = _clamp(log_initial) + emissions[0]                         # (B, J)
+    for i in range(1, len(emissions)):
+        step = torch.logsumexp(forward.unsqueeze(2) + transitions[i], dim=1) + emissions[i]
         forward = torch.where((i < lengths).unsqueeze(1), step, forward)  # padding: carry Q
     return torch.logsumexp(forward, dim=-1)
 
