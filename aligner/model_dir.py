@@ -13,7 +13,8 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
-      .lock                only while a training process writes the directory (its pid)
+      .lock                the run lock: an OS lock on it is held while a training process
+                           writes the directory (the file names its pid and host)
       base/                alignment-layer only: the stage-1 transformer model directory (the
                            layer's params files hold the base weights too; extraction needs
                            only the top level)
@@ -22,21 +23,30 @@ Layout (file names from aligner/constants.py)::
                            else the last one)
         params.last.pt     weights of the last checkpoint
         training_state.pt  optimizer, batcher position, RNG states, counters (for --resume)
+        *.pt.sha256        the sha256 of each .pt file beside it (``sha256sum`` format, so
+                           ``cd fwd && sha256sum -c params.best.pt.sha256`` checks it too)
         metrics.tsv        one row per checkpoint
 
 Weights files hold ``{"state_dict": ..., "extra_state": ...}`` and are read with
 ``torch.load(weights_only=True)``: loading never unpickles code. A model kind that needs more
 than its parameters returns it from ``extra_state()`` (plain types only) and reads it back in
 an optional ``load_extra_state(dict)`` method.
+
+Every ``.pt`` file is written by :func:`save_checkpoint_file` and read by
+:func:`load_checkpoint_file`, which verifies it against its ``.sha256`` file: a damaged file is
+refused (one error line) instead of loading silently with other weights. Directories written
+before checksums existed have no ``.sha256`` files; their ``.pt`` files load unverified.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import IO, Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -110,50 +120,86 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
     return False
 
 
-def acquire_lock(model_dir: str) -> str:
-    """Mark `model_dir` as being written by this process (file ``.lock`` with its pid).
+@dataclass
+class RunLock:
+    """The run lock of a model directory, held by this process until :func:`release_lock`.
 
-    Refuses (one line) while another live process holds the lock, so two ``align train`` runs
-    never write the same directory at once; a lock left by a dead process is taken over.
-    Returns the lock path for :func:`release_lock`.
+    handle: the open ``.lock`` file that carries the OS lock (None where the file system has
+    no locks and the run goes on unlocked).
     """
-    path = os.path.join(model_dir, LOCK_NAME)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    pid = int(handle.read().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            check_condition(not _alive(pid), f"{model_dir}: another training process (pid "
-                                             f"{pid}) is writing this directory")
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(f"{os.getpid()}\n")
-        return path
-    raise AlignerError(f"{model_dir}: cannot take the run lock {path}")
+
+    path: str
+    handle: Optional[IO[str]]
 
 
-def release_lock(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def acquire_lock(model_dir: str) -> RunLock:
+    """Take the run lock of `model_dir`: an exclusive OS lock (``flock``) on ``MODEL_DIR/.lock``.
 
+    Refuses (one line naming the holder's host and pid, which the file records) while another
+    process holds the lock, so two ``align train`` runs never write the same directory at once.
+    The OS drops the lock when its process ends, however it ends: a ``.lock`` file left by a
+    crashed run, or one naming an unrelated live process, never blocks. Where the file system
+    has no locks (or the OS has no ``flock``), a warning says so and the run goes on unlocked.
+    """
+    import socket
 
-def _alive(pid: int) -> bool:
-    """Whether another process `pid` runs (this process's own old lock counts as stale)."""
-    if pid <= 0 or pid == os.getpid():
-        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        fcntl = None
+    path = os.path.join(model_dir, LOCK_NAME)
+    while True:
+        try:
+            handle = open(path, "a+", encoding="utf-8")
+        except OSError as error:
+            raise AlignerError(f"{path}: cannot open the run lock: {error.strerror}") from None
+        if fcntl is None:
+            return _unlocked(path, handle, "this system has no flock")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "pid unknown"
+            handle.close()
+            raise AlignerError(f"{model_dir}: another training process ({holder}) is writing "
+                               f"this directory") from None
+        except OSError as error:  # e.g. ENOLCK, EOPNOTSUPP: a file system without locks
+            return _unlocked(path, handle, error.strerror or type(error).__name__)
+        if _is_current_file(handle, path):
+            break
+        handle.close()  # its holder released (removed) it between our open and flock: again
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+    handle.flush()
+    return RunLock(path, handle)
+
+
+def release_lock(lock: RunLock) -> None:
+    """Remove the ``.lock`` file, then drop the OS lock (in this order, so that a process
+    waiting on the old file notices that it was removed and locks the next one)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock.path)
+    if lock.handle is not None:
+        lock.handle.close()
+
+
+def _is_current_file(handle: IO[str], path: str) -> bool:
+    """Whether the open `handle` is still the file at `path` (not removed or replaced)."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
         return False
-    except PermissionError:
-        return True
-    return True
+    mine = os.fstat(handle.fileno())
+    return (mine.st_dev, mine.st_ino) == (current.st_dev, current.st_ino)
+
+
+def _unlocked(path: str, handle: IO[str], reason: str) -> RunLock:
+    """A RunLock without an OS lock, with a warning that concurrent runs go undetected."""
+    handle.close()
+    logger.warning("%s: cannot lock (%s); two runs writing this model directory at once "
+                   "would not be detected", path, reason)
+    return RunLock(path, None)
 
 
 def write_version(model_dir: str) -> None:
@@ -161,23 +207,90 @@ def write_version(model_dir: str) -> None:
         out.write(__version__ + "\n")
 
 
-def save_params(model: AlignmentModel, path: str) -> None:
-    """Write the model's parameters (and extra state) atomically to `path`."""
-    state = {"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "extra_state": model.extra_state()}
+#: suffix of the file holding a checkpoint file's sha256 ("params.best.pt.sha256")
+CHECKSUM_SUFFIX = ".sha256"
+_SHA256_LINE = re.compile(r"([0-9a-f]{64})  (\S.*)")
+
+
+def checksum_path(path: str) -> str:
+    """The checksum file of checkpoint file `path`."""
+    return path + CHECKSUM_SUFFIX
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of the file's content (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_checkpoint_file(state: Dict[str, Any], path: str) -> None:
+    """torch.save `state` atomically to `path` and record its sha256 in ``path.sha256``.
+
+    The checksum line is in ``sha256sum`` format. The old checksum file is removed before the
+    new weights replace the old ones, so an interruption between the two writes leaves a file
+    without checksum (loaded unverified), never a checksum that belongs to other weights.
+    """
+    sums = checksum_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sums)
     with atomic_output(path, "wb") as out:
         torch.save(state, out)
+    digest = file_sha256(path)
+    with atomic_output(sums) as out:
+        out.write(f"{digest}  {os.path.basename(path)}\n")
+
+
+def save_params(model: AlignmentModel, path: str) -> None:
+    """Write the model's parameters (and extra state) atomically to `path` (with checksum)."""
+    state = {"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+             "extra_state": model.extra_state()}
+    save_checkpoint_file(state, path)
+
+
+def verify_checksum(path: str) -> None:
+    """Compare `path` with the sha256 in ``path.sha256``; AlignerError naming the file if they
+    differ. A file without checksum (written by an older version) passes unverified."""
+    sums = checksum_path(path)
+    try:
+        with open(sums, encoding="utf-8") as handle:
+            line = handle.readline().rstrip("\n")
+    except FileNotFoundError:
+        logger.debug("%s: no %s file (written by an older version): not verified", path,
+                     CHECKSUM_SUFFIX)
+        return
+    except (OSError, UnicodeDecodeError) as error:
+        raise AlignerError(f"{sums}: cannot be read as a checksum file ({_first_line(error)})"
+                           ) from None
+    match = _SHA256_LINE.fullmatch(line)
+    check_condition(match is not None, f"{sums}:1: not a sha256 checksum line "
+                                       f"('HEX  NAME' expected)")
+    check_condition(file_sha256(path) == match.group(1),
+                    f"{path}: checksum mismatch, the file is damaged (its sha256 differs from "
+                    f"the one recorded in {os.path.basename(sums)} when it was written)")
 
 
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
-    """torch.load(weights_only=True) with one-line errors for a missing or damaged file."""
+    """torch.load(weights_only=True) of a file written by :func:`save_checkpoint_file`, its
+    checksum verified; one-line errors for a missing, empty or damaged file."""
     check_condition(os.path.isfile(path), f"{path}: missing (model directory incomplete)")
+    check_condition(os.path.getsize(path) > 0, f"{path}: empty file (the model directory is "
+                                               f"damaged)")
+    verify_checksum(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # damaged or foreign file: any unpickling error
-        raise AlignerError(f"{path}: cannot be read as a weights file "
-                           f"({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-                           ) from None
+        message = _first_line(error)
+        raise AlignerError(f"{path}: cannot be read as a weights file ({type(error).__name__}"
+                           f"{': ' + message if message else ''})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an exception's message (at most 200 characters; may be empty)."""
+    lines = str(error).splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def load_params(model: AlignmentModel, path: str) -> None:
@@ -189,7 +302,7 @@ def load_params(model: AlignmentModel, path: str) -> None:
         model.load_state_dict(state["state_dict"])
     except RuntimeError as error:
         raise AlignerError(f"{path}: weights do not fit the model in config.json "
-                           f"({str(error).splitlines()[0][:200]})") from None
+                           f"({_first_line(error)})") from None
     loader = getattr(model, "load_extra_state", None)
     if loader is not None:
         loader(state.get("extra_state", {}))

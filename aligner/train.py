@@ -40,7 +40,8 @@ from aligner.distributed import DistributedContext
 from aligner.formats import Bitext, GoldAlignment
 from aligner.inference import align_pairs, model_max_positions, usable
 from aligner.metrics import score_aer
-from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_params, save_params
+from aligner.model_dir import (CORPUS_DIR, load_checkpoint_file, load_params,
+                               save_checkpoint_file, save_params)
 from aligner.models import model_class
 from aligner.models.base import AlignmentModel
 from aligner.utils import AlignerError, atomic_output, check_condition
@@ -254,8 +255,7 @@ class Trainer:
                  "optimizer": self.optimizer.state_dict(),
                  "batcher": self.batcher.state_dict(), "rng": _rng_state(),
                  "direction": self.direction}
-        with atomic_output(self._path(C.TRAINING_STATE), "wb") as out:
-            torch.save(state, out)
+        save_checkpoint_file(state, self._path(C.TRAINING_STATE))
         with atomic_output(self._path(C.METRICS_NAME)) as out:
             out.write("\t".join(METRICS_COLUMNS) + "\n")
             for row in self.state.metrics:

@@ -1,0 +1,155 @@
+"""A damaged or hand-edited model directory gives one error line naming the file, never a
+traceback nor silently different results: empty or flipped weights files (checked against their
+sha256), a damaged corpus cache on --resume, bad config.json values, a vocabulary that does not
+match the config, BPE codes that are not UTF-8."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aligner import constants as C
+from aligner.cli import main
+from aligner.model_dir import CHECKSUM_SUFFIX, LoadedModelDir
+from synthetic import monotone_corpus, write_corpus
+
+TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+        "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
+        "--lr", "3e-3", "--checkpoint-interval", "2", "-q"]
+
+
+def run(*args, ok=True):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+def error_line(result) -> str:
+    """The one 'align: error: ...' line (and nothing like a traceback)."""
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("align: error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny transformer model directory (2 updates) and its training data; never modified."""
+    root = tmp_path_factory.mktemp("trained")
+    sources, targets, golds = monotone_corpus(40, seed=4)
+    src, tgt, _ = write_corpus(root, "train", sources, targets, golds)
+    model = root / "model"
+    run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", 2, *TINY)
+    return dict(model=model, src=src, tgt=tgt)
+
+
+@pytest.fixture
+def model(trained, tmp_path):
+    """A private copy of the trained model directory, free to damage."""
+    copy = tmp_path / "model"
+    shutil.copytree(trained["model"], copy)
+    return copy
+
+
+def extract(trained, model, *args, ok=True):
+    return run("extract", model, "-s", trained["src"], "-t", trained["tgt"], *args, ok=ok)
+
+
+def resume(trained, model, ok=True):
+    return run("train", "-s", trained["src"], "-t", trained["tgt"], "-o", model,
+               "--max-updates", 4, "--resume", *TINY, ok=ok)
+
+
+# -- weights files: empty, damaged, checksums -----------------------------------------------
+
+def test_empty_weights_file_is_one_error_line(trained, model):
+    (model / "fwd" / C.PARAMS_BEST).write_bytes(b"")
+    line = error_line(extract(trained, model, ok=False))
+    assert "fwd/params.best.pt: empty file" in line
+
+
+def test_empty_weights_file_without_checksum_is_one_error_line(trained, model):
+    (model / "fwd" / C.PARAMS_BEST).write_bytes(b"")
+    (model / "fwd" / (C.PARAMS_BEST + CHECKSUM_SUFFIX)).unlink()
+    assert "fwd/params.best.pt: empty file" in error_line(extract(trained, model, ok=False))
+
+
+def test_empty_training_state_on_resume_is_one_error_line(trained, model):
+    (model / "fwd" / C.TRAINING_STATE).write_bytes(b"")
+    line = error_line(resume(trained, model, ok=False))
+    assert "fwd/training_state.pt: empty file" in line
+
+
+def test_every_checkpoint_file_has_a_sha256sum_line(trained):
+    import hashlib
+
+    for direction in C.DIRECTIONS:
+        for name in (C.PARAMS_BEST, C.PARAMS_LAST, C.TRAINING_STATE):
+            path = trained["model"] / direction / name
+            line = (path.parent / (name + CHECKSUM_SUFFIX)).read_text()
+            assert line == f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n"
+
+
+def _flip_bytes(path, start, count=64):
+    data = bytearray(path.read_bytes())
+    for k in range(start, start + count):
+        data[k] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _flip_inside_a_tensor(path):
+    """Flip 64 bytes of the largest tensor's raw data: the zip stays readable."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename),
+                   key=lambda i: i.file_size)
+    # raw storage: the local header (30 bytes + name + extra) precedes the data
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset + 26)
+        name_len, extra_len = np.frombuffer(handle.read(4), dtype="<u2")
+    _flip_bytes(path, info.header_offset + 30 + int(name_len) + int(extra_len) + 8)
+
+
+def test_flipped_bytes_in_weights_are_refused(trained, model):
+    path = model / "fwd" / C.PARAMS_BEST
+    _flip_inside_a_tensor(path)
+    line = error_line(extract(trained, model, ok=False))
+    assert "fwd/params.best.pt: checksum mismatch, the file is damaged" in line
+
+
+def test_flipped_bytes_in_training_state_are_refused_on_resume(trained, model):
+    path = model / "rev" / C.TRAINING_STATE
+    _flip_inside_a_tensor(path)
+    line = error_line(resume(trained, model, ok=False))
+    assert "rev/training_state.pt: checksum mismatch, the file is damaged" in line
+
+
+def test_model_without_checksums_still_loads(trained, model, caplog):
+    for path in model.glob("*/*" + CHECKSUM_SUFFIX):
+        path.unlink()
+    logger = logging.getLogger("aligner.model_dir")  # (a CLI run above stops propagation)
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("DEBUG", logger="aligner.model_dir"):
+            LoadedModelDir.load(str(model), ("fwd",))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "params.best.pt: no .sha256 file (written by an older version): not verified" \
+        in caplog.text
+    reference = extract(trained, trained["model"], "--direction", "fwd").stdout
+    assert extract(trained, model, "--direction", "fwd").stdout == reference
+    resume(trained, model)  # and a resumed run writes checksums again
+    assert (model / "fwd" / (C.TRAINING_STATE + CHECKSUM_SUFFIX)).is_file()
+
+
+def test_bad_checksum_file_is_one_error_line(trained, model):
+    (model / "fwd" / (C.PARAMS_BEST + CHECKSUM_SUFFIX)).write_text("nonsense\n")
+    line = error_line(extract(trained, model, ok=False))
+    assert "fwd/params.best.pt.sha256:1: not a sha256 checksum line" in line
