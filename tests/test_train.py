@@ -288,22 +288,6 @@ def test_load_model_from_directory(tmp_path):
         load_model(str(tmp_path), "rev")
 
 
-def test_run_lock_refuses_a_live_writer_and_takes_over_a_stale_one(tmp_path):
-    from aligner.model_dir import LOCK_NAME, acquire_lock, release_lock
-
-    lock = tmp_path / LOCK_NAME
-    lock.write_text(f"{os.getppid()}\n")  # a live process other than this one
-    with pytest.raises(AlignerError, match=f"another training process \\(pid {os.getppid()}\\)"):
-        acquire_lock(str(tmp_path))
-    lock.write_text("999999999\n")         # no such process: stale
-    path = acquire_lock(str(tmp_path))
-    assert lock.read_text().strip() == str(os.getpid())
-    # the lock does not make a fresh directory look like an earlier run
-    assert prepare_output_dir(str(tmp_path), resume=False, overwrite=False) is False
-    release_lock(path)
-    assert not lock.exists()
-
-
 def test_without_gold_the_best_checkpoint_has_the_lowest_perplexity(tmp_path):
     corpus, pre, src_vocab, tgt_vocab, (sources, targets, _) = make_data(tmp_path)
     pairs = [encode_pair(pre, src_vocab, tgt_vocab, s, t) for s, t in zip(sources, targets)]
