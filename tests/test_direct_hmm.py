@@ -476,3 +476,47 @@ def test_sampled_candidates_keep_every_observed_word_when_the_sample_is_smaller(
     _, _, tgt_out = _batch(PAIRS)
     candidates = model.candidate_words(tgt_out)
     assert candidates.tolist() == sorted(set(tgt_out.flatten().tolist()))
+
+
+LONG_PAIRS = [([4, 5, 6, 7, 8, 9], [7, 8, 9, 10, 4]), ([9, 4], [5, 6, 10, 4, 5, 6, 7]), ([8], [9])]
+
+
+@pytest.mark.parametrize("floats", [1, 200, 2000])
+def test_hmm1_transition_chunks_change_neither_loss_nor_gradient(floats):
+    """chunk_floats bounds the (B, I+1, J+2, J+1) transition scores; a batch larger than the
+    budget is computed in chunks of target positions (recomputed in backward): same values."""
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    results = []
+    for chunk_floats in (0, floats):
+        model = _model(FirstOrderHMM, chunk_floats=chunk_floats)
+        model.train()
+        loss, _ = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    assert torch.allclose(whole, chunked, rtol=1e-6)
+    for name, grad in whole_grads.items():
+        assert torch.allclose(grad, chunked_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("method", ["hmm-posterior", "hmm-viterbi", "hmm-alignment"])
+def test_hmm1_extraction_in_transition_chunks_equals_whole(method):
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    whole = _model(FirstOrderHMM, chunk_floats=0).alignment_scores(src, tgt_in, tgt_out, method)
+    model = _model(FirstOrderHMM, chunk_floats=400)   # 2-position chunks of 3 x 8 x 7 floats
+    assert model.decode(src, tgt_in, lazy=True)[0].chunk(400) == 2
+    chunked = model.alignment_scores(src, tgt_in, tgt_out, method)
+    assert torch.allclose(whole, chunked, atol=1e-6)
+
+
+def test_hmm1_posterior_by_forward_backward_equals_autograd_of_log_z():
+    """Extraction's explicit forward–backward == ∂ log Z / ∂ log p_lex (the definition)."""
+    model = _model(FirstOrderHMM)
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    with torch.no_grad():
+        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+    emission = log_lexicon.clone().requires_grad_(True)
+    expected = torch.autograd.grad(model.log_z(log_alpha, emission, src, tgt_out).sum(),
+                                   emission)[0]
+    gamma = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    assert torch.allclose(gamma, expected, atol=1e-5)

@@ -219,3 +219,84 @@ def test_log_matmul_stays_in_float32_under_autocast():
         result = hmm.log_matmul(left, right)
     assert result.dtype == torch.float32
     assert torch.allclose(result, expected, atol=1e-4)
+
+
+# -- chunked transitions and the explicit forward–backward ----------------------------------
+
+def _padded_case(seed: int):
+    """B=3, I=7, J=5 with lengths 7/4/1 and 5/3/4 real states, garbage in padded corners."""
+    emission, initial, transition = _random_hmm(3, 7, 5, seed=seed)
+    lengths = torch.tensor([7, 4, 1])
+    mask = torch.arange(5).unsqueeze(0) < torch.tensor([5, 3, 4]).unsqueeze(1)
+    return emission.masked_fill(~mask[:, None, :], 30.0), initial, transition, lengths, mask
+
+
+class _CountingTransitions:
+    """A TransitionFn over a fixed tensor that records the widest slice it was asked for."""
+
+    def __init__(self, transition):
+        self.transition, self.widest, self.calls = transition, 0, 0
+
+    def __call__(self, start, stop):
+        self.widest, self.calls = max(self.widest, stop - start), self.calls + 1
+        return self.transition[:, start:stop]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2, 3, 100])
+def test_explicit_forward_backward_equals_autograd_posteriors_and_brute_force(chunk):
+    emission, initial, transition, lengths, mask = _padded_case(seed=21)
+    leaf = emission.clone().requires_grad_(True)
+    expected = hmm.posteriors(hmm.forward_log_z(leaf, initial, transition, lengths, mask), leaf)
+    fn = _CountingTransitions(transition)
+    gamma = hmm.forward_backward(emission, initial, fn, lengths, mask, chunk=chunk)
+    assert torch.allclose(gamma, expected, atol=1e-10)
+    for b, length in enumerate(lengths.tolist()):
+        states = int(mask[b].sum())
+        _, brute, _, _ = _brute_force(emission[b], initial[b], transition[b], length, states)
+        assert torch.allclose(gamma[b, :length, :states], brute, atol=1e-10)
+        assert torch.all(gamma[b, length:] == 0) and torch.all(gamma[b, :, states:] == 0)
+    assert fn.widest == (chunk if chunk and chunk < 6 else 6)
+
+
+def test_explicit_forward_backward_in_float32_survives_peaked_scores():
+    """Emissions of -200 nats and near-deterministic transitions: no NaN, rows sum to 1,
+    and the same posteriors as autograd in float64."""
+    generator = torch.Generator().manual_seed(5)
+    emission = torch.randn(2, 30, 20, generator=generator, dtype=torch.float64) * 40 - 200
+    initial = torch.log_softmax(torch.randn(2, 20, generator=generator, dtype=torch.float64)
+                                * 10, -1)
+    transition = torch.log_softmax(
+        torch.randn(2, 30, 20, 20, generator=generator, dtype=torch.float64) * 10, -1)
+    leaf = emission.clone().requires_grad_(True)
+    expected = hmm.posteriors(hmm.forward_log_z(leaf, initial, transition), leaf)
+    gamma = hmm.forward_backward(emission.float(), initial.float(), transition.float(), chunk=7)
+    assert torch.isfinite(gamma).all()
+    assert torch.allclose(gamma.sum(-1), torch.ones(2, 30), atol=1e-5)
+    assert torch.allclose(gamma.double(), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_chunked_forward_log_z_equals_whole_in_value_and_gradient(chunk):
+    emission, initial, transition, lengths, mask = _padded_case(seed=22)
+    inputs = [t.clone().requires_grad_(True) for t in (emission, initial, transition)]
+    whole = hmm.forward_log_z(*inputs, lengths, mask)
+    whole_grads = torch.autograd.grad(whole.sum(), inputs)
+    inputs2 = [t.clone().requires_grad_(True) for t in (emission, initial, transition)]
+    fn = _CountingTransitions(inputs2[2])
+    chunked = hmm.forward_log_z(inputs2[0], inputs2[1], fn, lengths, mask, chunk=chunk)
+    chunked_grads = torch.autograd.grad(chunked.sum(), inputs2)
+    assert torch.allclose(whole, chunked, atol=1e-12)
+    for a, b in zip(whole_grads, chunked_grads):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert fn.widest == chunk
+    assert fn.calls > 6 // chunk          # backward recomputed the pieces (checkpointing)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_chunked_viterbi_equals_whole(chunk):
+    emission, initial, transition, lengths, mask = _padded_case(seed=23)
+    path, score = hmm.viterbi(emission, initial, transition, lengths, mask)
+    fn = _CountingTransitions(transition)
+    path_c, score_c = hmm.viterbi(emission, initial, fn, lengths, mask, chunk=chunk)
+    assert torch.equal(path, path_c) and torch.allclose(score, score_c)
+    assert fn.widest == chunk

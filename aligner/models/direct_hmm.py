@@ -95,6 +95,12 @@ class DirectHMMConfig(TransformerConfig):
     #: first-order forward algorithm: "loop" over target positions or log-semiring "tree"
     #: reduction (same value; the loop is faster on CPU, see eval/results/hmm_forward.md)
     forward_algorithm: str = "loop"
+    #: first-order model: the (B, I+1, J+2, J+1) transition scores grow with the cube of the
+    #: sentence length; at most about this many floats of them exist at once (target positions
+    #: per chunk = this // (B·(J+2)·(J+1)), at least 1). Training recomputes the chunks in
+    #: backward (checkpointing) only when a batch does not fit in one; 0 = no limit. Inference
+    #: uses the same budget for the chunks of the exact lexicon.
+    chunk_floats: int = 1 << 24
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,6 +110,8 @@ class DirectHMMConfig(TransformerConfig):
         check_condition(self.lexicon_dim >= 0 and self.lexicon_sample >= 0,
                         "lexicon_dim and lexicon_sample must be >= 0")
         check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
+        check_condition(self.chunk_floats >= 0,
+                        f"chunk_floats must be >= 0 (0 = no limit): {self.chunk_floats}")
         check_condition(self.forward_algorithm in FORWARD_ALGORITHMS,
                         f"forward_algorithm must be one of {', '.join(FORWARD_ALGORITHMS)}: "
                         f"{self.forward_algorithm}")
@@ -337,10 +345,51 @@ class FirstOrderAlignment(nn.Module):
         """s_prev (B, I, d), memory (B, J, d), src_pad_mask (B, J); keys: ``self.keys(memory)``
         when already computed. Returns log α (B, I, J+1, J)."""
         keys = self.keys(memory) if keys is None else keys
-        scores = torch.einsum("bid,bkjd->bikj", self.query(s_prev), keys) / math.sqrt(
-            memory.size(-1))
+        return self.log_probs(self.query(s_prev), keys, src_pad_mask)
+
+    @staticmethod
+    def log_probs(queries: torch.Tensor, keys: torch.Tensor, src_pad_mask: torch.Tensor
+                  ) -> torch.Tensor:
+        """log α (B, c, J+1, J) of c target positions from their queries W_q·s (B, c, d) and
+        ``keys(memory)`` (B, J+1, J, d)."""
+        scores = torch.einsum("bid,bkjd->bikj", queries, keys) / math.sqrt(keys.size(-1))
         scores = scores.float().masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
         return torch.log_softmax(scores, dim=-1)
+
+
+@dataclass
+class FirstOrderScores:
+    """First-order alignment log α(j | i, j') computed on demand for spans of target positions.
+
+    The whole (B, I+1, J+2, J+1) tensor grows with the cube of the sentence length; the
+    forward–backward and Viterbi algorithms (aligner/models/hmm_algorithms.py) take
+    :meth:`transitions` as a ``TransitionFn`` and ask for ``chunk`` positions at a time.
+    """
+
+    queries: torch.Tensor        # (B, I+1, d) W_q·s_i^(L-1)
+    keys: torch.Tensor           # (B, J+2, J+1, d) FirstOrderAlignment.keys(memory)
+    src_pad_mask: torch.Tensor   # (B, J+1) True at padding
+
+    def __call__(self, start: int, stop: int) -> torch.Tensor:
+        """log α of target positions start..stop-1: (B, stop-start, J+2, J+1), start state first."""
+        return FirstOrderAlignment.log_probs(self.queries[:, start:stop], self.keys,
+                                             self.src_pad_mask)
+
+    def log_initial(self) -> torch.Tensor:
+        """log α(j | 0, start): (B, J+1)."""
+        return self(0, 1)[:, 0, 0]
+
+    def transitions(self, start: int, stop: int) -> torch.Tensor:
+        """log α(j | i, j') for i in start..stop-1 and real previous states j': (B, c, J+1, J+1)."""
+        return self(start, stop)[:, :, 1:]
+
+    def chunk(self, floats: int) -> Optional[int]:
+        """Target positions per chunk for a budget of `floats` (None: all at once)."""
+        batch, states = self.keys.size(0), self.keys.size(2)
+        per_position = batch * (states + 1) * states
+        if floats <= 0 or per_position * self.queries.size(1) <= floats:
+            return None
+        return max(1, floats // per_position)
 
 
 class HMMOutputLayer(nn.Module):
@@ -372,9 +421,14 @@ class HMMOutputLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, tgt_pad_mask: torch.Tensor,
                 src_pad_mask: torch.Tensor, history: Optional[torch.Tensor] = None,
-                alignment_keys: Optional[torch.Tensor] = None
+                alignment_keys: Optional[torch.Tensor] = None, lazy: bool = False
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.order == 1:   # alignment_keys: first_order.keys(memory), cached by a decoder
+        """``lazy`` (order 1): return log α as :class:`FirstOrderScores`, not as a tensor."""
+        if self.order == 1 and lazy:
+            keys = self.first_order.keys(memory) if alignment_keys is None else alignment_keys
+            log_alpha = FirstOrderScores(self.first_order.query(self.norm_prev(x)), keys,
+                                         src_pad_mask)
+        elif self.order == 1:   # alignment_keys: first_order.keys(memory), cached by a decoder
             log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask,
                                          alignment_keys)
         attended = decoder_self_attention(self.self_attn, self.norm_self, x, tgt_pad_mask,
@@ -416,16 +470,17 @@ class DirectHMM(AlignmentModel):
         """src (B, J+1) -> memory h (B, J+1, d)."""
         return self.encoder(src)
 
-    def decode(self, src: torch.Tensor, tgt_in: torch.Tensor
+    def decode(self, src: torch.Tensor, tgt_in: torch.Tensor, lazy: bool = False
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log α, W5·h (B, J+1, d), W6·s (B, I+1, d)); log α as in :class:`HMMOutputLayer`."""
+        """(log α, W5·h (B, J+1, d), W6·s (B, I+1, d)); log α as in :class:`HMMOutputLayer`
+        (``lazy``, first order: a :class:`FirstOrderScores`)."""
         memory = self.encode(src)
         tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
         x = self.embed(tgt_in)
         history = x if self.config.markov_order > 0 else None   # Markov: static embeddings
         for layer in self.layers:
             x = layer(x, memory, tgt_pad_mask, src_pad_mask, history)
-        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history)
+        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history, lazy=lazy)
 
     def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                     tgt_out: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
@@ -439,8 +494,13 @@ class DirectHMM(AlignmentModel):
             candidates = self.candidate_words(tgt_out)
             weight, bias = weight[candidates], bias[candidates]
             targets = torch.searchsorted(candidates, tgt_out)
+        chunk = self.config.lexicon_chunk
+        if not torch.is_grad_enabled() and chunk > 0 and self.config.chunk_floats > 0:
+            # inference: as many positions as the float budget allows (B·J·V floats each)
+            per_position = source_hidden.size(0) * source_hidden.size(1) * weight.size(0)
+            chunk = max(1, self.config.chunk_floats // per_position)
         return lexicon_log_probs(source_hidden, target_hidden, weight, bias, targets, smoothing,
-                                 self.config.lexicon_chunk)
+                                 chunk)
 
     def candidate_words(self, tgt_out: torch.Tensor) -> torch.Tensor:
         """Sorted candidate word ids (C,): every id in ``tgt_out`` plus uniformly drawn other
@@ -456,9 +516,9 @@ class DirectHMM(AlignmentModel):
         return observed.sort().values
 
     def scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-               smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(log α, log p̃_lex (B, I+1, J+1)) of a batch."""
-        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
+               smoothing: float = 0.0, lazy: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(log α, log p̃_lex (B, I+1, J+1)) of a batch (``lazy``: see :meth:`decode`)."""
+        log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in, lazy)
         return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing)
 
     def _check_method(self, method: str, options) -> None:
@@ -506,18 +566,32 @@ class FirstOrderHMM(DirectHMM):
         """(B, I+1, J+2, J+1) -> log_initial (B, J+1) and log_transition (B, I+1, J+1, J+1)."""
         return log_alpha[:, 0, 0], log_alpha[:, :, 1:]
 
-    def log_z(self, log_alpha: torch.Tensor, log_lexicon: torch.Tensor, src: torch.Tensor,
-              tgt_out: torch.Tensor) -> torch.Tensor:
-        """Per-sentence log Z (B,) by the forward recursion over each sentence's own length."""
+    def log_z(self, log_alpha: "torch.Tensor | FirstOrderScores", log_lexicon: torch.Tensor,
+              src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        """Per-sentence log Z (B,) by the forward recursion over each sentence's own length.
+
+        ``log_alpha`` may be a :class:`FirstOrderScores`: a batch whose transitions fit in
+        ``config.chunk_floats`` is computed as one tensor; a larger one in chunks of target
+        positions, recomputed in backward (the "tree" algorithm always takes the whole tensor).
+        """
+        chunk = None
+        if isinstance(log_alpha, FirstOrderScores):
+            chunk = log_alpha.chunk(self.config.chunk_floats)
+            if chunk is None or self.config.forward_algorithm != "loop":
+                log_alpha, chunk = log_alpha(0, log_alpha.queries.size(1)), None
+        lengths, source_mask = tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID)
+        if chunk is not None:
+            return hmm_algorithms.forward_log_z(log_lexicon, log_alpha.log_initial(),
+                                                log_alpha.transitions, lengths, source_mask,
+                                                chunk)
         log_initial, log_transition = self.split(log_alpha)
         forward = FORWARD_ALGORITHMS[self.config.forward_algorithm]
-        return forward(log_lexicon, log_initial, log_transition,
-                       tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID))
+        return forward(log_lexicon, log_initial, log_transition, lengths, source_mask)
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
         """−Σ_sentences log Z (forward algorithm; backward by autograd), and the token count."""
-        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing, lazy=True)
         return -self.log_z(log_alpha, log_lexicon, src, tgt_out).sum(), tgt_out.ne(PAD_ID).sum()
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -525,7 +599,7 @@ class FirstOrderHMM(DirectHMM):
         """γ (``hmm-posterior``) or one-hot rows of the Viterbi/greedy path: (B, I+1, J+1)."""
         self._check_method(method, options)
         if method == "hmm-posterior":
-            log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out)
+            log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True)
             return self._posterior(log_alpha, log_lexicon, src, tgt_out)
         path = self.alignment_path(src, tgt_in, tgt_out, method)
         return F.one_hot(path.clamp_min(0), src.size(1)).float() * path.ge(0).unsqueeze(-1)
@@ -543,39 +617,42 @@ class FirstOrderHMM(DirectHMM):
             return None
         lengths = tgt_out.ne(PAD_ID).sum(1)
         if method == "hmm-alignment":
-            log_alpha, _, _ = self.decode(src, tgt_in)
-            return self._greedy_path(log_alpha, lengths)
-        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out)
-        log_initial, log_transition = self.split(log_alpha)
+            log_alpha, _, _ = self.decode(src, tgt_in, lazy=True)
+            return self._greedy_path(log_alpha, lengths, self.config.chunk_floats)
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True)
         # real target words may not align to the source EOS; the target EOS row may
         last = torch.arange(tgt_out.size(1), device=src.device)[None, :, None] \
             == (lengths - 1)[:, None, None]
         allowed = src.ne(PAD_ID).unsqueeze(1) & (src.ne(EOS_ID).unsqueeze(1) | last)
         log_lexicon = log_lexicon.masked_fill(~allowed, float("-inf"))
-        path, _ = hmm_algorithms.viterbi(log_lexicon, log_initial, log_transition, lengths,
-                                         src.ne(PAD_ID))
+        path, _ = hmm_algorithms.viterbi(log_lexicon, log_alpha.log_initial(),
+                                         log_alpha.transitions, lengths, src.ne(PAD_ID),
+                                         log_alpha.chunk(self.config.chunk_floats))
         return path
 
-    def _posterior(self, log_alpha: torch.Tensor, log_lexicon: torch.Tensor, src: torch.Tensor,
-                   tgt_out: torch.Tensor) -> torch.Tensor:
-        """γ = ∂ log Z / ∂ log p_lex, with autograd switched on locally (extraction may run
-        under no_grad or inference_mode; the inputs are cloned into normal tensors)."""
-        with torch.inference_mode(False), torch.enable_grad():
-            log_alpha = log_alpha.detach().clone()
-            emission = log_lexicon.detach().clone().requires_grad_(True)
-            log_z = self.log_z(log_alpha, emission, src.clone(), tgt_out.clone())
-            return hmm_algorithms.posteriors(log_z, emission)
+    def _posterior(self, log_alpha: FirstOrderScores, log_lexicon: torch.Tensor,
+                   src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+        """γ(i, j) = p(b_i = j | e, f) by the explicit forward–backward (no autograd), with
+        the transitions in chunks of ``config.chunk_floats``."""
+        return hmm_algorithms.forward_backward(
+            log_lexicon, log_alpha.log_initial(), log_alpha.transitions,
+            tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID), log_alpha.chunk(self.config.chunk_floats))
 
     @staticmethod
-    def _greedy_path(log_alpha: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def _greedy_path(log_alpha: FirstOrderScores, lengths: torch.Tensor,
+                     chunk_floats: int = 0) -> torch.Tensor:
         """b_0 = argmax α(j|0,start), b_i = argmax_j α(j|i,b_{i-1}): (B, I+1), -1 at padding."""
-        batch, steps = log_alpha.shape[:2]
-        state = log_alpha[:, 0, 0].argmax(-1)
-        path = [state]
-        rows = torch.arange(batch, device=log_alpha.device)
-        for i in range(1, steps):
-            state = log_alpha[rows, i, state + 1].argmax(-1)      # +1: row 0 is the start state
-            path.append(state)
+        batch, steps = log_alpha.queries.shape[:2]
+        chunk = log_alpha.chunk(chunk_floats) or steps
+        rows = torch.arange(batch, device=log_alpha.queries.device)
+        path = []
+        for start in range(0, steps, chunk):
+            block = log_alpha(start, min(start + chunk, steps))        # (B, c, J+2, J+1)
+            for offset in range(block.size(1)):
+                # row 0 is the start state, row j' + 1 the previous state j'
+                previous = 0 if not path else path[-1] + 1
+                state = block[rows, offset, previous].argmax(-1)
+                path.append(state)
         path_tensor = torch.stack(path, dim=1)
-        positions = torch.arange(steps, device=log_alpha.device).unsqueeze(0)
+        positions = torch.arange(steps, device=path_tensor.device).unsqueeze(0)
         return path_tensor.masked_fill(positions >= lengths.unsqueeze(1), -1)

@@ -10,7 +10,11 @@ Conventions (all functions):
 * ``log_initial``    (B, J): log p(b_0 = j | start state).
 * ``log_transition`` (B, I, J, J): ``log_transition[b, i, j', j]`` = log p(b_i = j | b_{i-1} = j'),
   the step *into* position i. Entry i = 0 is never read (position 0 uses ``log_initial``); it is
-  kept so that the tensor lines up with ``log_emission``.
+  kept so that the tensor lines up with ``log_emission``. Where noted, a function also takes a
+  :data:`TransitionFn` instead: ``fn(start, stop)`` returns the slice
+  ``log_transition[:, start:stop]`` (B, stop - start, J, J), computed on demand, so that the
+  whole (B, I, J, J) tensor (cubic in sentence length) never exists; ``chunk`` target
+  positions are asked for at a time.
 * ``target_lengths`` (B,) long, 1 <= length <= I: positions i >= length are padding. They do not
   enter any score; a sentence's log Z is read at its own last position.
 * ``source_mask``    (B, J) bool, True at real states: padded states get probability 0 (their
@@ -24,12 +28,30 @@ Posteriors are not hand-written: γ(i, j) = p(b_i = j | e) = ∂ log Z / ∂ log
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 #: finite stand-in for log 0 (exp underflows to exactly 0 in float32 and float64)
 NEG = -1e30
+
+#: ``fn(start, stop) -> (B, stop - start, J, J)`` log transitions into positions start..stop-1
+TransitionFn = Callable[[int, int], torch.Tensor]
+Transitions = Union[torch.Tensor, TransitionFn]
+
+
+def _transition_fn(log_transition: Transitions) -> TransitionFn:
+    """A :data:`TransitionFn` for either form of the transitions."""
+    if callable(log_transition):
+        return log_transition
+    return lambda start, stop: log_transition[:, start:stop]
+
+
+def _chunks(start: int, stop: int, chunk: Optional[int]):
+    """[(a, b), ...] covering start..stop-1 in pieces of `chunk` positions (None = one piece)."""
+    size = max(1, chunk) if chunk else max(1, stop - start)
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
 
 
 def _clamp(scores: torch.Tensor) -> torch.Tensor:
@@ -81,27 +103,91 @@ def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor
 
 
 def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
-                  log_transition: torch.Tensor, target_lengths: Optional[torch.Tensor] = None,
-                  source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
+                  source_mask: Optional[torch.Tensor] = None,
+                  chunk: Optional[int] = None) -> torch.Tensor:
     """First-order HMM: log Z = log Σ_paths p(path, e), by the forward recursion (a loop over I).
 
     Q(0, j) = log_initial[j] + log_emission[0, j]
     Q(i, j) = log Σ_j' exp(Q(i-1, j') + log_transition[i, j', j]) + log_emission[i, j]
     log Z   = log Σ_j exp(Q(length-1, j))
 
-    Shapes as in the module docstring. Returns (B,). Differentiable (autograd gives the
-    backward pass; see :func:`posteriors`).
+    Shapes as in the module docstring; ``log_transition`` may be a :data:`TransitionFn`. With
+    ``chunk`` (target positions per piece) smaller than I - 1, the transitions of one piece are
+    computed, used and dropped, and in backward recomputed (activation checkpointing), so only
+    (B, chunk, J, J) of them is alive at once; without it the whole tensor is used at once.
+    Returns (B,). Differentiable (autograd gives the backward pass; see :func:`posteriors`).
     """
     emission, lengths = _prepare(log_emission, target_lengths, source_mask)
-    transition = _clamp(log_transition)
+    transition_fn = _transition_fn(log_transition)
     # one unbind per tensor, not transition[:, i] in the loop: the backward of each indexing
     # fills a zero tensor of the whole input, I times (O(I^2 J^2); 60 % of a training step)
-    emissions, transitions = emission.unbind(1), transition.unbind(1)    # I x (B, J), (B, J', J)
+    emissions = emission.unbind(1)                                       # I x (B, J)
     forward = _clamp(log_initial) + emissions[0]                         # (B, J)
-    for i in range(1, len(emissions)):
-        step = torch.logsumexp(forward.unsqueeze(2) + transitions[i], dim=1) + emissions[i]
-        forward = torch.where((i < lengths).unsqueeze(1), step, forward)  # padding: carry Q
+    pieces = _chunks(1, len(emissions), chunk)
+
+    def run(forward: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        transitions = _clamp(transition_fn(start, stop)).unbind(1)       # (stop-start) x (B, J', J)
+        for i in range(start, stop):
+            step = torch.logsumexp(forward.unsqueeze(2) + transitions[i - start], dim=1) \
+                + emissions[i]
+            forward = torch.where((i < lengths).unsqueeze(1), step, forward)  # padding: carry Q
+        return forward
+
+    for start, stop in pieces:
+        if len(pieces) > 1 and torch.is_grad_enabled():
+            forward = checkpoint(run, forward, start, stop, use_reentrant=False)
+        else:
+            forward = run(forward, start, stop)
     return torch.logsumexp(forward, dim=-1)
+
+
+@torch.no_grad()
+def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
+                     log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
+                     source_mask: Optional[torch.Tensor] = None,
+                     chunk: Optional[int] = None) -> torch.Tensor:
+    """State posteriors γ(i, j) = p(b_i = j | e) by an explicit scaled forward–backward, (B, I, J).
+
+    The same values as :func:`posteriors` of :func:`forward_log_z` (to float rounding), without
+    autograd: probability space with per-step normalization (Rabiner 1989),
+    α_i = (α_{i-1} · A_i) ⊙ e_i / c_i,  β_i = A_{i+1} · (e_{i+1} ⊙ β_{i+1}) / d_i,
+    γ_i ∝ α_i ⊙ β_i, where A_i = exp(log_transition[i]) and e_i = exp(log_emission[i] - max_j).
+    Each step is one batched matrix–vector product. ``log_transition`` may be a
+    :data:`TransitionFn`; it is asked for ``chunk`` target positions at a time, twice (forward
+    and backward pass), so memory beyond O(B·I·J) is (B, chunk, J, J). Rows are 0 at padded
+    target positions and padded states. Not differentiable (runs under no_grad).
+    """
+    emission, lengths = _prepare(log_emission, target_lengths, source_mask)
+    transition_fn = _transition_fn(log_transition)
+    batch, steps, states = emission.shape
+    dtype = torch.promote_types(emission.dtype, torch.float32)
+    tiny = torch.finfo(dtype).tiny
+    emission = emission.to(dtype)
+    scaled = (emission - emission.amax(dim=-1, keepdim=True)).exp()          # (B, I, J) in [0, 1]
+    active = torch.arange(steps, device=emission.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+    def normalized(vector: torch.Tensor) -> torch.Tensor:
+        return vector / vector.sum(dim=-1, keepdim=True).clamp_min(tiny)
+
+    alphas = [normalized(_clamp(log_initial).to(dtype).exp() * scaled[:, 0])]
+    for start, stop in _chunks(1, steps, chunk):
+        matrices = _clamp(transition_fn(start, stop)).to(dtype).exp()       # (B, c, J', J)
+        for i in range(start, stop):
+            step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
+                              .squeeze(1) * scaled[:, i])
+            alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
+    betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
+    for start, stop in reversed(_chunks(1, steps, chunk)):
+        matrices = _clamp(transition_fn(start, stop)).to(dtype).exp()
+        for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
+            step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
+                                        .unsqueeze(2)).squeeze(2))
+            # positions at or after the sentence's last one keep β = 1
+            betas.append(torch.where(active[:, i:i + 1], step, betas[-1]))
+    gamma = torch.stack(alphas, dim=1) * torch.stack(betas[::-1], dim=1)    # (B, I, J)
+    gamma = normalized(gamma) * active.unsqueeze(-1)
+    return gamma.to(log_emission.dtype)
 
 
 def log_matmul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
@@ -172,26 +258,31 @@ def posteriors(log_z: torch.Tensor, log_emission: torch.Tensor,
     return gradient
 
 
-def viterbi(log_emission: torch.Tensor, log_initial: torch.Tensor, log_transition: torch.Tensor,
+def viterbi(log_emission: torch.Tensor, log_initial: torch.Tensor, log_transition: Transitions,
             target_lengths: Optional[torch.Tensor] = None,
-            source_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+            source_mask: Optional[torch.Tensor] = None,
+            chunk: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Best state path (max-product with back-pointers).
 
-    Shapes as in the module docstring. Returns (path (B, I) long, score (B,)): path[b, i] is the
-    state of position i on the best path, -1 at padded positions; score is its log probability.
+    Shapes as in the module docstring; ``log_transition`` may be a :data:`TransitionFn`, asked
+    for ``chunk`` target positions at a time. Returns (path (B, I) long, score (B,)): path[b, i]
+    is the state of position i on the best path, -1 at padded positions; score is its log
+    probability.
     """
     emission, lengths = _prepare(log_emission, target_lengths, source_mask)
-    transition = _clamp(log_transition)
+    transition_fn = _transition_fn(log_transition)
     batch, steps, states = emission.shape
     best = _clamp(log_initial) + emission[:, 0]                          # (B, J)
     stay = torch.arange(states, device=emission.device).expand(batch, states)
     pointers = []                                                        # per i >= 1: (B, J)
-    for i in range(1, steps):
-        candidates = best.unsqueeze(2) + transition[:, i]                 # (B, J', J)
-        step_best, step_pointer = candidates.max(dim=1)
-        active = (i < lengths).unsqueeze(1)
-        best = torch.where(active, step_best + emission[:, i], best)
-        pointers.append(torch.where(active, step_pointer, stay))         # padding: stay put
+    for start, stop in _chunks(1, steps, chunk):
+        transition = _clamp(transition_fn(start, stop))                  # (B, c, J', J)
+        for i in range(start, stop):
+            candidates = best.unsqueeze(2) + transition[:, i - start]     # (B, J', J)
+            step_best, step_pointer = candidates.max(dim=1)
+            active = (i < lengths).unsqueeze(1)
+            best = torch.where(active, step_best + emission[:, i], best)
+            pointers.append(torch.where(active, step_pointer, stay))     # padding: stay put
     score, state = best.max(dim=-1)                                      # (B,)
     path = [state]
     for pointer in reversed(pointers):
