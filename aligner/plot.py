@@ -21,6 +21,10 @@ from aligner.utils import AlignerError, check_condition
 INCH_PER_WORD = 0.32
 PANEL_MARGIN = 1.6
 MAX_COLUMNS = 2
+#: the largest figure drawn: matplotlib's Agg canvas takes less than 2**16 pixels a side, and
+#: 2**28 pixels in all is 1 GiB of RGBA buffer
+MAX_SIDE_PIXELS = 2 ** 16 - 1
+MAX_PIXELS = 2 ** 28
 
 
 def require_matplotlib() -> None:
@@ -49,6 +53,17 @@ def figure_size(n_panels: int, n_src: int, n_tgt: int) -> Tuple[float, float]:
     return round(width, 2), round(height, 2)
 
 
+def check_figure_pixels(size: Tuple[float, float], dpi: int, name: str = "figure") -> None:
+    """Raise AlignerError (naming `name`) when a figure of `size` inches at `dpi` is larger
+    than MAX_SIDE_PIXELS a side or MAX_PIXELS in all: refuse it before any work rather than
+    fail in matplotlib (or run out of memory) while drawing."""
+    width, height = round(size[0] * dpi), round(size[1] * dpi)
+    check_condition(max(width, height) <= MAX_SIDE_PIXELS and width * height <= MAX_PIXELS,
+                    f"{name}: a figure of {width}x{height} pixels is too large to draw (at most "
+                    f"{MAX_SIDE_PIXELS} a side and {MAX_PIXELS:,} in all): lower --dpi or draw "
+                    f"fewer panels (-m, --direction)")
+
+
 def draw_alignments(out: IO[bytes], panels: Sequence[Tuple[str, np.ndarray]],
                     src_words: Sequence[str], tgt_words: Sequence[str],
                     gold: Optional[GoldAlignment] = None, dpi: int = 100,
@@ -56,7 +71,8 @@ def draw_alignments(out: IO[bytes], panels: Sequence[Tuple[str, np.ndarray]],
     """Write a PNG of the `panels` (title, matrix (len(src_words), len(tgt_words))) to `out`.
 
     Values are clipped to [0, 1]. `gold` links are (source word, target word), 0-based.
-    Returns the figure size in inches (see :func:`figure_size`).
+    Returns the figure size in inches (see :func:`figure_size`). A figure too large to draw
+    raises AlignerError (see :func:`check_figure_pixels`).
     """
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -69,6 +85,7 @@ def draw_alignments(out: IO[bytes], panels: Sequence[Tuple[str, np.ndarray]],
                                                f"expected {shape} (source × target words)")
     rows, columns = grid(len(panels))
     size = figure_size(len(panels), *shape)
+    check_figure_pixels(size, dpi)
     figure = Figure(figsize=size, dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, columns, squeeze=False)

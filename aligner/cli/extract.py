@@ -5,13 +5,45 @@ inside the command function.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from aligner import constants as C
-from aligner.cli.train import INPUT, parse_key_values, set_threads
-from aligner.utils import check_condition
+from aligner.cli.train import INPUT, set_threads
+from aligner.utils import AlignerError, check_condition, check_writable
+
+#: types of the method options: the same as the dedicated options (--layer, --sgd-steps,
+#: --sgd-lr, --init); ``seed`` is the random start of ``layer-sgd --init random``
+LAYER = click.INT
+SGD_STEPS = click.IntRange(min=0)
+SGD_LR = click.FLOAT
+INIT = click.Choice(["forward", "random"])
+METHOD_OPTION_TYPES: Dict[str, click.ParamType] = {
+    "layer": LAYER, "sgd_steps": SGD_STEPS, "sgd_lr": SGD_LR, "init": INIT, "seed": click.INT}
+
+
+def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
+    """-O KEY=VALUE strings -> dict of typed method options, validated before any work.
+
+    Keys are those of METHOD_OPTION_TYPES (``-`` may stand for ``_``); each VALUE is read as
+    its key's type, exactly as the dedicated option reads it (``-O layer=2`` as ``--layer
+    2``). A malformed pair, an unknown key or a value of the wrong type raises AlignerError
+    naming the option. Whether the chosen method takes a key is the method's own check.
+    """
+    options = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        check_condition(bool(sep) and bool(key), f"{option} expects KEY=VALUE, got '{pair}'")
+        check_condition(key in METHOD_OPTION_TYPES,
+                        f"{option} {pair}: unknown method option '{key}' (known: "
+                        f"{', '.join(sorted(METHOD_OPTION_TYPES))})")
+        try:
+            options[key] = METHOD_OPTION_TYPES[key].convert(raw.strip(), None, None)
+        except click.BadParameter as error:
+            raise AlignerError(f"{option} {pair}: {error.message}") from None
+    return options
 
 
 @click.command("extract")
@@ -23,17 +55,18 @@ from aligner.utils import check_condition
 @click.option("-m", "--method", default=None,
               help="Extraction method (transformer: attention, attention-avg; other model "
                    "kinds list theirs). Default: the model kind's first method.")
-@click.option("--layer", type=int, default=None,
+@click.option("--layer", type=LAYER, default=None,
               help="Decoder layer (1-based) for --method attention; default the penultimate.")
-@click.option("--sgd-steps", type=click.IntRange(min=0), default=None,
+@click.option("--sgd-steps", type=SGD_STEPS, default=None,
               help="layer-sgd: gradient steps of the attention optimization  [default: 3]")
-@click.option("--sgd-lr", type=float, default=None,
+@click.option("--sgd-lr", type=SGD_LR, default=None,
               help="layer-sgd: learning rate of the attention optimization  [default: 1.0]")
-@click.option("--init", "sgd_init", type=click.Choice(["forward", "random"]), default=None,
+@click.option("--init", "sgd_init", type=INIT, default=None,
               help="layer-sgd: start from the layer's attention or uniform random weights  "
                    "[default: forward]")
 @click.option("-O", "--method-option", "method_option", multiple=True, metavar="KEY=VALUE",
-              help="Further option of the method (repeatable), e.g. -O sgd_steps=3.")
+              help="Further option of the method (repeatable), e.g. -O sgd_steps=3; keys: "
+                   + ", ".join(sorted(METHOD_OPTION_TYPES)) + ".")
 @click.option("--direction", type=click.Choice(["fwd", "rev", "both"]), default="both",
               show_default=True, help="fwd = p(target|source), rev = p(source|target), both = "
                                       "symmetrized. Output is always source-target.")
@@ -50,7 +83,7 @@ from aligner.utils import check_condition
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
               help="Also write word-level soft alignment matrices to this .npz file (arrays "
                    "'fwd_K' / 'rev_K' of shape (source words, target words) for input line K, "
-                   "0-based).")
+                   "0-based). Written together with -o: a failed run writes neither.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
               show_default=True, help="Which saved weights to use.")
 @click.option("--max-tokens", default=4000, show_default=True, type=click.IntRange(min=1),
@@ -75,12 +108,14 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     Writes one Pharaoh line (0-based source-target word links "i-j") per input line, in input
     order; a line with an empty side, or too long for the model, gets an empty line and a
     warning. Input is tokenized text (the model applies its own BPE, and its tokenizer when it
-    was trained with --tokenize).
+    was trained with --tokenize). Options and outputs are checked before the model is loaded;
+    -o and --soft are written only when everything is computed.
     """
+    import os
     import time
 
     from aligner.distributed import resolve_device
-    from aligner.formats import read_bitext, write_pharaoh
+    from aligner.formats import read_bitext
     from aligner.inference import extract
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
@@ -97,7 +132,14 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     "--symmetrize combines two directions: use it with --direction both")
     check_condition(threshold is None or heuristic in C.SOFT_HEURISTICS,
                     "--threshold is the threshold of -H soft-average: give both")
-    options = parse_key_values(method_option, "--method-option")
+    check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
+                                 "file name")
+    check_condition(soft is None or output == "-"
+                    or os.path.abspath(soft) != os.path.abspath(output),
+                    f"{soft}: -o and --soft name the same file")
+    check_writable(output, "-o")
+    check_writable(soft, "--soft")
+    options = method_options(method_option)
     if layer is not None:
         options["layer"] = layer
     for key, value in (("sgd_steps", sgd_steps), ("sgd_lr", sgd_lr), ("init", sgd_init)):
@@ -118,28 +160,23 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         alignments = extract(loaded, bitext, method, direction,
                              heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options,
                              DEFAULT_THRESHOLD if threshold is None else threshold)
-        write_pharaoh(output, alignments)
-        if soft is not None:
-            write_soft(soft, loaded, bitext, method, directions, max_tokens, torch_device,
-                       options)
+        matrices = None if soft is None else soft_matrices(
+            loaded, bitext, method, directions, max_tokens, torch_device, options)
+    write_results(output, alignments, soft, matrices)
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
                 f", {heuristic or C.DEFAULT_HEURISTIC}" if direction == "both" else "",
                 precision, sum(map(len, alignments)), time.time() - start)
 
 
-def write_soft(path: str, loaded, bitext, method: str, directions, max_tokens: int, device,
-               options) -> None:
-    """Soft alignment matrices of every line and direction, as one compressed .npz file.
+def soft_matrices(loaded, bitext, method: str, directions, max_tokens: int, device,
+                  options) -> Dict[str, Any]:
+    """Soft alignment matrices of every line and direction, named as in the --soft .npz file.
 
     Array ``"{direction}_{k}"``: float32 (source words, target words) for input line k
-    (0-based); see aligner.inference.soft_alignments for the normalization. Load with
-    ``numpy.load(path)["fwd_0"]``.
+    (0-based); see aligner.inference.soft_alignments for the normalization.
     """
-    import numpy as np
-
     from aligner.inference import encode_bitext, soft_alignments
-    from aligner.utils import atomic_output
 
     pairs = encode_bitext(loaded, bitext)
     arrays = {}
@@ -147,5 +184,26 @@ def write_soft(path: str, loaded, bitext, method: str, directions, max_tokens: i
         matrices = soft_alignments(loaded.models[direction], pairs, direction, method,
                                    max_tokens, device, options)
         arrays.update({f"{direction}_{k}": m for k, m in enumerate(matrices)})
-    with atomic_output(path, "wb") as out:
-        np.savez_compressed(out, **arrays)
+    return arrays
+
+
+def write_results(output: str, alignments, soft: Optional[str],
+                  matrices: Optional[Dict[str, Any]]) -> None:
+    """Write the Pharaoh lines to `output` ('-' = stdout) and, with `soft`, the `matrices` as
+    one compressed .npz file (load with ``numpy.load(soft)["fwd_0"]``).
+
+    Both are complete before either appears: the .npz goes to its temporary file first, then
+    the Pharaoh file is written and renamed, then the .npz is renamed; an error on the way
+    removes the temporary files.
+    """
+    import numpy as np
+
+    from aligner.formats import write_pharaoh
+    from aligner.utils import atomic_output
+
+    if soft is None:
+        write_pharaoh(output, alignments)
+        return
+    with atomic_output(soft, "wb") as out:
+        np.savez_compressed(out, **matrices)
+        write_pharaoh(output, alignments)

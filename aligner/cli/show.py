@@ -11,8 +11,9 @@ from typing import Optional, Tuple
 
 import click
 
-from aligner.cli.train import INPUT, parse_key_values, set_threads
-from aligner.utils import check_condition
+from aligner.cli.extract import method_options
+from aligner.cli.train import INPUT, set_threads
+from aligner.utils import check_condition, check_writable
 
 
 @click.command("show")
@@ -50,7 +51,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             checkpoint: str, device: str, threads: int, quiet: bool) -> None:
     """Draw the soft alignments of line --line of -s/-t (or -i) with the model in MODEL_DIR.
 
-    Rows are source words, columns target words; darker = more probable. Example:
+    Rows are source words, columns target words; darker = more probable. A pair longer than
+    the model accepts, or a figure too large to draw, is refused before any work. Example:
     align show model -s test.de -t test.en --line 3 -g test.talp -o pair3.png
     """
     from aligner.plot import require_matplotlib
@@ -58,9 +60,11 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     require_matplotlib()  # fail before loading a model
 
     from aligner.api import Aligner
+    from aligner.data import encode_pair
     from aligner.formats import check_links_in_range, read_bitext, read_gold
+    from aligner.inference import model_max_positions
     from aligner.log import setup_logging
-    from aligner.plot import draw_alignments
+    from aligner.plot import check_figure_pixels, draw_alignments, figure_size
     from aligner.utils import atomic_output
 
     logger = setup_logging(quiet=quiet)
@@ -69,7 +73,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     "give both -s/--source and -t/--target, or -i/--input")
     check_condition((source is None) != (joint is None),
                     "give the sentence pairs as -s/-t or as -i, not both (and not neither)")
-    options = parse_key_values(method_option, "--method-option")
+    check_writable(output, "-o")
+    options = method_options(method_option)
     bitext = read_bitext(source, target, joint)
     check_condition(line_no <= len(bitext), f"{bitext.source_name}: --line {line_no} is past "
                                             f"the last line ({len(bitext)})")
@@ -79,6 +84,15 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     directions = ("fwd", "rev") if direction == "both" else (direction,)
     aligner = Aligner.load(model_dir, device, checkpoint, directions)
     src_words, tgt_words = aligner.words(src, "src"), aligner.words(tgt, "tgt")
+    where = f"{bitext.source_name}:{line_no}"
+    loaded = aligner.loaded
+    width = encode_pair(loaded.preprocessor, loaded.src_vocab, loaded.tgt_vocab, src_words,
+                        tgt_words).width
+    limit = min([m for m in map(model_max_positions, loaded.models.values()) if m is not None],
+                default=None)
+    check_condition(limit is None or width <= limit,
+                    f"{where}: the pair takes {width} positions, more than the model's limit "
+                    f"of {limit}: too long to draw")
     gold_links = None
     if gold is not None:
         gold_links = read_gold(gold, gold_format, None if gold_format == "talp" else len(bitext))
@@ -91,6 +105,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         check_condition(method in aligner.methods,
                         f"unknown method '{method}' for model kind '{aligner.model_kind}' "
                         f"(choose from {', '.join(aligner.methods)})")
+    n_panels = len(methods or aligner.methods) * len(directions)
+    check_figure_pixels(figure_size(n_panels, len(src_words), len(tgt_words)), dpi, where)
     panels = []
     for method in methods or aligner.methods:
         (_, matrices), = aligner.align([src], [tgt], method, direction, return_probabilities=True,
