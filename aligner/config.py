@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Type, TypeVar
 
@@ -24,16 +25,73 @@ from aligner.utils import AlignerError, atomic_output, check_condition
 T = TypeVar("T")
 
 
-def _from_dict(cls: Type[T], values: Dict[str, Any], what: str) -> T:
-    """Dataclass `cls` from a dict, refusing unknown keys (a typo must not pass silently)."""
-    check_condition(isinstance(values, dict), f"{what}: expected a JSON object")
+def dataclass_from_dict(cls: Type[T], values: Dict[str, Any], what: str = "") -> T:
+    """Dataclass `cls` from a dict (e.g. read from JSON), checked before it is built: unknown
+    keys are refused (a typo must not pass silently) and every value must have its field's
+    type (:func:`check_field_types`). Errors are AlignerErrors prefixed with "`what`: "."""
+    prefix = f"{what}: " if what else ""
+    check_condition(isinstance(values, dict), f"{prefix}expected a JSON object")
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(values) - known)
-    check_condition(not unknown, f"{what}: unknown keys {', '.join(unknown)}")
+    check_condition(not unknown, f"{prefix}unknown keys {', '.join(unknown)}")
+    check_field_types(cls, values, what)
     try:
         return cls(**values)  # type: ignore[call-arg]
-    except TypeError as error:
-        raise AlignerError(f"{what}: {error}") from None
+    except TypeError as error:  # e.g. a field without default missing
+        raise AlignerError(f"{prefix}{error}") from None
+    except AlignerError as error:  # a range check of __post_init__
+        raise AlignerError(f"{prefix}{error}") from None
+
+
+def check_field_types(cls: type, values: Dict[str, Any], what: str = "") -> None:
+    """AlignerError naming the key unless each value of `values` has the type annotated on the
+    dataclass field of that name: ``int`` (not bool), ``float`` (an int or float, not bool),
+    ``bool``, ``str``, ``Optional[...]``, ``List``/``Tuple`` (a list or tuple), ``Dict`` (a
+    dict); other annotations are not checked. Keys that are not fields are ignored here."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        hint = hints.get(key)
+        if hint is not None and not _has_type(value, hint):
+            raise AlignerError(f"{what + ': ' if what else ''}{key} must be "
+                               f"{_type_name(hint)}, not {value!r}")
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether a JSON-like `value` fits the annotation `hint` (see check_field_types)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        return any(_has_type(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               type(None): "null"}
+
+
+def _type_name(hint: Any) -> str:
+    """How an error message names the type `hint` ("an integer", "a string or null")."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if origin in (list, tuple) or hint in (list, tuple):
+        return "a list"
+    if origin is dict or hint is dict:
+        return "a JSON object"
+    return _TYPE_NAMES.get(hint, str(hint))
 
 
 @dataclass
@@ -52,8 +110,8 @@ class DataConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "DataConfig":
-        return _from_dict(cls, values, "data config")
+    def from_dict(cls, values: Dict[str, Any], what: str = "data config") -> "DataConfig":
+        return dataclass_from_dict(cls, values, what)
 
 
 @dataclass
@@ -106,8 +164,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
-        return _from_dict(cls, values, "training config")
+    def from_dict(cls, values: Dict[str, Any], what: str = "training config") -> "TrainConfig":
+        return dataclass_from_dict(cls, values, what)
 
 
 #: training options that may differ when a run is resumed (everything else must match)
@@ -150,17 +208,26 @@ class RunConfig:
         missing = [key for key in ("model_kind", "directions", "models", "prep", "training")
                    if key not in values]
         check_condition(not missing, f"{what}: missing keys {', '.join(missing)}")
-        directions = list(values["directions"])
-        check_condition(directions and all(d in C.DIRECTIONS for d in directions),
-                        f"{what}: directions must be a non-empty subset of {C.DIRECTIONS}")
-        check_condition(all(d in values["models"] for d in directions),
-                        f"{what}: a model config is missing for a direction")
-        return cls(model_kind=values["model_kind"], directions=directions,
+        check_condition(isinstance(values["model_kind"], str),
+                        f"{what}: model_kind must be a string, not {values['model_kind']!r}")
+        directions = values["directions"]
+        check_condition(isinstance(directions, list) and directions
+                        and all(d in C.DIRECTIONS for d in directions),
+                        f"{what}: directions must be a non-empty subset of {list(C.DIRECTIONS)}, "
+                        f"not {directions!r}")
+        for key in ("models", "prep", "extra"):
+            check_condition(isinstance(values.get(key, {}), dict),
+                            f"{what}: {key} must be a JSON object")
+        for direction in directions:
+            check_condition(isinstance(values["models"].get(direction), dict),
+                            f"{what}: models.{direction}: the model config of direction "
+                            f"{direction} is missing or not a JSON object")
+        return cls(model_kind=values["model_kind"], directions=list(directions),
                    models=values["models"], prep=values["prep"],
-                   data=DataConfig.from_dict(values.get("data", {})),
-                   training=TrainConfig.from_dict(values["training"]),
+                   data=DataConfig.from_dict(values.get("data", {}), f"{what}: data"),
+                   training=TrainConfig.from_dict(values["training"], f"{what}: training"),
                    extra=values.get("extra", {}), format_version=version,
-                   package_version=values.get("package_version", "unknown"))
+                   package_version=str(values.get("package_version", "unknown")))
 
     def save(self, path: str) -> None:
         with atomic_output(path) as out:

@@ -27,6 +27,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from aligner import constants as C
+from aligner.config import dataclass_from_dict
 from aligner.prep import Preprocessor, paired
 from aligner.utils import AlignerError, atomic_output, check_condition
 from aligner.vocab import Vocabulary
@@ -66,6 +67,9 @@ class CorpusStats:
     tgt_unk: int = 0
     max_len: int = 0
     max_ratio: float = 0.0
+    # vocabulary sizes the ids were encoded with (0 = not recorded: written by an older version)
+    src_vocab_size: int = 0
+    tgt_vocab_size: int = 0
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -95,7 +99,8 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
       no EOS; ``src.offsets.npy`` int64 (n_kept + 1,): sentence k is ids[offsets[k]:offsets[k+1]]
     * ``tgt.ids.npy``, ``tgt.offsets.npy``: the same for the target side
     * ``line_numbers.npy`` int64 (n_kept,): 0-based input position of kept pair k
-    * ``corpus.json``: the returned :class:`CorpusStats`, written last
+    * ``corpus.json``: the returned :class:`CorpusStats` (with the vocabulary sizes, so that
+      :meth:`EncodedCorpus.open` can check the ids), written last
     """
     check_condition(max_len is None or max_len >= 0, "max_len must be >= 0")
     check_condition(max_ratio is None or max_ratio >= 0, "max_ratio must be >= 0")
@@ -103,7 +108,8 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
     meta_path = os.path.join(out_dir, CORPUS_META)
     if os.path.exists(meta_path):  # the directory is being rewritten: mark it incomplete first
         os.unlink(meta_path)
-    stats = CorpusStats(max_len=max_len or 0, max_ratio=float(max_ratio or 0.0))
+    stats = CorpusStats(max_len=max_len or 0, max_ratio=float(max_ratio or 0.0),
+                        src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab))
     ids = {"src": array("i"), "tgt": array("i")}
     offsets = {"src": array("q", [0]), "tgt": array("q", [0])}
     kept_lines = array("q")
@@ -168,25 +174,38 @@ class EncodedCorpus:
 
     @classmethod
     def open(cls, directory: str) -> "EncodedCorpus":
-        """Memory-map the arrays in `directory`; AlignerError if it is missing or incomplete."""
+        """Memory-map the arrays in `directory`, validated (dtypes, shapes, offsets, ids within
+        the recorded vocabulary sizes); one AlignerError line naming the file if it is missing,
+        incomplete or damaged (rebuilt by training again with ``--overwrite``)."""
         meta_path = os.path.join(directory, CORPUS_META)
         check_condition(os.path.isfile(meta_path),
                         f"{directory}: not a complete encoded corpus ({CORPUS_META} missing)")
         try:
             with open(meta_path, encoding="utf-8") as handle:
-                stats = CorpusStats(**json.load(handle))
-        except (ValueError, TypeError) as error:
-            raise AlignerError(f"{meta_path}: damaged ({error})") from None
-        arrays = []
+                values = json.load(handle)
+            stats = dataclass_from_dict(CorpusStats, values)
+        except (ValueError, AlignerError) as error:
+            raise AlignerError(f"{meta_path}: damaged ({error}){_REBUILD}") from None
+        arrays = {}
         for name in (SRC_IDS, SRC_OFFSETS, TGT_IDS, TGT_OFFSETS, LINE_NUMBERS):
             path = os.path.join(directory, name)
             check_condition(os.path.isfile(path), f"{path}: missing (encoded corpus incomplete)")
-            arrays.append(np.load(path, mmap_mode="r"))
-        corpus = cls(*arrays, stats=stats)
-        check_condition(len(corpus) == stats.n_kept,
-                        f"{directory}: {len(corpus)} pairs on disk but {CORPUS_META} says "
-                        f"{stats.n_kept}")
-        return corpus
+            try:
+                arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError, EOFError) as error:  # truncated, object dtype, garbage
+                raise AlignerError(f"{path}: damaged ({error}){_REBUILD}") from None
+            _check_corpus(arrays[name].ndim == 1 and arrays[name].dtype.kind in "iu", path,
+                          f"a 1-d integer array expected, found {arrays[name].dtype} of shape "
+                          f"{arrays[name].shape}")
+        n_pairs = len(arrays[LINE_NUMBERS])
+        _check_corpus(n_pairs == stats.n_kept, os.path.join(directory, LINE_NUMBERS),
+                      f"{n_pairs} pairs, but {CORPUS_META} says {stats.n_kept}")
+        for ids_name, offsets_name, vocab_size in ((SRC_IDS, SRC_OFFSETS, stats.src_vocab_size),
+                                                   (TGT_IDS, TGT_OFFSETS, stats.tgt_vocab_size)):
+            _check_encoded_side(directory, ids_name, arrays[ids_name], offsets_name,
+                        arrays[offsets_name], n_pairs, vocab_size)
+        return cls(arrays[SRC_IDS], arrays[SRC_OFFSETS], arrays[TGT_IDS], arrays[TGT_OFFSETS],
+                   arrays[LINE_NUMBERS], stats=stats)
 
     def __len__(self) -> int:
         return len(self.line_numbers)
@@ -196,6 +215,34 @@ class EncodedCorpus:
 
     def target(self, k: int) -> np.ndarray:
         return self._tgt_ids[self._tgt_offsets[k]:self._tgt_offsets[k + 1]]
+
+
+_REBUILD = "; train again with --overwrite to rebuild the encoded corpus"
+
+
+def _check_corpus(condition: bool, path: str, message: str) -> None:
+    """AlignerError "PATH: damaged (MESSAGE); ...--overwrite..." unless `condition` holds."""
+    if not condition:
+        raise AlignerError(f"{path}: damaged ({message}){_REBUILD}")
+
+
+def _check_encoded_side(directory: str, ids_name: str, ids: np.ndarray, offsets_name: str,
+                offsets: np.ndarray, n_pairs: int, vocab_size: int) -> None:
+    """Offsets of one side: n_pairs + 1 non-decreasing values from 0 to len(ids); ids: within
+    [0, vocab_size) (only >= 0 when the size was not recorded)."""
+    offsets_path = os.path.join(directory, offsets_name)
+    _check_corpus(len(offsets) == n_pairs + 1, offsets_path,
+                  f"{len(offsets)} offsets for {n_pairs} pairs")
+    _check_corpus(offsets[0] == 0 and offsets[-1] == len(ids)
+                  and bool(np.all(np.diff(offsets) >= 0)), offsets_path,
+                  f"offsets must rise from 0 to the {len(ids)} ids of {ids_name}")
+    if len(ids):
+        low, high = int(ids.min()), int(ids.max())
+        limit = vocab_size if vocab_size > 0 else None
+        _check_corpus(low >= 0 and (limit is None or high < limit),
+                      os.path.join(directory, ids_name),
+                      f"ids from {low} to {high}, outside the vocabulary"
+                      + (f" of {limit} tokens" if limit else ""))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import IO, Any, Dict, List, Optional, Sequence
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -318,11 +318,47 @@ def build_direction_model(config: RunConfig, direction: str) -> AlignmentModel:
 
 def load_model(model_dir: str, direction: str, checkpoint: str = "best",
                device: Optional[torch.device] = None) -> AlignmentModel:
-    """The trained model of one direction, in eval mode, on `device` (default CPU)."""
+    """The trained model of one direction, in eval mode, on `device` (default CPU).
+
+    Needs only config.json and the weights; :meth:`LoadedModelDir.load` also checks the
+    vocabularies against the config (before the model is built)."""
     config = RunConfig.load(config_path(model_dir))
-    model = build_direction_model(config, direction)
+    return _load_direction(model_dir, config, direction, checkpoint, device)
+
+
+def _load_direction(model_dir: str, config: RunConfig, direction: str, checkpoint: str,
+                    device: Optional[torch.device]) -> AlignmentModel:
+    """Build the model of `direction` from `config` (read from `model_dir`) and load its
+    weights; a bad model config is one error line naming config.json and the direction."""
+    try:
+        model = build_direction_model(config, direction)
+    except AlignerError as error:
+        raise AlignerError(f"{config_path(model_dir)}: models.{direction}: {error}") from None
+    except (RuntimeError, MemoryError) as error:  # e.g. sizes too large to allocate
+        raise AlignerError(f"{config_path(model_dir)}: models.{direction}: cannot build the "
+                           f"model ({type(error).__name__}: {_first_line(error)})") from None
     load_params(model, params_path(model_dir, direction, checkpoint))
     return model.to(device or torch.device("cpu")).eval()
+
+
+def load_vocabularies(model_dir: str, config: RunConfig) -> Tuple[Vocabulary, Vocabulary]:
+    """The source and target vocabularies of `model_dir`, checked against the vocabulary sizes
+    of every model config in `config` (one error line naming the vocabulary file: a hand-edited
+    or foreign vocabulary would otherwise map words to the wrong ids silently)."""
+    vocabs = {}
+    for side, name in (("src", C.VOCAB_SRC), ("tgt", C.VOCAB_TGT)):
+        path = os.path.join(model_dir, name)
+        vocabs[side] = Vocabulary.load(path)
+        for direction in config.directions:
+            # the "fwd" model reads the source language and predicts the target; "rev" swaps
+            encoder_side = "src" if direction == "fwd" else "tgt"
+            key = "src_vocab_size" if side == encoder_side else "tgt_vocab_size"
+            stated = config.models[direction].get(key)
+            check_condition(stated == len(vocabs[side]),
+                            f"{path}: {len(vocabs[side])} tokens, but {C.CONFIG_NAME} gives "
+                            f"{stated!r} (models.{direction}.{key}): the vocabulary does not "
+                            f"belong to this model")
+    return vocabs["src"], vocabs["tgt"]
 
 
 @dataclass
@@ -350,9 +386,9 @@ class LoadedModelDir:
                                      f"{', '.join(config.directions)} only, not "
                                      f"{', '.join(missing)}")
         preprocessor = Preprocessor.load(model_dir)
-        src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-        tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
-        models = {d: load_model(model_dir, d, checkpoint, device) for d in directions}
+        src_vocab, tgt_vocab = load_vocabularies(model_dir, config)
+        models = {d: _load_direction(model_dir, config, d, checkpoint, device)
+                  for d in directions}
         return cls(model_dir, config, preprocessor, src_vocab, tgt_vocab, models)
 
 

@@ -29,6 +29,7 @@ from itertools import zip_longest
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from aligner import constants as C
+from aligner.config import dataclass_from_dict
 from aligner.formats import tokenize_line
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -78,12 +79,23 @@ class PrepConfig:
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
+    def __post_init__(self) -> None:
+        check_condition(self.bpe_merges >= 0, f"bpe_merges must be >= 0: {self.bpe_merges}")
+        check_condition(self.bpe_min_frequency >= 1,
+                        f"bpe_min_frequency must be >= 1: {self.bpe_min_frequency}")
+        check_condition(self.bpe_sample_sentences >= 0,
+                        f"bpe_sample_sentences must be >= 0 (0 = all): "
+                        f"{self.bpe_sample_sentences}")
+
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "PrepConfig":
+        """Build from a dict (as in prep.json), refusing unknown keys and values of the wrong
+        type (:func:`aligner.config.dataclass_from_dict`)."""
+        check_condition(isinstance(values, dict), "expected a JSON object")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         check_condition(not unknown, f"unknown preprocessing option(s): {', '.join(unknown)}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values)
 
 
 @dataclass
@@ -291,7 +303,7 @@ class Preprocessor:
         try:
             with open(path, encoding="utf-8") as handle:
                 config = PrepConfig.from_dict(json.load(handle))
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, AlignerError) as error:
             raise AlignerError(f"{path}: not a valid preprocessing config ({error})") from None
         codes: Dict[str, Optional[str]] = {"src": None, "tgt": None}
         if config.bpe_merges > 0:
@@ -299,8 +311,7 @@ class Preprocessor:
                 codes_path = os.path.join(model_dir, name)
                 check_condition(os.path.isfile(codes_path),
                                 f"{codes_path}: missing (model directory incomplete)")
-                with open(codes_path, encoding="utf-8", newline="\n") as handle:
-                    text = handle.read()
+                text = _read_codes(codes_path)
                 _check_codes(text, codes_path)
                 codes[side] = text
         return cls(config, codes["src"], codes["tgt"])
@@ -334,6 +345,19 @@ def _reservoir_sample(items: Iterable[T], size: int, seed: int) -> List[T]:
 def _check_side(side: str) -> None:
     if side not in SIDES:
         raise ValueError(f"side must be 'src' or 'tgt', not {side!r}")
+
+
+def _read_codes(path: str) -> str:
+    """The text of a codes file (UTF-8, line ends kept); one error line naming the file and
+    line when it is not UTF-8."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[:error.start].count(b"\n") + 1
+        raise AlignerError(f"{path}:{line}: not UTF-8 text (byte {raw[error.start]:#04x}); "
+                           f"a BPE codes file is UTF-8") from None
 
 
 def _check_codes(text: str, path: str) -> None:

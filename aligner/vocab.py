@@ -97,6 +97,9 @@ class Vocabulary:
         check_condition(isinstance(data, dict) and data.get("format") == VOCAB_FORMAT
                         and isinstance(data.get("tokens"), list),
                         f"{path}: not a vocabulary file of this toolkit")
+        bad = [token for token in data["tokens"] if not isinstance(token, str)]
+        if bad:
+            raise AlignerError(f"{path}: a token must be a string, not {bad[0]!r}")
         try:
             return cls(data["tokens"])
         except ValueError as error:

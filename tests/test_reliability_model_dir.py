@@ -153,3 +153,132 @@ def test_bad_checksum_file_is_one_error_line(trained, model):
     (model / "fwd" / (C.PARAMS_BEST + CHECKSUM_SUFFIX)).write_text("nonsense\n")
     line = error_line(extract(trained, model, ok=False))
     assert "fwd/params.best.pt.sha256:1: not a sha256 checksum line" in line
+
+
+# -- the encoded corpus on --resume ---------------------------------------------------------
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-8])
+
+
+def _object_dtype(path):
+    np.save(path, np.array([1, "x", None], dtype=object), allow_pickle=True)
+
+
+def _id_out_of_range(path):
+    ids = np.load(path)
+    ids[3] = 10_000
+    np.save(path, ids)
+
+
+def _negative_id(path):
+    ids = np.load(path)
+    ids[0] = -1
+    np.save(path, ids)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_truncate, "mmap length is greater than file size"),
+    (_object_dtype, "Python objects"),
+    (_id_out_of_range, "ids from 4 to 10000, outside the vocabulary of"),
+    (_negative_id, "ids from -1 to"),
+])
+def test_damaged_corpus_on_resume_is_one_error_line(trained, model, damage, message):
+    damage(model / "corpus" / "src.ids.npy")
+    line = error_line(resume(trained, model, ok=False))
+    assert "corpus/src.ids.npy: damaged (" in line and message in line
+    assert "--overwrite to rebuild" in line
+
+
+def test_damaged_corpus_offsets_are_one_error_line(trained, model):
+    path = model / "corpus" / "tgt.offsets.npy"
+    offsets = np.load(path)
+    offsets[-1] += 5
+    np.save(path, offsets)
+    line = error_line(resume(trained, model, ok=False))
+    assert "corpus/tgt.offsets.npy: damaged (offsets must rise from 0 to the" in line
+
+
+def test_corpus_written_without_vocabulary_sizes_still_opens(trained, model):
+    from aligner.data import EncodedCorpus
+
+    meta = model / "corpus" / "corpus.json"
+    stats = json.loads(meta.read_text())
+    assert stats["src_vocab_size"] > 4 and stats["tgt_vocab_size"] > 4
+    del stats["src_vocab_size"], stats["tgt_vocab_size"]  # as an older version wrote it
+    meta.write_text(json.dumps(stats))
+    assert len(EncodedCorpus.open(str(model / "corpus"))) == 40
+    resume(trained, model)
+
+
+# -- config.json, vocabularies, BPE codes ---------------------------------------------------
+
+def _edit_config(model, direction, key, value):
+    path = model / C.CONFIG_NAME
+    config = json.loads(path.read_text())
+    config["models"][direction][key] = value
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("d_model", "abc", "models.fwd: d_model must be an integer, not 'abc'"),
+    ("d_model", -16, "models.fwd: d_model must be positive: -16"),
+    ("n_heads", 0, "models.fwd: n_heads must be positive: 0"),
+    ("max_positions", -5, "models.fwd: max_positions must be at least 2"),
+    ("dropout", None, "models.fwd: dropout must be a number, not None"),
+    ("tie_embeddings", "yes", "models.fwd: tie_embeddings must be true or false"),
+    ("src_vocab_size", 10 ** 12, "vocab.src.json: "),
+    ("tgt_vocab_size", 3.5, "vocab.tgt.json: "),
+])
+def test_bad_model_config_values_are_one_error_line(trained, model, key, value, message):
+    _edit_config(model, "fwd", key, value)
+    line = error_line(extract(trained, model, ok=False))
+    assert message in line
+    assert (C.CONFIG_NAME + ": models.fwd:" in line) or "does not belong to this model" in line
+
+
+def test_bad_training_config_value_is_one_error_line(trained, model):
+    path = model / C.CONFIG_NAME
+    config = json.loads(path.read_text())
+    config["training"]["lr"] = "fast"
+    path.write_text(json.dumps(config))
+    line = error_line(extract(trained, model, ok=False))
+    assert f"{C.CONFIG_NAME}: training: lr must be a number, not 'fast'" in line
+
+
+def test_vocabulary_with_tokens_removed_is_refused(trained, model):
+    path = model / C.VOCAB_TGT
+    vocab = json.loads(path.read_text())
+    size = len(vocab["tokens"])
+    vocab["tokens"] = vocab["tokens"][:-3]
+    path.write_text(json.dumps(vocab))
+    line = error_line(extract(trained, model, ok=False))
+    assert f"vocab.tgt.json: {size - 3} tokens, but config.json gives {size} " \
+           f"(models.fwd.tgt_vocab_size): the vocabulary does not belong to this model" in line
+
+
+def test_vocabulary_with_a_non_string_token_is_one_error_line(trained, model):
+    path = model / C.VOCAB_SRC
+    vocab = json.loads(path.read_text())
+    vocab["tokens"][-1] = ["a", "list"]
+    path.write_text(json.dumps(vocab))
+    line = error_line(extract(trained, model, ok=False))
+    assert "vocab.src.json: a token must be a string, not ['a', 'list']" in line
+
+
+def test_bpe_codes_not_utf8_is_one_error_line(trained, model):
+    path = model / C.BPE_CODES_SRC
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = b"\xff\xfe " + lines[2]
+    path.write_bytes(b"\n".join(lines))
+    line = error_line(extract(trained, model, ok=False))
+    assert f"{C.BPE_CODES_SRC}:3: not UTF-8 text (byte 0xff)" in line
+
+
+def test_bad_prep_config_value_is_one_error_line(trained, model):
+    path = model / "prep.json"
+    prep = json.loads(path.read_text())
+    prep["bpe_merges"] = "many"
+    path.write_text(json.dumps(prep))
+    line = error_line(extract(trained, model, ok=False))
+    assert "prep.json: not a valid preprocessing config (bpe_merges must be an integer" in line

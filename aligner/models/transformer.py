@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aligner.constants import PAD_ID
+from aligner.config import dataclass_from_dict
+from aligner.constants import PAD_ID, SPECIAL_TOKENS
 from aligner.models.base import AlignmentModel
 from aligner.utils import AlignerError, check_condition
 
@@ -61,6 +62,16 @@ class TransformerConfig:
     markov_order: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            check_condition(getattr(self, name) >= len(SPECIAL_TOKENS),
+                            f"{name} must be at least {len(SPECIAL_TOKENS)} (the special "
+                            f"tokens): {getattr(self, name)}")
+        for name in ("d_model", "n_heads", "d_ff"):
+            check_condition(getattr(self, name) >= 1,
+                            f"{name} must be positive: {getattr(self, name)}")
+        check_condition(self.max_positions >= 2,
+                        f"max_positions must be at least 2 (a subword plus BOS/EOS): "
+                        f"{self.max_positions}")
         check_condition(self.d_model % self.n_heads == 0,
                         f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         check_condition(self.enc_layers >= 1 and self.dec_layers >= 1,
@@ -75,11 +86,12 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TransformerConfig":
-        """Build from a dict, refusing unknown keys (a typo must not pass silently)."""
+        """Build from a dict (as in config.json), refusing unknown keys (a typo must not pass
+        silently) and values of the wrong type (:func:`aligner.config.dataclass_from_dict`)."""
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values)
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
