@@ -490,9 +490,17 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
 
     from aligner.log import setup_logging
 
+    training = True
+
+    def stop(signum: int, frame: Any) -> None:
+        """The parent's terminate() while training: exit normally, so that multiprocessing
+        cleans up (tqdm's lock); once training is over the process is already on its way out,
+        and an exception raised in its interpreter shutdown would only print noise."""
+        if training:
+            sys.exit(1)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent stops us
-    # the parent's terminate(): exit normally, so that multiprocessing cleans up (tqdm's lock)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    signal.signal(signal.SIGTERM, stop)
     try:
         torch.set_num_threads(threads)
         setup_logging(quiet=quiet, verbose=verbose,
@@ -503,6 +511,7 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
     except Exception:  # a bug: its traceback goes to the parent
         connection.send(("crash", traceback.format_exc()))
     finally:
+        training = False
         connection.close()
 
 
@@ -548,7 +557,9 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
                 if status == "crash":
                     raise RuntimeError(f"[{direction}] training failed:\n{value}")
                 summaries[direction] = value
-    finally:
+        for process in processes:  # each has sent its result: let it end on its own
+            process.join()
+    finally:  # after an error or Ctrl-C: stop the processes still training
         for process in processes:
             if process.is_alive():
                 process.terminate()

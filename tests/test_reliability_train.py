@@ -90,3 +90,51 @@ def test_train_runs_beside_a_lock_file_of_an_unrelated_process(tmp_path, corpus)
         *TINY)
     assert (model / "fwd" / C.PARAMS_BEST).exists()
     assert not (model / LOCK_NAME).exists()
+
+
+# -- --parallel-directions: a successful run ends quietly ----------------------------------
+
+#: a sitecustomize for the training processes of --parallel-directions: fwd's interpreter
+#: shutdown is slow (as torch's finalizers sometimes are) and rev sends its result 3 s late, so
+#: fwd is still shutting down when the parent has both results: the moment a parent that
+#: terminates finished processes would hit it
+SLOW_FWD_EXIT = textwrap.dedent("""
+    import atexit, multiprocessing, time
+    from multiprocessing import connection
+
+    def _name():
+        return multiprocessing.current_process().name
+
+    _send = connection.Connection.send
+
+    def _late_rev_send(self, obj):
+        if _name() == "train-rev":
+            time.sleep(3)
+        _send(self, obj)
+
+    def _slow_fwd_exit():
+        if _name() == "train-fwd":
+            time.sleep(6)
+
+    connection.Connection.send = _late_rev_send
+    atexit.register(_slow_fwd_exit)
+""")
+
+
+def test_a_successful_parallel_run_prints_no_traceback(tmp_path, corpus):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_FWD_EXIT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    model = tmp_path / "m"
+    result = subprocess.run(
+        [sys.executable, "-m", "aligner", "train", "-s", str(corpus["src"]), "-t",
+         str(corpus["tgt"]), "-o", str(model), "--model", "hmm1", "--max-updates", "3",
+         "--parallel-directions", "--threads", "2", *TINY],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, \
+        result.stderr
+    assert "leaked semaphore" not in result.stderr, result.stderr
+    assert "training fwd, rev in parallel" in (model / C.LOG_NAME).read_text()
