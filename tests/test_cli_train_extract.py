@@ -278,11 +278,22 @@ def test_tokenize_and_lowercase_reach_training_and_extraction(tmp_path):
 
 def test_train_refuses_a_directory_another_process_writes(tmp_path, corpus):
     import os
+    import subprocess
+    import sys
 
     model = tmp_path / "model"
     model.mkdir()
-    (model / ".lock").write_text(f"{os.getppid()}\n")
-    line = error_line(run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
-                          "--max-updates", 1, *TINY, ok=False))
-    assert f"another training process (pid {os.getppid()}) is writing this directory" in line
+    holder = subprocess.Popen(  # holds the run lock of `model` until killed
+        [sys.executable, "-c", "import sys; from aligner.model_dir import acquire_lock; "
+                               f"lock = acquire_lock({str(model)!r}); print('locked', "
+                               "flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        line = error_line(run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+                              "--max-updates", 1, *TINY, ok=False))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"another training process (pid {holder.pid} on host " in line
     assert os.listdir(model) == [".lock"]  # nothing touched
