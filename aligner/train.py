@@ -21,6 +21,8 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import os
@@ -237,8 +239,15 @@ class Trainer:
         return self.out_dir is not None and self.context.is_main
 
     def can_resume(self) -> bool:
-        path = self._path(C.TRAINING_STATE)
-        return path is not None and os.path.isfile(path)
+        """Whether the direction folder holds a training state to continue from.
+
+        Refuses (one line) a folder with trained weights but no training state: continuing
+        would train from update 0 and replace those weights.
+        """
+        if self.out_dir is None:
+            return False
+        check_resumable(self.out_dir)
+        return os.path.isfile(self._path(C.TRAINING_STATE))
 
     def save_checkpoint(self, improved: bool, elapsed: float) -> None:
         """params.last.pt (+ params.best.pt when improved), training_state.pt, metrics.tsv.
@@ -417,6 +426,22 @@ class Trainer:
         return float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
 
 
+def check_resumable(out_dir: str) -> None:
+    """Refuse (one line) to resume a direction folder that has weights but no training state.
+
+    Without ``training_state.pt`` a resumed direction would start again from update 0 and
+    overwrite its trained ``params.*.pt``; only ``--overwrite`` may do that. A folder with
+    neither (the run stopped before its first checkpoint) is fine: training starts afresh.
+    """
+    state = os.path.join(out_dir, C.TRAINING_STATE)
+    weights = [name for name in (C.PARAMS_LAST, C.PARAMS_BEST)
+               if os.path.isfile(os.path.join(out_dir, name))]
+    check_condition(os.path.isfile(state) or not weights,
+                    f"{state}: missing, but {weights[0] if weights else ''} beside it holds "
+                    f"trained weights: --resume cannot continue this direction (use --overwrite "
+                    f"to train a new model)")
+
+
 def _format_metric(value: Any) -> str:
     if value is None:
         return "-"
@@ -579,14 +604,78 @@ def tokenize_bitext(pre: "Preprocessor", bitext: Bitext) -> Tuple[List[List[str]
             [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
 
 
+#: in MODEL_DIR/corpus: which bitext the cached corpus was encoded from (see record_inputs)
+INPUTS_NAME = "inputs.json"
+
+
+def bitext_fingerprint(bitext: Bitext) -> str:
+    """sha256 of the bitext's words, pair by pair (the same for the same text however its
+    files are named, spaced or stored)."""
+    digest = hashlib.sha256()
+    for source, target in zip(bitext.source, bitext.target):
+        digest.update(f"{' '.join(source)}\t{' '.join(target)}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _bitext_names(bitext: Bitext) -> str:
+    """'train.src + train.tgt', or the one file of a joint bitext."""
+    if bitext.source_name == bitext.target_name:
+        return bitext.source_name
+    return f"{bitext.source_name} + {bitext.target_name}"
+
+
+def record_inputs(model_dir: str, bitext: Bitext) -> None:
+    """Write MODEL_DIR/corpus/inputs.json: the files, pair count and fingerprint of the bitext
+    the cached corpus is encoded from (:func:`check_inputs` compares them on --resume)."""
+    record = {"files": _bitext_names(bitext), "pairs": len(bitext),
+              "sha256": bitext_fingerprint(bitext)}
+    with atomic_output(os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)) as out:
+        json.dump(record, out, indent=2, sort_keys=True)
+        out.write("\n")
+
+
+def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False) -> None:
+    """On --resume: refuse (one line) when `bitext` is not the bitext the cached corpus of
+    `model_dir` was encoded from, unless `ignore_change` (then training continues on the cached
+    corpus and `bitext` is not used). A corpus without a record (written by an older version)
+    cannot be checked: a warning says so."""
+    path = os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+        recorded = (str(record["files"]), int(record["pairs"]), str(record["sha256"]))
+    except FileNotFoundError:
+        logger.warning("%s: missing (written by an older version): cannot check that %s is the "
+                       "data the cached corpus was built from", path, _bitext_names(bitext))
+        return
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise AlignerError(f"{path}: not a record of the training data ({error})") from None
+    files, pairs, fingerprint = recorded
+    if fingerprint == bitext_fingerprint(bitext):
+        return
+    if ignore_change:
+        logger.warning("%s differs from the data of the cached corpus (%s, %d pairs): "
+                       "continuing on the cached corpus (--resume-ignore-data-change)",
+                       _bitext_names(bitext), files, pairs)
+        return
+    what = ("changed since the run's corpus was built from it" if files == _bitext_names(bitext)
+            else f"not the data the run's corpus was built from ({files})")
+    raise AlignerError(f"{_bitext_names(bitext)}: {what}: {pairs} pairs then, {len(bitext)} "
+                       f"now, different text; --resume would go on training on the old corpus "
+                       f"(use --overwrite to train on the new data, or "
+                       f"--resume-ignore-data-change to continue on the old corpus)")
+
+
 def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
-                     data_config) -> None:
-    """Encode the training corpus into MODEL_DIR/corpus and save prep, BPE and vocabularies."""
+                     data_config, bitext: Bitext) -> None:
+    """Encode the training corpus into MODEL_DIR/corpus (with the record of the bitext it came
+    from, `bitext`) and save prep, BPE and vocabularies."""
     from aligner.data import encode_corpus
 
     encode_corpus(pre, src_vocab, tgt_vocab, source, target,
                   os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
                   max_ratio=data_config.max_ratio)
+    record_inputs(model_dir, bitext)
     pre.save(model_dir)
     src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
     tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
@@ -605,9 +694,30 @@ def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
     tgt_vocab = Vocabulary.build(pre.segment(words, "tgt").subwords for words in target if words)
     logger.info("vocabularies: %d source and %d target subwords (with 4 specials)",
                 len(src_vocab), len(tgt_vocab))
-    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config)
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
+                     bitext)
     logger.info("preparation took %.1fs", time.time() - start)
     return pre, src_vocab, tgt_vocab
+
+
+def check_model_options(model_kind: str, model_options: Dict[str, Any],
+                        valid_method: str = "") -> None:
+    """Refuse (one line) model options that `model_kind`'s config does not accept and a
+    validation method the kind does not have: checked before a run writes anything."""
+    cls = model_class(model_kind)
+    known = sorted(name for name in cls.config_class.__dataclass_fields__
+                   if name not in ("src_vocab_size", "tgt_vocab_size"))
+    unknown = sorted(set(model_options) - set(known))
+    check_condition(not unknown, f"--model-option: unknown setting {', '.join(unknown)} for "
+                                 f"--model {model_kind} (known: {', '.join(known)})")
+    try:  # the config's own checks (placeholder vocabulary sizes: those come from the data)
+        cls.config_class.from_dict({**model_options, "src_vocab_size": 8, "tgt_vocab_size": 8})
+    except (TypeError, ValueError) as error:  # e.g. a text where a number belongs
+        raise AlignerError(f"--model-option: invalid value for --model {model_kind} "
+                           f"({error})") from None
+    check_condition(not valid_method or valid_method in cls.METHODS,
+                    f"--valid-method: unknown method '{valid_method}' for --model {model_kind} "
+                    f"(choose from {', '.join(cls.METHODS)})")
 
 
 def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[str],
@@ -631,13 +741,19 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     verbose: bool = False, argv: Sequence[str] = (),
                     extra: Optional[Dict[str, Any]] = None,
                     base_dir: Optional[str] = None,
-                    parallel_directions: bool = False) -> Dict[str, TrainSummary]:
+                    parallel_directions: bool = False,
+                    ignore_data_change: bool = False) -> Dict[str, TrainSummary]:
     """`align train`: prepare `model_dir` and train `model_kind` in every direction.
 
     model_options: the model config without vocabulary sizes (those come from the data).
     valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
     gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
     Returns the training summary per direction.
+
+    The model options and validation method are checked before anything is written. With
+    `resume`, `bitext` must be the bitext the cached corpus was encoded from (unless
+    `ignore_data_change`: training continues on the cached corpus, see :func:`check_inputs`),
+    and no direction may have weights without a training state (:func:`check_resumable`).
 
     parallel_directions (CPU only, not under torchrun): train the directions at the same time,
     each in its own process with an equal share of torch's threads (see
@@ -654,89 +770,99 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     from aligner.data import encode_pair
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import (acquire_lock, config_path, prepare_output_dir, release_lock,
-                                   write_version)
+    from aligner.model_dir import (acquire_lock, config_path, direction_dir, prepare_output_dir,
+                                   release_lock, write_version)
     from aligner.prep import Preprocessor
 
     base_kind = getattr(model_class(model_kind), "BASE_KIND", None)
     check_condition(base_dir is None or base_kind is not None,
                     f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
+    check_model_options(model_kind, model_options, train_config.valid_method)
     if base_kind is not None:
         model_options, base_dir, resume = _base_stage(
             model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
             directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir,
-            parallel_directions)
+            parallel_directions, ignore_data_change)
         extra = {**(extra or {}), "base": os.path.abspath(base_dir)}
     context = init_distributed(train_config.device)
     device = resolve_device(train_config.device, context.local_rank)
     resumed = resume
     lock = None
-    if context.is_main:
-        check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
-                        f"{model_dir}: exists and is not a directory")
-        os.makedirs(model_dir, exist_ok=True)
-        lock = acquire_lock(model_dir)  # before anything is removed or written
-        resumed = prepare_output_dir(model_dir, resume, overwrite)
-    context.barrier()
-    log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
-                        logfile=os.path.join(model_dir, C.LOG_NAME) if context.is_main else None)
-    if context.is_main:
-        log_run_info(log, argv)
-        logger.info("device %s, %d process(es); %d training pairs", device, context.world_size,
-                    len(bitext))
-    if resumed:
-        saved = RunConfig.load(config_path(model_dir))
-        pre = Preprocessor.load(model_dir)
-        src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-        tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
-    elif context.is_main and base_dir is not None:
-        pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext, data_config)
-    elif context.is_main:
-        pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config, data_config,
-                                                  train_config.seed)
-    context.barrier()
-    if not resumed and not context.is_main:
-        pre = Preprocessor.load(model_dir)
-        src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-        tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
-    models = direction_model_configs(model_options, directions, len(src_vocab), len(tgt_vocab))
-    if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
-        base_config = RunConfig.load(config_path(base_dir))
-        models = {d: {**base_config.models[d], **model_options} for d in directions}
-        prep_config = pre.config
-    config = RunConfig(model_kind=model_kind, directions=list(directions), models=models,
-                       prep=prep_config.to_dict(), data=data_config, training=train_config,
-                       extra=dict(extra or {}))
-    if resumed:
-        differences = saved.differences(config)
-        check_condition(not differences,
-                        f"{model_dir}: cannot resume, these settings differ from the saved run: "
-                        f"{', '.join(differences)} (use --overwrite to start a new run)")
-    if context.is_main:
-        config.save(config_path(model_dir))
-        write_version(model_dir)
-    validation = None
-    if valid_bitext is not None:
-        source, target = tokenize_bitext(pre, valid_bitext)
-        validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
-                                 for s, t in zip(source, target)], valid_gold,
-                                train_config.valid_method)
-    runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
-                         progress=not quiet, position=position)
-            for position, direction in enumerate(directions)]
-    if parallel_directions and len(runs) > 1:
-        check_condition(not context.enabled,
-                        "--parallel-directions cannot be combined with torchrun (DDP trains "
-                        "one direction at a time on all processes)")
-        check_condition(device.type == "cpu",
-                        f"--parallel-directions trains each direction in its own CPU process; "
-                        f"on {device} train them one after the other (the default)")
-        summaries = train_directions_in_parallel(runs, quiet=quiet, verbose=verbose)
-    else:
-        summaries = {run.direction: train_direction(run, device, context) for run in runs}
-    context.barrier()
-    if lock is not None:
-        release_lock(lock)  # (a crashed run leaves a stale lock: the next run takes it over)
+    try:
+        if context.is_main:
+            check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
+                            f"{model_dir}: exists and is not a directory")
+            os.makedirs(model_dir, exist_ok=True)
+            lock = acquire_lock(model_dir)  # before anything is removed or written
+            resumed = prepare_output_dir(model_dir, resume, overwrite)
+            if resumed:  # before anything is trained: the cached corpus, every direction
+                check_inputs(model_dir, bitext, ignore_data_change)
+                for direction in directions:
+                    check_resumable(direction_dir(model_dir, direction))
+        context.barrier()
+        logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
+        log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
+                            logfile=logfile)
+        if context.is_main:
+            log_run_info(log, argv)
+            logger.info("device %s, %d process(es); %d training pairs", device,
+                        context.world_size, len(bitext))
+        if resumed:
+            saved = RunConfig.load(config_path(model_dir))
+            pre = Preprocessor.load(model_dir)
+            src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
+            tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+        elif context.is_main and base_dir is not None:
+            pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext,
+                                                           data_config)
+        elif context.is_main:
+            pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config,
+                                                      data_config, train_config.seed)
+        context.barrier()
+        if not resumed and not context.is_main:
+            pre = Preprocessor.load(model_dir)
+            src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
+            tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+        models = direction_model_configs(model_options, directions, len(src_vocab),
+                                         len(tgt_vocab))
+        if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
+            base_config = RunConfig.load(config_path(base_dir))
+            models = {d: {**base_config.models[d], **model_options} for d in directions}
+            prep_config = pre.config
+        config = RunConfig(model_kind=model_kind, directions=list(directions), models=models,
+                           prep=prep_config.to_dict(), data=data_config, training=train_config,
+                           extra=dict(extra or {}))
+        if resumed:
+            differences = saved.differences(config)
+            check_condition(not differences,
+                            f"{model_dir}: cannot resume, these settings differ from the saved "
+                            f"run: {', '.join(differences)} (use --overwrite to start a new run)")
+        if context.is_main:
+            config.save(config_path(model_dir))
+            write_version(model_dir)
+        validation = None
+        if valid_bitext is not None:
+            source, target = tokenize_bitext(pre, valid_bitext)
+            validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
+                                     for s, t in zip(source, target)], valid_gold,
+                                    train_config.valid_method)
+        runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
+                             progress=not quiet, position=position)
+                for position, direction in enumerate(directions)]
+        if parallel_directions and len(runs) > 1:
+            check_condition(not context.enabled,
+                            "--parallel-directions cannot be combined with torchrun (DDP trains "
+                            "one direction at a time on all processes)")
+            check_condition(device.type == "cpu",
+                            f"--parallel-directions trains each direction in its own CPU "
+                            f"process; on {device} train them one after the other (the default)")
+            summaries = train_directions_in_parallel(runs, quiet=quiet, verbose=verbose)
+        else:
+            summaries = {run.direction: train_direction(run, device, context) for run in runs}
+        context.barrier()
+    finally:
+        if lock is not None:
+            release_lock(lock)
     shutdown_distributed(context)
     return summaries
 
@@ -746,7 +872,8 @@ def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: 
                 directions: Sequence[str], valid_bitext: Optional[Bitext],
                 valid_gold: Optional[List[GoldAlignment]], resume: bool, overwrite: bool,
                 quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str],
-                parallel_directions: bool = False) -> Tuple[Dict[str, Any], str, bool]:
+                parallel_directions: bool = False, ignore_data_change: bool = False
+                ) -> Tuple[Dict[str, Any], str, bool]:
     """Stage 1 of a kind trained on a frozen base: train the base (unless `base_dir` is given),
     check it. Returns (the kind's own model options, base directory, resume flag of stage 2)."""
     import dataclasses
@@ -766,7 +893,8 @@ def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: 
         train_model_dir(base_dir, bitext, base_kind, base_options, prep_config, data_config,
                         stage1, directions, valid_bitext, valid_gold, resume=resume,
                         overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv,
-                        parallel_directions=parallel_directions)
+                        parallel_directions=parallel_directions,
+                        ignore_data_change=ignore_data_change)
         # stage 2 resumes only when it had started (it writes config.json first)
         resume = resume and os.path.isfile(config_path(model_dir))
     check_condition(os.path.isfile(config_path(base_dir)),
@@ -790,6 +918,7 @@ def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_confi
     src_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_SRC))
     tgt_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_TGT))
     source, target = tokenize_bitext(pre, bitext)
-    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config)
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
+                     bitext)
     logger.info("preprocessing and vocabularies of the base %s", base_dir)
     return pre, src_vocab, tgt_vocab

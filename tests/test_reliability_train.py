@@ -138,3 +138,118 @@ def test_a_successful_parallel_run_prints_no_traceback(tmp_path, corpus):
         result.stderr
     assert "leaked semaphore" not in result.stderr, result.stderr
     assert "training fwd, rev in parallel" in (model / C.LOG_NAME).read_text()
+
+
+# -- --resume with other data, or without a direction's training state ---------------------
+
+def train_args(corpus, model, *more):
+    return ["train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, *more, *TINY]
+
+
+def test_resume_refuses_other_training_data(tmp_path, corpus):
+    model = tmp_path / "m"
+    run(*train_args(corpus, model, "--max-updates", 2))
+    sources, targets, _ = monotone_corpus(40, seed=5)
+    other_src, other_tgt, _ = write_corpus(tmp_path, "other", sources, targets)
+    config = (model / C.CONFIG_NAME).read_text()
+    resumed = ["train", "-s", other_src, "-t", other_tgt, "-o", model, "--max-updates", 4,
+               "--resume", *TINY]
+    error = one_error_line(invoke(*resumed))
+    assert f"{other_src} + {other_tgt}: not the data the run's corpus was built from" in error
+    assert "--overwrite" in error and "--resume-ignore-data-change" in error
+    assert (model / C.CONFIG_NAME).read_text() == config  # nothing trained or written
+    assert "[fwd] checkpoint 4" not in (model / C.LOG_NAME).read_text()
+    # asked for: training goes on, on the cached corpus
+    run(*resumed, "--resume-ignore-data-change")
+    assert "[fwd] checkpoint 4" in (model / C.LOG_NAME).read_text()
+
+
+def test_resume_refuses_training_data_changed_in_place(tmp_path, corpus):
+    model = tmp_path / "m"
+    run(*train_args(corpus, model, "--max-updates", 2))
+    # the same text under another name is the same data
+    copy = tmp_path / "copy.src"
+    copy.write_text(corpus["src"].read_text())
+    run("train", "-s", copy, "-t", corpus["tgt"], "-o", model, "--max-updates", 3, "--resume",
+        *TINY)
+    with open(corpus["tgt"], "a", encoding="utf-8") as handle:
+        handle.write("t1 t2\n")
+    with open(corpus["src"], "a", encoding="utf-8") as handle:
+        handle.write("s1 s2\n")
+    error = one_error_line(invoke(*train_args(corpus, model, "--max-updates", 4, "--resume")))
+    assert "changed since the run's corpus was built from it: 40 pairs then, 41 now" in error
+
+
+def test_ignore_data_change_needs_resume(tmp_path, corpus):
+    error = one_error_line(invoke(*train_args(corpus, tmp_path / "m", "--max-updates", 2,
+                                              "--resume-ignore-data-change")))
+    assert "--resume-ignore-data-change applies to --resume only" in error
+
+
+@pytest.mark.parametrize("parallel", [[], ["--parallel-directions"]])
+def test_resume_never_retrains_a_direction_without_training_state(tmp_path, corpus, parallel):
+    model = tmp_path / "m"
+    run(*train_args(corpus, model, "--max-updates", 4))
+    (model / "fwd" / C.TRAINING_STATE).unlink()
+    weights = {name: (model / d / name).read_bytes()
+               for d in C.DIRECTIONS for name in (C.PARAMS_BEST, C.PARAMS_LAST)}
+    error = one_error_line(invoke(*train_args(corpus, model, "--max-updates", 6, "--resume",
+                                              *parallel)))
+    assert f"{model / 'fwd' / C.TRAINING_STATE}: missing, but {C.PARAMS_LAST}" in error
+    assert "--overwrite" in error
+    assert weights == {name: (model / d / name).read_bytes()  # rev untouched too
+                       for d in C.DIRECTIONS for name in (C.PARAMS_BEST, C.PARAMS_LAST)}
+
+
+def test_resume_before_the_first_checkpoint_starts_the_direction_afresh(tmp_path, corpus):
+    """A direction folder with neither weights nor state (the run stopped before its first
+    checkpoint) is trained from the start, as before."""
+    model = tmp_path / "m"
+    run(*train_args(corpus, model, "--max-updates", 2))
+    for path in (model / "rev").iterdir():
+        path.unlink()
+    run(*train_args(corpus, model, "--max-updates", 2, "--resume"))
+    assert (model / "rev" / C.PARAMS_LAST).exists()
+
+
+# -- options checked before anything is written ---------------------------------------------
+
+@pytest.mark.parametrize("bad, message", [
+    (["-M", "bogus=1"], "--model-option: unknown setting bogus for --model transformer"),
+    (["--model", "alignment-layer", "-M", "bogus=1"],
+     "--model-option: unknown setting bogus for --model alignment-layer"),
+    (["--model", "hmm1", "-M", "forward_algorithm=sideways"], "forward_algorithm must be"),
+    (["--valid-method", "bogus"], "--valid-method: unknown method 'bogus' for --model "
+                                  "transformer (choose from attention, attention-avg)"),
+    (["--model", "hmm0", "--valid-method", "hmm-viterbi"],
+     "--valid-method: unknown method 'hmm-viterbi' for --model hmm0"),
+])
+def test_bad_options_fail_before_anything_is_written(tmp_path, corpus, bad, message):
+    model = tmp_path / "m"
+    error = one_error_line(invoke(*train_args(corpus, model, "--max-updates", 2, *bad)))
+    assert message in error
+    assert not model.exists()
+    # so the corrected command needs no --overwrite
+    run(*train_args(corpus, model, "--max-updates", 1, "--directions", "fwd"))
+
+
+@pytest.mark.parametrize("gold_format", ["talp", "naacl"])
+def test_validation_gold_link_outside_its_sentence_is_refused(tmp_path, corpus, gold_format):
+    lines = corpus["vgold"].read_text().splitlines()
+    lines[2] += " 0-9"  # sentence 3 has 4 words on each side
+    if gold_format == "talp":
+        gold = tmp_path / "bad.talp"
+        gold.write_text("\n".join(lines) + "\n")
+        where = f"{gold}:3: link '0-9' outside the sentence pair"
+    else:
+        gold = tmp_path / "bad.naacl"
+        gold.write_text("".join(f"{k} {int(i) + 1} {int(j) + 1}\n"
+                                for k, line in enumerate(lines, 1)
+                                for i, j in (link.split("-") for link in line.split())))
+        where = f"{gold}: sentence 3: link '1 10' outside the sentence pair"
+    model = tmp_path / "m"
+    error = one_error_line(invoke(*train_args(
+        corpus, model, "--max-updates", 2, "--valid-src", corpus["vsrc"], "--valid-tgt",
+        corpus["vtgt"], "--valid-gold", gold, "--valid-gold-format", gold_format)))
+    assert where in error
+    assert not model.exists()

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from aligner import constants as C
 from aligner.utils import AlignerError, check_condition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.formats import Bitext, GoldAlignment
 
 INPUT = click.Path(dir_okay=False, exists=False)
 #: model kinds known when this was written; the registry aligner.models.MODELS decides
@@ -40,6 +43,20 @@ def parse_key_values(pairs: Sequence[str], option: str) -> Dict[str, Any]:
         except ValueError:
             values[key.strip().replace("-", "_")] = raw
     return values
+
+
+def check_gold_in_range(gold: Sequence["GoldAlignment"], name: str, gold_format: str,
+                        bitext: "Bitext") -> None:
+    """Refuse (one line, FILE:LINE for talp, FILE: sentence N for naacl) a gold link outside
+    its validation sentence pair."""
+    from aligner.cli.score_aer import _check_naacl_range
+    from aligner.formats import check_alignments_against_bitext
+
+    if gold_format == "talp":
+        check_alignments_against_bitext([g.possible for g in gold], name, bitext)
+        return
+    for number, (links, src, tgt) in enumerate(zip(gold, bitext.source, bitext.target), 1):
+        _check_naacl_range(links.possible, len(src), len(tgt), name, number)
 
 
 def set_threads(threads: int) -> None:
@@ -147,7 +164,14 @@ def bitext_options(function):
                    "half of --threads (the same weights as training them in turn with that "
                    "many threads; faster where more threads help a model less than a second "
                    "process, see eval/results/parallel_directions.md).")
-@click.option("--resume", is_flag=True, help="Continue the interrupted run in --model-dir.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in --model-dir (same data and settings; "
+                   "only --max-updates, --max-epochs, --checkpoint-interval and --device may "
+                   "change).")
+@click.option("--resume-ignore-data-change", "ignore_data_change", is_flag=True,
+              help="With --resume: continue on the corpus cached in --model-dir even though "
+                   "the training bitext given now differs from the one it was built from "
+                   "(without this, --resume refuses; --overwrite trains on the new data).")
 @click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
@@ -162,7 +186,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
             valid_gold_format: str, valid_method: str, device: str, seed: int, threads: int,
-            parallel_directions: bool, resume: bool,
+            parallel_directions: bool, resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
@@ -188,6 +212,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                     "give both --valid-src and --valid-tgt")
     check_condition(valid_gold is None or valid_src is not None,
                     "--valid-gold needs --valid-src and --valid-tgt")
+    check_condition(resume or not ignore_data_change,
+                    "--resume-ignore-data-change applies to --resume only")
     prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
                              lowercase=lowercase, bpe_merges=bpe_merges, joint_bpe=joint_bpe,
                              bpe_min_frequency=bpe_min_frequency,
@@ -216,6 +242,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_condition(len(gold) == len(valid_bitext),
                         f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
                         f"validation pairs")
+        check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
     try:
         summaries = train_model_dir(model_dir, bitext, model_kind, model_options, prep_config,
                                     DataConfig(max_len=max_len, max_ratio=max_ratio),
@@ -223,7 +250,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                     resume=resume, overwrite=overwrite, quiet=quiet,
                                     verbose=verbose, argv=["align"] + sys.argv[1:],
                                     base_dir=base_dir,
-                                    parallel_directions=parallel_directions)
+                                    parallel_directions=parallel_directions,
+                                    ignore_data_change=ignore_data_change)
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
