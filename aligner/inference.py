@@ -66,6 +66,13 @@ def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tenso
     return torch.where(inside & real_column & tgt_real, path, torch.full_like(path, -1))
 
 
+def progress_bar(total: int, description: str, enabled: bool):
+    """A tqdm bar over `total` sentence pairs on stderr with rate and ETA (disabled: silent)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=description, unit="pair", disable=not enabled,
+                dynamic_ncols=True)
+
+
 def _pair_links(path_row: np.ndarray, pair: EncodedPair, direction: str) -> Set[Link]:
     """Word links (source word, target word) of one pair from its hard path row (I+1,)."""
     subword_links = []
@@ -87,12 +94,14 @@ def model_max_positions(model: AlignmentModel) -> Optional[int]:
 def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
                 method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
                 device: Optional[torch.device] = None,
-                options: Optional[Dict[str, Any]] = None) -> List[Set[Link]]:
+                options: Optional[Dict[str, Any]] = None,
+                progress: bool = False) -> List[Set[Link]]:
     """Word-level links of every pair with one direction's model, in input order.
 
     Links are (source word, target word) whatever the direction (rev links are flipped).
     Pairs with an empty side or longer than the model's max_positions get an empty set
-    (the caller warns; see :func:`usable`). The model is put in eval mode.
+    (the caller warns; see :func:`usable`). The model is put in eval mode. ``progress``: a
+    tqdm bar on stderr.
     """
     check_condition(direction in C.DIRECTIONS, f"direction must be fwd or rev, not {direction}")
     check_condition(method in model.METHODS,
@@ -108,14 +117,16 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
         return results
     batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
     batch_results = []
-    for batch_indices in batches:
-        items = [pairs[ok[b]] for b in batch_indices]
-        batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
-                           direction).to(device)
-        path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
-                              **options).cpu().numpy()
-        batch_results.append([_pair_links(path[row], item, direction)
-                              for row, item in enumerate(items)])
+    with progress_bar(len(ok), f"align {direction}", progress) as bar:
+        for batch_indices in batches:
+            items = [pairs[ok[b]] for b in batch_indices]
+            batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
+                               direction).to(device)
+            path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
+                                  **options).cpu().numpy()
+            batch_results.append([_pair_links(path[row], item, direction)
+                                  for row, item in enumerate(items)])
+            bar.update(len(items))
     for k, links in zip(ok, restore_order(batches, batch_results)):
         results[k] = links
     return results
@@ -148,11 +159,13 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str) -> np.nd
 def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
                     method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
                     device: Optional[torch.device] = None,
-                    options: Optional[Dict[str, Any]] = None) -> List[np.ndarray]:
+                    options: Optional[Dict[str, Any]] = None,
+                    progress: bool = False) -> List[np.ndarray]:
     """Word-level soft alignment matrices (source words, target words), float32, input order.
 
     See :func:`_word_matrix` for the normalization. Pairs that get no alignment (empty side,
-    too long) get a zero matrix of shape (source words, target words).
+    too long) get a zero matrix of shape (source words, target words). ``progress``: a tqdm
+    bar on stderr.
     """
     options = options or {}
     device = device or next(model.parameters()).device
@@ -165,14 +178,16 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     if not ok:
         return results
     batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
-    for batch_indices in batches:
-        items = [pairs[ok[b]] for b in batch_indices]
-        batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
-                           direction).to(device)
-        scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
-                                        **options).float().cpu().numpy()
-        for row, b in enumerate(batch_indices):
-            results[ok[b]] = _word_matrix(scores[row], pairs[ok[b]], direction)
+    with progress_bar(len(ok), f"soft {direction}", progress) as bar:
+        for batch_indices in batches:
+            items = [pairs[ok[b]] for b in batch_indices]
+            batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
+                               direction).to(device)
+            scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
+                                            **options).float().cpu().numpy()
+            for row, b in enumerate(batch_indices):
+                results[ok[b]] = _word_matrix(scores[row], pairs[ok[b]], direction)
+            bar.update(len(items))
     return results
 
 
@@ -219,7 +234,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 heuristics: Sequence[str] = (C.DEFAULT_HEURISTIC,),
                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
-                threshold: float = DEFAULT_THRESHOLD) -> Dict[str, List[Set[Link]]]:
+                threshold: float = DEFAULT_THRESHOLD,
+                progress: bool = False) -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
@@ -228,7 +244,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     best checkpoint, only the directions asked for). A Moses heuristic (aligner.symmetrize)
     combines the two directions' hard links; ``soft-average`` (aligner.soft_symmetrize)
     averages their word-level soft alignments (:func:`soft_alignments`) and keeps the links
-    above `threshold`.
+    above `threshold`. ``progress``: tqdm bars on stderr, one per direction and pass.
     """
     if isinstance(loaded, str):
         loaded = LoadedModelDir.load(loaded, directions, "best", device)
@@ -236,14 +252,15 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     out: Dict[str, List[Set[Link]]] = {}
     for direction in directions:
         out[direction] = align_pairs(loaded.models[direction], pairs, direction, method,
-                                     max_tokens, device, options)
+                                     max_tokens, device, options, progress)
     if "fwd" in out and "rev" in out:
         soft: Dict[str, List[np.ndarray]] = {}
         for heuristic in heuristics:
             if heuristic in SOFT_HEURISTICS:
                 if not soft:
                     soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens,
-                                               device, options) for d in C.DIRECTIONS}
+                                               device, options, progress)
+                            for d in C.DIRECTIONS}
                 out[heuristic] = [soft_average(f, r, threshold)
                                   for f, r in zip(soft["fwd"], soft["rev"])]
             else:
@@ -257,7 +274,7 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
-            threshold: float = DEFAULT_THRESHOLD) -> List[Set[Link]]:
+            threshold: float = DEFAULT_THRESHOLD, progress: bool = False) -> List[Set[Link]]:
     """Word-level source–target links per input line: one direction, or both symmetrized
     (`heuristic`: a Moses heuristic or soft-average with `threshold`; see extract_all).
 
@@ -268,10 +285,10 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
         pairs = encode_bitext(loaded, bitext)
         soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens, device,
-                                   options) for d in C.DIRECTIONS}
+                                   options, progress) for d in C.DIRECTIONS}
         return [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
-                           device, options, threshold)[heuristic]
+                           device, options, threshold, progress)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
-                       options)[direction]
+                       options, progress=progress)[direction]

@@ -270,3 +270,24 @@ def test_soft_alignments_by_hand():
     assert np.allclose(matrix, [[0.125, 0.875], [0.75, 0.25]])
     empty = pair([], [5, 6], [], [0, 1])
     assert soft_alignments(model, [empty], "fwd", "fixed")[0].shape == (0, 2)
+
+
+@pytest.mark.parametrize("heuristic", ["grow-diag", "soft-average"])
+def test_extract_shows_a_progress_bar_per_direction_unless_quiet(tmp_path, heuristic):
+    from click.testing import CliRunner
+
+    from aligner.cli import main as cli
+
+    directory, sources, targets = make_model_dir(tmp_path)
+    (tmp_path / "in.src").write_text("\n".join(" ".join(s) for s in sources[:5]) + "\n")
+    (tmp_path / "in.tgt").write_text("\n".join(" ".join(t) for t in targets[:5]) + "\n")
+    args = ["extract", str(directory), "-s", str(tmp_path / "in.src"), "-t",
+            str(tmp_path / "in.tgt"), "-H", heuristic, "-o", str(tmp_path / "out.txt")]
+    loud = CliRunner().invoke(cli, args)
+    assert loud.exit_code == 0, loud.output
+    stderr = loud.stderr
+    for direction in C.DIRECTIONS:      # tqdm's final line: "<desc> ...| 5/5 [.. pair/s]"
+        assert any(direction in line and "5/5" in line and "pair" in line
+                   for line in stderr.replace("\r", "\n").splitlines()), stderr
+    quiet = CliRunner().invoke(cli, args + ["-q"])
+    assert quiet.exit_code == 0 and "5/5" not in quiet.stderr

@@ -95,7 +95,8 @@ def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
                    "on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default).")
-@click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Warnings only (no progress bars: by default one per direction on stderr).")
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
@@ -159,9 +160,11 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     with autocast_context(precision, torch_device):
         alignments = extract(loaded, bitext, method, direction,
                              heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options,
-                             DEFAULT_THRESHOLD if threshold is None else threshold)
+                             DEFAULT_THRESHOLD if threshold is None else threshold,
+                             progress=not quiet)
         matrices = None if soft is None else soft_matrices(
-            loaded, bitext, method, directions, max_tokens, torch_device, options)
+            loaded, bitext, method, directions, max_tokens, torch_device, options,
+            progress=not quiet)
     write_results(output, alignments, soft, matrices)
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
@@ -170,7 +173,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
 
 
 def soft_matrices(loaded, bitext, method: str, directions, max_tokens: int, device,
-                  options) -> Dict[str, Any]:
+                  options, progress: bool = False) -> Dict[str, Any]:
     """Soft alignment matrices of every line and direction, named as in the --soft .npz file.
 
     Array ``"{direction}_{k}"``: float32 (source words, target words) for input line k
@@ -182,7 +185,7 @@ def soft_matrices(loaded, bitext, method: str, directions, max_tokens: int, devi
     arrays = {}
     for direction in directions:
         matrices = soft_alignments(loaded.models[direction], pairs, direction, method,
-                                   max_tokens, device, options)
+                                   max_tokens, device, options, progress)
         arrays.update({f"{direction}_{k}": m for k, m in enumerate(matrices)})
     return arrays
 
