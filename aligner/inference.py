@@ -198,6 +198,18 @@ def usable(pair: EncodedPair, max_positions: Optional[int]) -> bool:
     return max_positions is None or pair.width <= max_positions
 
 
+def _unusable_reason(pair: EncodedPair, limit: Optional[int], bitext: Bitext
+                     ) -> Tuple[str, str]:
+    """(file name, reason) for a pair that :func:`usable` refuses, naming the faulty side."""
+    sides = ((bitext.source_name, len(pair.src_ids)), (bitext.target_name, len(pair.tgt_ids)))
+    empty = [name for name, length in sides if length == 0]
+    if empty:
+        return empty[0], "an empty side"
+    long = [name for name, length in sides if limit is not None and length + 1 > limit]
+    name = " and ".join(dict.fromkeys(long)) or bitext.source_name
+    return name, f"{pair.width} positions > the model's limit of {limit}"
+
+
 def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
                   ) -> List[EncodedPair]:
     """Tokenize (when the model was trained with --tokenize), BPE and encode every line.
@@ -218,10 +230,8 @@ def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
         if not usable(pair, limit):
             n_warned += 1
             if n_warned <= MAX_WARNINGS:
-                reason = ("an empty side" if not len(pair.src_ids) or not len(pair.tgt_ids)
-                          else f"{pair.width} positions > the model's limit of {limit}")
-                logger.warning("%s:%d: %s: writing an empty alignment", bitext.source_name,
-                               line_no, reason)
+                name, reason = _unusable_reason(pair, limit, bitext)
+                logger.warning("%s:%d: %s: writing an empty alignment", name, line_no, reason)
         pairs.append(pair)
     if n_warned > MAX_WARNINGS:
         logger.warning("%d lines in all get an empty alignment (only the first %d are listed)",

@@ -291,3 +291,16 @@ def test_extract_shows_a_progress_bar_per_direction_unless_quiet(tmp_path, heuri
                    for line in stderr.replace("\r", "\n").splitlines()), stderr
     quiet = CliRunner().invoke(cli, args + ["-q"])
     assert quiet.exit_code == 0 and "5/5" not in quiet.stderr
+
+
+def test_warnings_name_the_file_of_the_side_that_is_empty_or_too_long(tmp_path, caplog):
+    directory, sources, targets = make_model_dir(tmp_path)
+    loaded = LoadedModelDir.load(str(directory))
+    src = [sources[0], ["s1"] * 20, sources[1], ["s1"] * 20]
+    tgt = [[], targets[0], ["t1"] * 20, ["t1"] * 20]
+    with caplog.at_level(logging.WARNING, logger="aligner"):
+        extract_all(loaded, Bitext(src, tgt, "in.src", "in.tgt"), "attention", ("fwd",), ())
+    assert "in.tgt:1: an empty side" in caplog.text
+    assert "in.src:2: 21 positions > the model's limit of 16" in caplog.text
+    assert "in.tgt:3: 21 positions > the model's limit of 16" in caplog.text
+    assert "in.src and in.tgt:4: 21 positions" in caplog.text
