@@ -101,10 +101,13 @@ class DataConfig:
     max_len: pairs with a side longer than this are skipped (and counted in the log).
     max_ratio: pairs whose length ratio (longer / shorter side) exceeds this are skipped;
         0 = no ratio filter.
+    guide: Pharaoh word alignments of the training bitext, one line per training line
+        (``align train --guide``; aligner/guide.py); "" = none.
     """
 
     max_len: int = 200
     max_ratio: float = 0.0
+    guide: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,6 +146,8 @@ class TrainConfig:
     log_interval: int = 100
     #: extraction method used for validation AER ("" = the model kind's first method)
     valid_method: str = ""
+    #: weight λ_g of the guided-alignment cross-entropy (needs DataConfig.guide; 0 = none)
+    guide_weight: float = 0.0
     device: str = "auto"
     seed: int = C.DEFAULT_SEED
 
@@ -158,6 +163,7 @@ class TrainConfig:
         check_condition(self.max_updates > 0 or self.max_epochs > 0,
                         "set --max-updates or --max-epochs (both are 0: training would not stop)")
         check_condition(self.checkpoint_interval >= 1, "--checkpoint-interval must be >= 1")
+        check_condition(self.guide_weight >= 0, "--guide-weight must be >= 0")
         check_condition(self.log_interval >= 1, "log interval must be >= 1")
 
     def to_dict(self) -> Dict[str, Any]:

@@ -171,6 +171,7 @@ class EncodedCorpus:
         self.src_lengths = np.diff(src_offsets).astype(np.int64)
         self.tgt_lengths = np.diff(tgt_offsets).astype(np.int64)
         self.stats = stats
+        self.directory: Optional[str] = None
 
     @classmethod
     def open(cls, directory: str) -> "EncodedCorpus":
@@ -204,8 +205,10 @@ class EncodedCorpus:
                                                    (TGT_IDS, TGT_OFFSETS, stats.tgt_vocab_size)):
             _check_encoded_side(directory, ids_name, arrays[ids_name], offsets_name,
                         arrays[offsets_name], n_pairs, vocab_size)
-        return cls(arrays[SRC_IDS], arrays[SRC_OFFSETS], arrays[TGT_IDS], arrays[TGT_OFFSETS],
-                   arrays[LINE_NUMBERS], stats=stats)
+        corpus = cls(arrays[SRC_IDS], arrays[SRC_OFFSETS], arrays[TGT_IDS], arrays[TGT_OFFSETS],
+                     arrays[LINE_NUMBERS], stats=stats)
+        corpus.directory = directory   # where guide links (aligner/guide.py) may lie beside it
+        return corpus
 
     def __len__(self) -> int:
         return len(self.line_numbers)

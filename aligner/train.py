@@ -87,8 +87,9 @@ class _LossModule(nn.Module):
         self.model = model
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                label_smoothing: float):
-        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=label_smoothing)
+                label_smoothing: float, **guide: Any):
+        """``guide``: optional ``guide``/``guide_weight`` keywords (aligner/guide.py)."""
+        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=label_smoothing, **guide)
 
 
 @dataclass
@@ -229,6 +230,14 @@ class Trainer:
         # decoder-side lengths (+EOS): the tokens each pair contributes to the loss
         decoder_lengths = corpus.tgt_lengths if direction == "fwd" else corpus.src_lengths
         self._decoder_tokens = decoder_lengths + 1
+        self.guides = None
+        if config.guide_weight > 0:
+            from aligner.guide import GuideLinks
+
+            self.guides = GuideLinks.open(corpus.directory, len(corpus))
+            check_condition(self.guides is not None,
+                            f"{corpus.directory}: the encoded corpus has no guide links "
+                            f"(--guide-weight without --guide?)")
         self.state = TrainState()
 
     # -- files -----------------------------------------------------------------------------
@@ -324,10 +333,18 @@ class Trainer:
                                self.direction).to(self.device)
             sync = k == len(batches) - 1
             no_sync = getattr(self.loss_module, "no_sync", None)
+            guide = {}
+            if self.guides is not None:
+                from aligner.guide import guide_matrix
+
+                guide = {"guide": guide_matrix([self.guides.pair(i) for i in indices],
+                                               self.direction, batch.tgt_out.size(1),
+                                               batch.src.size(1)).to(self.device),
+                         "guide_weight": self.config.guide_weight}
             with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
                 with autocast_context(self.device):
                     loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
-                                               self.config.label_smoothing)
+                                               self.config.label_smoothing, **guide)
                 (loss * scale).backward()
             loss_sum += float(loss.detach())
         if self.config.clip_norm > 0:
@@ -672,13 +689,30 @@ def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
     from, `bitext`) and save prep, BPE and vocabularies."""
     from aligner.data import encode_corpus
 
-    encode_corpus(pre, src_vocab, tgt_vocab, source, target,
-                  os.path.join(model_dir, CORPUS_DIR), max_len=data_config.max_len,
-                  max_ratio=data_config.max_ratio)
+    corpus_dir = os.path.join(model_dir, CORPUS_DIR)
+    encode_corpus(pre, src_vocab, tgt_vocab, source, target, corpus_dir,
+                  max_len=data_config.max_len, max_ratio=data_config.max_ratio)
+    if data_config.guide:
+        _encode_guide(pre, data_config.guide, source, target, corpus_dir)
     record_inputs(model_dir, bitext)
     pre.save(model_dir)
     src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
     tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+
+
+def _encode_guide(pre, path: str, source, target, corpus_dir: str) -> None:
+    """Read the --guide file (Pharaoh word links of the training lines as training sees their
+    words), check it against the bitext (one error line) and store its subword links beside
+    the encoded corpus (aligner/guide.py)."""
+    from aligner.formats import read_pharaoh
+    from aligner.guide import check_guides, encode_guides
+
+    alignments = read_pharaoh(path)
+    check_guides(alignments, source, target, path)
+    line_numbers = EncodedCorpus.open(corpus_dir).line_numbers
+    n_links = encode_guides(pre, alignments, source, target, line_numbers, corpus_dir)
+    logger.info("guide %s: %d word links, %d subword links over %d training pairs", path,
+                sum(map(len, alignments)), n_links, len(line_numbers))
 
 
 def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
@@ -718,6 +752,13 @@ def check_model_options(model_kind: str, model_options: Dict[str, Any],
     check_condition(not valid_method or valid_method in cls.METHODS,
                     f"--valid-method: unknown method '{valid_method}' for --model {model_kind} "
                     f"(choose from {', '.join(cls.METHODS)})")
+
+
+def supports_guide(model_kind: str) -> bool:
+    """Whether `model_kind`'s loss takes a guide (aligner/guide.py)."""
+    import inspect
+
+    return "guide" in inspect.signature(model_class(model_kind).loss).parameters
 
 
 def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[str],
@@ -778,6 +819,11 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     check_condition(base_dir is None or base_kind is not None,
                     f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
     check_model_options(model_kind, model_options, train_config.valid_method)
+    check_condition(not data_config.guide or supports_guide(model_kind),
+                    f"--guide: guided alignment training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{model_kind}'")
+    check_condition(train_config.guide_weight == 0 or bool(data_config.guide),
+                    "--guide-weight needs --guide")
     if base_kind is not None:
         model_options, base_dir, resume = _base_stage(
             model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,

@@ -154,6 +154,16 @@ def bitext_options(function):
               show_default=True)
 @click.option("--valid-method", default="", help="Extraction method for validation AER "
                                                  "(default: the model kind's first).")
+@click.option("--guide", type=INPUT, default=None,
+              help="Guided alignment training (hmm0, hmm1): Pharaoh word alignments of the "
+                   "training bitext, one line per training line, source-target (e.g. from "
+                   "eflomal, fast_align, GIZA++ or align extract), indexing the words as "
+                   "training sees them (after --tokenize). Adds --guide-weight x the "
+                   "cross-entropy between the guide (uniform over each target subword's linked "
+                   "source subwords) and the model's posterior alignment distribution.")
+@click.option("--guide-weight", default=1.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Weight of the guide's cross-entropy term (with --guide).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA with bf16 autocast if available, else CPU), cpu, cuda, cuda:N.")
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
@@ -185,7 +195,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
-            valid_gold_format: str, valid_method: str, device: str, seed: int, threads: int,
+            valid_gold_format: str, valid_method: str, guide: Optional[str],
+            guide_weight: float, device: str, seed: int, threads: int,
             parallel_directions: bool, resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
@@ -233,7 +244,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                warmup=warmup, label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
-                               valid_method=valid_method, device=device, seed=seed)
+                               valid_method=valid_method, device=device, seed=seed,
+                               guide_weight=guide_weight if guide is not None else 0.0)
     bitext = read_bitext(source, target, joint)
     valid_bitext = read_bitext(valid_src, valid_tgt) if valid_src is not None else None
     gold = None
@@ -245,7 +257,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
     try:
         summaries = train_model_dir(model_dir, bitext, model_kind, model_options, prep_config,
-                                    DataConfig(max_len=max_len, max_ratio=max_ratio),
+                                    DataConfig(max_len=max_len, max_ratio=max_ratio,
+                                               guide=guide or ""),
                                     train_config, direction_list, valid_bitext, gold,
                                     resume=resume, overwrite=overwrite, quiet=quiet,
                                     verbose=verbose, argv=["align"] + sys.argv[1:],

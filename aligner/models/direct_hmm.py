@@ -567,6 +567,16 @@ class DirectHMM(AlignmentModel):
         log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in, lazy)
         return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing)
 
+    @staticmethod
+    def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
+        """−Σ_b Σ_i Σ_j G(i, j) · log q(j | i): the guided-alignment term (aligner/guide.py).
+
+        log_posterior (B, I+1, J+1) the model's log alignment distribution over source
+        positions; guide (B, I+1, J+1) rows summing to 1 (a guided target position) or 0.
+        """
+        tiny = torch.finfo(log_posterior.dtype).tiny
+        return -(guide * log_posterior.clamp_min(math.log(tiny))).sum()
+
     def _check_method(self, method: str, options) -> None:
         check_condition(method in self.METHODS,
                         f"unknown method '{method}' for model kind hmm{self.order} "
@@ -582,13 +592,24 @@ class ZeroOrderHMM(DirectHMM):
     order = 0
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, and their count."""
+             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
+             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, and their count.
+
+        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide,
+        posterior p(j | e_i, e_<i, f) ∝ α(j|i)·p̃_lex(e_i|j)): the distribution extraction uses.
+        """
         log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
         log_likelihood = hmm_algorithms.zero_order_log_likelihood(
             log_alpha, log_lexicon, src.ne(PAD_ID))                              # (B, I+1)
         target_mask = tgt_out.ne(PAD_ID)
-        return -(log_likelihood * target_mask).sum(), target_mask.sum()
+        loss = -(log_likelihood * target_mask).sum()
+        if guide is not None and guide_weight > 0.0:
+            joint = hmm_algorithms._clamp(log_alpha) + hmm_algorithms._clamp(log_lexicon)
+            joint = joint.masked_fill(src.eq(PAD_ID)[:, None, :], hmm_algorithms.NEG)
+            log_posterior = torch.log_softmax(joint, dim=-1)
+            loss = loss + guide_weight * self.guide_cross_entropy(log_posterior, guide)
+        return loss, target_mask.sum()
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
@@ -635,10 +656,23 @@ class FirstOrderHMM(DirectHMM):
         return forward(log_lexicon, log_initial, log_transition, lengths, source_mask)
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """−Σ_sentences log Z (forward algorithm; backward by autograd), and the token count."""
+             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
+             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """−Σ_sentences log Z (forward algorithm; backward by autograd), and the token count.
+
+        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide, γ),
+        γ = ∂ log Z / ∂ log p̃_lex the forward–backward posterior (the distribution
+        ``hmm-posterior`` extracts), differentiable by double backward (create_graph).
+        """
         log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing, lazy=True)
-        return -self.log_z(log_alpha, log_lexicon, src, tgt_out).sum(), tgt_out.ne(PAD_ID).sum()
+        log_z = self.log_z(log_alpha, log_lexicon, src, tgt_out)
+        loss = -log_z.sum()
+        if guide is not None and guide_weight > 0.0:
+            gamma = hmm_algorithms.posteriors(log_z, log_lexicon, create_graph=True)
+            tiny = torch.finfo(gamma.dtype).tiny         # log 0 would give NaN gradients
+            loss = loss + guide_weight * self.guide_cross_entropy(gamma.clamp_min(tiny).log(),
+                                                                  guide)
+        return loss, tgt_out.ne(PAD_ID).sum()
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:

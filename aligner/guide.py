@@ -1,0 +1,141 @@
+"""Guide alignments for guided alignment training (Garg et al. 2019; DESIGN.md §1b).
+
+A guide is a Pharaoh file of word links, one line per training line (from eflomal, GIZA++,
+fast_align or ``align`` itself), in source–target orientation. Training adds
+λ_g · CE(guide, model alignment distribution) per target subword (see the models' ``loss``).
+
+Word links become subword links when the corpus is encoded: word link (s, t) links every
+subword of source word s with every subword of target word t. They are stored beside the
+encoded corpus (memory-mapped like the ids)::
+
+    corpus/guide.links.npy    int32 (n_links, 2): (source subword, target subword), 0-based,
+                              the links of kept pair 0, then pair 1, ...
+    corpus/guide.offsets.npy  int64 (n_kept + 1,): pair k's links are links[offsets[k]:offsets[k+1]]
+
+In a batch the guide is a matrix G (B, I+1, J+1) in the direction's own orientation (rows =
+decoder positions, columns = encoder positions; fwd: decoder = target): the row of a decoder
+subword is uniform over the encoder subwords it is linked to, and all zero when it has no link
+(no term). The EOS row and column are never linked.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import torch
+
+from aligner.utils import atomic_output, check_condition
+
+GUIDE_LINKS = "guide.links.npy"
+GUIDE_OFFSETS = "guide.offsets.npy"
+
+Link = Tuple[int, int]
+
+
+def subword_links(word_links: Iterable[Link], src_word_index: Sequence[int],
+                  tgt_word_index: Sequence[int]) -> np.ndarray:
+    """(n, 2) int32 (source subword, target subword) links of one pair from its word links.
+
+    ``src_word_index[k]`` = word of source subword k (likewise for the target).
+    """
+    src_subwords: dict = {}
+    for k, word in enumerate(src_word_index):
+        src_subwords.setdefault(word, []).append(k)
+    tgt_subwords: dict = {}
+    for k, word in enumerate(tgt_word_index):
+        tgt_subwords.setdefault(word, []).append(k)
+    links = sorted({(s, t) for i, j in word_links
+                    for s in src_subwords.get(i, ()) for t in tgt_subwords.get(j, ())})
+    return np.asarray(links, dtype=np.int32).reshape(-1, 2)
+
+
+def save_guides(out_dir: str, links_per_pair: Sequence[np.ndarray]) -> None:
+    """Write the subword links of every kept pair (in corpus order) into `out_dir`."""
+    offsets = np.zeros(len(links_per_pair) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(links) for links in links_per_pair])
+    links = (np.concatenate(links_per_pair).astype(np.int32) if len(links_per_pair)
+             else np.zeros((0, 2), dtype=np.int32))
+    for name, values in ((GUIDE_LINKS, links.reshape(-1, 2)), (GUIDE_OFFSETS, offsets)):
+        with atomic_output(os.path.join(out_dir, name), "wb") as out:
+            np.save(out, values)
+
+
+class GuideLinks:
+    """The stored subword guide links of an encoded corpus (memory-mapped)."""
+
+    def __init__(self, links: np.ndarray, offsets: np.ndarray):
+        self.links, self.offsets = links, offsets
+
+    @classmethod
+    def open(cls, directory: str, n_pairs: int) -> Optional["GuideLinks"]:
+        """The guides of the corpus in `directory`, or None when it has none."""
+        links_path = os.path.join(directory, GUIDE_LINKS)
+        offsets_path = os.path.join(directory, GUIDE_OFFSETS)
+        if not os.path.exists(links_path):
+            return None
+        try:
+            links = np.load(links_path, mmap_mode="r", allow_pickle=False)
+            offsets = np.load(offsets_path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise_damaged(links_path, str(error).splitlines()[0] if str(error) else "unreadable")
+        check_condition(links.ndim == 2 and links.shape[1] == 2 and offsets.ndim == 1
+                        and len(offsets) == n_pairs + 1 and offsets[0] == 0
+                        and offsets[-1] == len(links) and np.all(np.diff(offsets) >= 0),
+                        f"{links_path}: damaged guide links; train again with --overwrite")
+        return cls(links, offsets)
+
+    def pair(self, k: int) -> np.ndarray:
+        """(n, 2) (source subword, target subword) links of kept pair k."""
+        return np.asarray(self.links[self.offsets[k]:self.offsets[k + 1]])
+
+
+def raise_damaged(path: str, reason: str) -> None:
+    check_condition(False, f"{path}: damaged guide links ({reason}); train again with "
+                           f"--overwrite")
+
+
+def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_len: int,
+                 encoder_len: int) -> torch.Tensor:
+    """The batch's guide G (B, decoder_len, encoder_len) float32, rows summing to 1 or 0.
+
+    ``links_per_item[b]``: (n, 2) (source subword, target subword) links of item b; fwd rows
+    are target subwords, rev rows source subwords.
+    """
+    guide = torch.zeros(len(links_per_item), decoder_len, encoder_len)
+    for b, links in enumerate(links_per_item):
+        if len(links) == 0:
+            continue
+        pairs = torch.as_tensor(np.asarray(links, dtype=np.int64))
+        rows, columns = (pairs[:, 1], pairs[:, 0]) if direction == "fwd" else \
+            (pairs[:, 0], pairs[:, 1])
+        guide[b, rows, columns] = 1.0
+    totals = guide.sum(dim=-1, keepdim=True)
+    return guide / totals.clamp_min(1.0)
+
+
+def check_guides(alignments: Sequence[Set[Link]], source: Sequence[Sequence[str]],
+                 target: Sequence[Sequence[str]], name: str) -> None:
+    """One error line (FILE:LINE) for a guide whose line count or links do not fit the bitext."""
+    check_condition(len(alignments) == len(source),
+                    f"{name}: {len(alignments)} lines, but the training bitext has "
+                    f"{len(source)}: a guide needs one line per training line")
+    for line_no, (links, src, tgt) in enumerate(zip(alignments, source, target), 1):
+        for i, j in links:
+            check_condition(i < len(src) and j < len(tgt),
+                            f"{name}:{line_no}: link {i}-{j} outside the sentence pair "
+                            f"({len(src)} source, {len(tgt)} target words)")
+
+
+def encode_guides(pre, alignments: Sequence[Set[Link]], source: Sequence[Sequence[str]],
+                  target: Sequence[Sequence[str]], line_numbers: Sequence[int],
+                  out_dir: str) -> int:
+    """Subword guide links of the kept pairs (``line_numbers``: their input lines, 0-based),
+    saved into the corpus directory `out_dir`; returns the number of subword links."""
+    per_pair: List[np.ndarray] = []
+    for line in line_numbers:
+        src = pre.segment(source[line], "src")
+        tgt = pre.segment(target[line], "tgt")
+        per_pair.append(subword_links(alignments[line], src.word_index, tgt.word_index))
+    save_guides(out_dir, per_pair)
+    return int(sum(len(links) for links in per_pair))

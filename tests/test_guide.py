@@ -1,0 +1,187 @@
+"""Guided alignment training (aligner/guide.py, the HMMs' guide term, align train --guide)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aligner.cli import main
+from aligner.formats import GoldAlignment, read_pharaoh
+from aligner.guide import check_guides, guide_matrix, subword_links
+from aligner.metrics import score_aer
+from aligner.models import hmm_algorithms as hmm
+from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
+from aligner.utils import AlignerError
+from synthetic import monotone_corpus, write_corpus
+from test_direct_hmm import LONG_PAIRS, _batch, _model
+
+
+def test_word_links_become_all_pairs_of_their_subwords():
+    # source words: w0 = subwords 0,1; w1 = 2 ; target words: v0 = 0; v1 = 1,2
+    links = subword_links({(0, 1), (1, 0)}, [0, 0, 1], [0, 1, 1])
+    assert links.tolist() == [[0, 1], [0, 2], [1, 1], [1, 2], [2, 0]]
+    assert subword_links(set(), [0], [0]).shape == (0, 2)
+
+
+def test_guide_matrix_rows_are_uniform_over_linked_encoder_positions():
+    links = [np.array([[0, 0], [1, 0], [2, 1]]), np.zeros((0, 2), dtype=np.int32)]
+    fwd = guide_matrix(links, "fwd", 3, 4)          # rows = target subwords
+    assert fwd[0].tolist() == [[0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    assert fwd[1].abs().sum() == 0
+    rev = guide_matrix(links, "rev", 4, 3)          # rows = source subwords
+    assert rev[0].tolist() == [[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 0]]
+
+
+def test_bad_guides_name_the_file_and_line():
+    source, target = [["a", "b"], ["c"]], [["x"], ["y", "z"]]
+    with pytest.raises(AlignerError, match=r"^g.txt: 1 lines, but the training bitext has 2"):
+        check_guides([{(0, 0)}], source, target, "g.txt")
+    with pytest.raises(AlignerError, match=r"^g.txt:2: link 1-0 outside the sentence pair"):
+        check_guides([{(1, 0)}, {(1, 0)}], source, target, "g.txt")
+
+
+def _guide(src, tgt_out, diagonal=True):
+    """fwd guide (B, I+1, J+1): target word i linked to source word i (or J-1-i)."""
+    links = []
+    for b in range(src.size(0)):
+        n_src = int(src[b].ne(0).sum()) - 1
+        n_tgt = int(tgt_out[b].ne(0).sum()) - 1
+        links.append(np.array([[min(i, n_src - 1) if diagonal else n_src - 1 - min(i, n_src - 1),
+                                i] for i in range(n_tgt)]))
+    return guide_matrix(links, "fwd", tgt_out.size(1), src.size(1))
+
+
+def test_hmm0_guide_term_is_the_cross_entropy_with_the_posterior():
+    model = _model(ZeroOrderHMM)
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    guide = _guide(src, tgt_out)
+    plain, _ = model.loss(src, tgt_in, tgt_out)
+    guided, _ = model.loss(src, tgt_in, tgt_out, guide=guide, guide_weight=0.5)
+    posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    expected = -(guide * posterior.clamp_min(1e-30).log()).sum()
+    assert (guided - plain).item() == pytest.approx(0.5 * expected.item(), rel=1e-4)
+
+
+def test_hmm1_guide_term_is_the_cross_entropy_with_the_forward_backward_posterior():
+    model = _model(FirstOrderHMM)
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    guide = _guide(src, tgt_out)
+    plain, _ = model.loss(src, tgt_in, tgt_out)
+    guided, _ = model.loss(src, tgt_in, tgt_out, guide=guide, guide_weight=2.0)
+    posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    expected = -(guide * posterior.clamp_min(1e-30).log()).sum()
+    assert (guided - plain).item() == pytest.approx(2.0 * expected.item(), rel=1e-4)
+
+
+def test_double_backward_posterior_gradient_passes_gradcheck():
+    """d CE(G, γ(E)) / d E by double backward through the forward recursion == finite
+    differences (float64, with padding and masked states)."""
+    generator = torch.Generator().manual_seed(3)
+    emission = torch.randn(2, 4, 3, generator=generator, dtype=torch.float64)
+    initial = torch.log_softmax(torch.randn(2, 3, generator=generator, dtype=torch.float64), -1)
+    transition = torch.log_softmax(
+        torch.randn(2, 4, 3, 3, generator=generator, dtype=torch.float64), -1)
+    lengths, mask = torch.tensor([4, 3]), torch.tensor([[True] * 3, [True, True, False]])
+    guide = torch.zeros(2, 4, 3, dtype=torch.float64)
+    guide[0, 0, 1] = guide[0, 2, 0] = guide[1, 1, 1] = 1.0
+    guide[0, 3, :2] = 0.5
+
+    def cross_entropy(log_emission, log_transition):
+        log_z = hmm.forward_log_z(log_emission, initial, log_transition, lengths, mask)
+        gamma = hmm.posteriors(log_z, log_emission, create_graph=True)
+        return -(guide * gamma.clamp_min(1e-300).log()).sum()
+
+    assert torch.autograd.gradcheck(cross_entropy, (emission.requires_grad_(True),
+                                                    transition.requires_grad_(True)))
+
+
+def test_guided_hmm1_training_step_with_transition_chunks_matches_whole():
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    guide = _guide(src, tgt_out)
+    grads = []
+    for chunk_floats in (0, 400):
+        model = _model(FirstOrderHMM, chunk_floats=chunk_floats)
+        model.train()
+        loss, _ = model.loss(src, tgt_in, tgt_out, 0.1, guide=guide, guide_weight=1.0)
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+# -- through the command line ----------------------------------------------------------------
+
+TINY = ["--bpe-merges", "0", "--d-model", "32", "--heads", "2", "--encoder-layers", "1",
+        "--decoder-layers", "2", "--ff-dim", "64", "--max-tokens", "300", "--warmup", "5",
+        "--lr", "3e-3", "--max-updates", "60", "--max-epochs", "0", "--checkpoint-interval", "60",
+        "--directions", "fwd", "--dropout", "0", "-q"]
+
+
+def run(*args, ok=True):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def guided_runs(tmp_path_factory):
+    """hmm0 fwd on a synthetic corpus where every sentence repeats ONE word (the lexicon cannot
+    tell the positions apart): without a guide the alignment is arbitrary; the diagonal guide
+    (= gold) and the reversed guide at a high weight decide it."""
+    tmp = tmp_path_factory.mktemp("guide")
+    sources, targets, golds = monotone_corpus(60, vocab=1, min_len=3, max_len=6, seed=1)
+    src, tgt, gold = write_corpus(tmp, "train", sources, targets, golds)
+    reversed_links = [{(len(s) - 1 - i, j) for i, j in g} for s, g in zip(sources, golds)]
+    reverse = tmp / "reversed.talp"
+    reverse.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
+                               for g in reversed_links))
+    results = {}
+    for name, extra in (("none", []), ("gold", ["--guide", gold]),
+                        ("reversed", ["--guide", reverse, "--guide-weight", "5"]),
+                        ("reversed-weight-0", ["--guide", reverse, "--guide-weight", "0"])):
+        model = tmp / f"model-{name}"
+        run("train", "-s", src, "-t", tgt, "-o", model, "--model", "hmm0", *TINY, *extra)
+        out = tmp / f"{name}.txt"
+        run("extract", model, "-s", src, "-t", tgt, "--direction", "fwd", "-m",
+            "hmm-posterior", "-o", out, "-q")
+        results[name] = read_pharaoh(str(out))
+    return (results, [GoldAlignment(g, set()) for g in golds],
+            [GoldAlignment(g, set()) for g in reversed_links])
+
+
+def test_a_correct_guide_is_learned_and_a_weighted_wrong_one_is_followed(guided_runs):
+    results, gold, reversed_gold = guided_runs
+
+    def aer(name, reference):
+        return score_aer(results[name], reference).aer
+
+    assert aer("gold", gold) < 0.05
+    assert aer("gold", gold) < aer("none", gold) - 0.2
+    # followed, as its weight says: far closer to the reversed guide than to the gold
+    print({name: (round(aer(name, gold), 3), round(aer(name, reversed_gold), 3))
+           for name in results})
+    assert aer("reversed", reversed_gold) < 0.35 and aer("reversed", gold) > 0.8
+    # weight 0 is no guide at all: the same model as unguided training
+    assert results["reversed-weight-0"] == results["none"]
+
+
+def test_bad_guide_files_are_one_error_line(tmp_path):
+    sources, targets, golds = monotone_corpus(5, seed=2)
+    src, tgt, gold = write_corpus(tmp_path, "train", sources, targets, golds)
+    short = tmp_path / "short.talp"
+    short.write_text("0-0\n")
+    outside = tmp_path / "outside.talp"
+    outside.write_text("0-0\n" * 2 + "0-9\n" + "0-0\n" * 2)
+    for guide, message in ((short, "short.talp: 1 lines, but the training bitext has 5"),
+                           (outside, "outside.talp:3: link 0-9 outside the sentence pair")):
+        result = run("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--model", "hmm0",
+                     *TINY, "--guide", guide, "--overwrite", ok=False)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert message in result.output, result.output
+    result = run("train", "-s", src, "-t", tgt, "-o", tmp_path / "t", "--model", "transformer",
+                 *TINY, "--guide", gold, ok=False)
+    assert result.exit_code == 1 and "guided alignment training is implemented for the " \
+                                      "direct HMMs" in result.output
+    assert not (tmp_path / "t").exists()
