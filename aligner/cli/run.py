@@ -1,0 +1,197 @@
+"""`align run`: align a whole bitext in one command, as eflomal-align or fast_align do.
+
+Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, then
+writes the symmetrized word alignments of every input line. Only parses options and wires
+train_model_dir (aligner.train) to extract_all (aligner.inference); torch is imported inside.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import click
+
+from aligner import constants as C
+from aligner import recipe
+from aligner.cli.train import INPUT, parse_key_values, set_threads
+from aligner.utils import check_condition, check_writable
+
+
+@click.command("run")
+@click.option("-s", "--source", type=INPUT, help="Source sentences, one per line (tokenized).")
+@click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned.")
+@click.option("-i", "--input", "joint", type=INPUT,
+              help="One 'source ||| target' file instead of -s/-t.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              show_default=True,
+              help="Symmetrized Pharaoh alignments, one line per input line ('-' = stdout).")
+@click.option("-f", "--forward-links", "forward_links", type=click.Path(dir_okay=False),
+              default=None, help="Also write the fwd direction's links (source-target) here.")
+@click.option("-r", "--reverse-links", "reverse_links", type=click.Path(dir_okay=False),
+              default=None, help="Also write the rev direction's links (source-target) here.")
+@click.option("--soft", type=click.Path(dir_okay=False), default=None,
+              help="Also write the soft alignment matrices (.npz, as align extract --soft).")
+@click.option("-H", "--symmetrize", "heuristic",
+              type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)),
+              default=recipe.HEURISTIC, show_default=True, help="How to combine the directions.")
+@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
+              default=recipe.THRESHOLD, show_default=True,
+              help="Probability threshold of -H soft-average.")
+@click.option("--model-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the trained model here (align extract can align new text with it); "
+                   "default: a temporary directory, removed at the end.")
+@click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
+@click.option("-g", "--gold", type=INPUT, default=None,
+              help="Gold alignments (talp) of some of the lines: print the AER table.")
+@click.option("--gold-first-line", type=click.IntRange(min=1), default=None,
+              help="Input line (1-based) of the gold's first line [default: the gold covers "
+                   "the last lines, the usual benchmark set-up with the test set appended].")
+@click.option("--epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=1),
+              help="Training passes over the bitext per direction.")
+@click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Stop each direction after this many updates (0 = --epochs decides).")
+@click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
+              help="Joint BPE merges [default: one per five pairs, 1,000 to 10,000].")
+@click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
+              help="Override a setting of the recipe's model (e.g. -M d_model=64).")
+@click.option("--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True,
+              type=click.IntRange(min=1), help="Target tokens per training batch.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
+              help="CPU threads for torch (0 = torch's default; on a CPU the two directions "
+                   "train at the same time, each with half).")
+@click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
+def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
+            forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
+            heuristic: str, threshold: float, model_dir: Optional[str], overwrite: bool,
+            gold: Optional[str], gold_first_line: Optional[int], epochs: int, max_updates: int,
+            bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
+            device: str, seed: int, threads: int, quiet: bool) -> None:
+    """Train on a bitext and write the word alignments of every one of its lines.
+
+    Example: align run -s corpus.en -t corpus.fr -o corpus.align
+
+    The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
+    directions, hmm-posterior alignments combined by -H soft-average. Exactly one output line
+    per input line, in input order; a line with an empty side, or too long for the model, gets
+    an empty line (and a warning).
+    """
+    from aligner.cli.extract import write_results
+    from aligner.config import DataConfig, TrainConfig
+    from aligner.distributed import resolve_device
+    from aligner.formats import (Bitext, check_alignments_against_bitext, read_bitext,
+                                 read_gold, write_pharaoh)
+    from aligner.inference import align_pairs, encode_bitext, soft_alignments
+    from aligner.log import setup_logging
+    from aligner.metrics import score_aer
+    from aligner.model_dir import LoadedModelDir
+    from aligner.prep import PrepConfig
+    from aligner.soft_symmetrize import soft_average
+    from aligner.symmetrize import symmetrize
+    from aligner.train import train_model_dir
+
+    start = time.time()
+    logger = setup_logging(quiet=quiet)
+    set_threads(threads)
+    check_condition((source is None) == (target is None),
+                    "give both -s/--source and -t/--target, or -i/--input")
+    check_condition((source is None) != (joint is None),
+                    "give the bitext as -s/-t or as -i, not both (and not neither)")
+    check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
+                                 "file name")
+    for path, option in ((output, "-o"), (forward_links, "-f"), (reverse_links, "-r"),
+                         (soft, "--soft")):
+        check_writable(path, option)
+    model_options: Dict[str, Any] = {**recipe.MODEL_OPTIONS,
+                                     **parse_key_values(model_option, "--model-option")}
+    bitext = read_bitext(source, target, joint)
+    golds, gold_start = None, 0
+    if gold is not None:
+        golds = read_gold(gold)
+        gold_start = (gold_first_line - 1 if gold_first_line is not None
+                      else len(bitext) - len(golds))
+        check_condition(0 <= gold_start and gold_start + len(golds) <= len(bitext),
+                        f"{gold}: {len(golds)} lines do not fit the {len(bitext)} input lines "
+                        f"from line {gold_start + 1} on")
+        check_alignments_against_bitext(
+            [g.possible for g in golds], gold,
+            Bitext(bitext.source[gold_start:gold_start + len(golds)],
+                   bitext.target[gold_start:gold_start + len(golds)],
+                   bitext.source_name, bitext.target_name))
+    usable = sum(1 for s, t in zip(bitext.source, bitext.target) if s and t)
+    check_condition(usable > 0, f"{bitext.source_name}: no line has both sides: nothing to "
+                                f"train on")
+    merges = recipe.bpe_merges(len(bitext)) if bpe_merges is None else bpe_merges
+    torch_device = resolve_device(device)
+    train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
+                               max_epochs=0 if max_updates else epochs,
+                               max_updates=max_updates, checkpoint_interval=10 ** 9,
+                               device=device, seed=seed)
+    temporary = None
+    if model_dir is None:
+        temporary = tempfile.mkdtemp(prefix="align-run-")
+        model_dir = os.path.join(temporary, "model")
+    parallel = torch_device.type == "cpu" and (os.cpu_count() or 1) >= 2
+    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
+                len(bitext), recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
+                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
+    try:
+        train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
+                        PrepConfig(bpe_merges=merges),
+                        # pairs the model cannot take (subwords + EOS) are skipped in training
+                        DataConfig(max_len=min(DataConfig.max_len,
+                                               int(model_options["max_positions"]) - 1)),
+                        train_config,
+                        overwrite=overwrite, quiet=quiet, argv=["align"] + sys.argv[1:],
+                        parallel_directions=parallel)
+        trained = time.time()
+        loaded = LoadedModelDir.load(model_dir, device=torch_device)
+        pairs = encode_bitext(loaded, bitext)
+        everything: Dict[str, Any] = {}
+        if forward_links or reverse_links or golds is not None or heuristic in C.HEURISTICS:
+            for direction in C.DIRECTIONS:    # hard links (argmax of the posterior)
+                everything[direction] = align_pairs(loaded.models[direction], pairs, direction,
+                                                    recipe.METHOD, device=torch_device,
+                                                    progress=not quiet)
+        soft_by_direction = {}
+        if heuristic in C.SOFT_HEURISTICS or soft is not None:   # one pass, used twice
+            soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
+                                                    device=torch_device, progress=not quiet)
+                                 for d in C.DIRECTIONS}
+        if heuristic in C.SOFT_HEURISTICS:
+            alignments = [soft_average(f, r, threshold) for f, r in
+                          zip(soft_by_direction["fwd"], soft_by_direction["rev"])]
+        else:
+            alignments = [symmetrize(f, r, heuristic)
+                          for f, r in zip(everything["fwd"], everything["rev"])]
+        everything[heuristic] = alignments
+        matrices = None if soft is None else {
+            f"{d}_{k}": m for d in C.DIRECTIONS for k, m in enumerate(soft_by_direction[d])}
+        write_results(output, alignments, soft, matrices)
+        for path, direction in ((forward_links, "fwd"), (reverse_links, "rev")):
+            if path is not None:
+                write_pharaoh(path, everything[direction])
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    links = sum(map(len, alignments))
+    click.echo(f"align run: {len(bitext)} sentence pairs, {links} links "
+               f"({links / max(1, len(bitext)):.1f} per pair); training {trained - start:.0f}s, "
+               f"alignment {time.time() - trained:.0f}s"
+               + ("" if temporary is not None else f"; model in {model_dir}"), err=True)
+    if golds is not None:
+        rows = [(name, everything[name][gold_start:gold_start + len(golds)])
+                for name in ("fwd", "rev", heuristic)]
+        click.echo(f"AER (%) on input lines {gold_start + 1}-{gold_start + len(golds)} "
+                   f"against {gold}:", err=True)
+        click.echo("| alignment | AER | precision | recall |", err=True)
+        click.echo("|---|---|---|---|", err=True)
+        for name, hypotheses in rows:
+            score = score_aer(hypotheses, golds)
+            click.echo(f"| {name} | {100 * score.aer:.1f} | {100 * score.precision:.1f} | "
+                       f"{100 * score.recall:.1f} |", err=True)

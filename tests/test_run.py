@@ -1,0 +1,105 @@
+"""`align run`: one command from a bitext to its alignments (aligner/cli/run.py, recipe.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aligner import recipe
+from aligner.cli import main
+from aligner.formats import read_pharaoh
+from synthetic import monotone_corpus, write_corpus
+
+TINY = ["--max-updates", "3", "-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1",
+        "-M", "dec_layers=1", "-M", "d_ff=32", "-M", "max_positions=12", "-M",
+        "lexicon_sample=0", "--bpe-merges", "0", "--threads", "1", "-q"]
+
+
+def run(*args, ok=True):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+def test_the_recipe_is_pinned():
+    """Changing the recipe (what align run trains) must be a deliberate commit."""
+    assert recipe.MODEL_KIND == "hmm1"
+    assert recipe.MODEL_OPTIONS == dict(d_model=128, n_heads=4, enc_layers=3, dec_layers=3,
+                                        d_ff=512, dropout=0.1, max_positions=1024,
+                                        tie_embeddings=True, markov_order=0, lexicon_dim=64,
+                                        lexicon_sample=1000)
+    assert recipe.TRAINING == dict(lr=3e-3, warmup=150, max_tokens=1200, label_smoothing=0.1,
+                                   clip_norm=1.0)
+    assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
+        (2, "hmm-posterior", "soft-average", 0.5)
+    assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
+        [1000, 1000, 5000, 10000, 10000]
+
+
+@pytest.fixture(scope="module")
+def aligned(tmp_path_factory):
+    """One align run on 30 synthetic lines with an empty and an over-long line in them."""
+    tmp = tmp_path_factory.mktemp("run")
+    sources, targets, golds = monotone_corpus(30, seed=5)
+    sources[3], targets[7] = [], []
+    sources[10] = targets[10] = ["s1"] * 20              # 21 positions > max_positions 12
+    src, tgt, _ = write_corpus(tmp, "corpus", sources, targets)
+    gold = tmp / "gold.talp"
+    gold.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
+                            for g in golds[-5:]))
+    out, fwd, rev, soft = (tmp / name for name in ("out.txt", "fwd.txt", "rev.txt", "soft.npz"))
+    result = run("run", "-s", src, "-t", tgt, "-o", out, "-f", fwd, "-r", rev, "--soft", soft,
+                 "--model-dir", tmp / "model", "-g", gold, *TINY)
+    return dict(tmp=tmp, src=src, tgt=tgt, out=out, fwd=fwd, rev=rev, soft=soft,
+                result=result, sources=sources, targets=targets)
+
+
+def test_one_line_per_input_line_in_order_with_empty_lines_kept(aligned):
+    alignments = read_pharaoh(str(aligned["out"]))
+    assert len(alignments) == 30
+    for name in ("fwd", "rev"):
+        links = read_pharaoh(str(aligned[name]))
+        assert len(links) == 30
+        for k in (3, 7, 10):                              # empty side, too long
+            assert links[k] == set()
+        for k, pair in enumerate(links):                  # links index the line's own words
+            assert all(i < len(aligned["sources"][k]) and j < len(aligned["targets"][k])
+                       for i, j in pair)
+        assert sum(map(len, links)) > 0
+    assert alignments[3] == alignments[7] == alignments[10] == set()
+    assert "align run: 30 sentence pairs" in aligned["result"].stderr
+    assert "AER (%) on input lines 26-30" in aligned["result"].stderr
+    assert "| soft-average |" in aligned["result"].stderr
+
+
+def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
+    tmp, model = aligned["tmp"], aligned["tmp"] / "model"
+    common = ["-s", aligned["src"], "-t", aligned["tgt"], "-m", "hmm-posterior", "-q"]
+    run("extract", model, *common, "--direction", "fwd", "-o", tmp / "x.fwd")
+    run("extract", model, *common, "--direction", "rev", "-o", tmp / "x.rev")
+    run("extract", model, *common, "-H", "soft-average", "-o", tmp / "x.avg",
+        "--soft", tmp / "x.npz")
+    assert (tmp / "x.fwd").read_text() == aligned["fwd"].read_text()
+    assert (tmp / "x.rev").read_text() == aligned["rev"].read_text()
+    assert (tmp / "x.avg").read_text() == aligned["out"].read_text()
+    ours, theirs = np.load(aligned["soft"]), np.load(tmp / "x.npz")
+    assert sorted(ours.files) == sorted(theirs.files) and len(ours.files) == 60
+    for name in ours.files:
+        assert np.array_equal(ours[name], theirs[name])
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    sources, targets, _ = monotone_corpus(5, seed=1)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets[:4])
+    result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", *TINY, ok=False)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1].startswith("align: error: ")
+    assert "c.src" in result.output and "c.tgt" in result.output
+    src, tgt, _ = write_corpus(tmp_path, "d", sources, targets)
+    gold = tmp_path / "g.talp"
+    gold.write_text("0-0\n" * 6)
+    result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "-g", gold, *TINY, ok=False)
+    assert result.exit_code == 1
+    assert "g.talp: 6 lines do not fit the 5 input lines" in result.output
+    assert not (tmp_path / "o").exists()
