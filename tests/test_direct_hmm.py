@@ -447,6 +447,13 @@ def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind):
             assert len(alignments) == len(sources)
             for links, source, target in zip(alignments, sources, targets):
                 assert all(i < len(source) and j < len(target) for i, j in links)
+    # no -H: the HMMs' best heuristic, soft-average (the transformer keeps grow-diag)
+    for heuristic in ("soft-average", "grow-diag"):
+        run("extract", model, "-s", src, "-t", tgt, "-H", heuristic, "-o",
+            tmp_path / f"{heuristic}.txt", "-q")
+    run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "default.txt", "-q")
+    assert (tmp_path / "default.txt").read_text() == (tmp_path / "soft-average.txt").read_text()
+    assert (tmp_path / "grow-diag.txt").read_text() != (tmp_path / "soft-average.txt").read_text()
 
 
 def test_hmm_context_is_the_alpha_weighted_sum_outside_the_nonlinearity():

@@ -304,3 +304,12 @@ def test_warnings_name_the_file_of_the_side_that_is_empty_or_too_long(tmp_path, 
     assert "in.src:2: 21 positions > the model's limit of 16" in caplog.text
     assert "in.tgt:3: 21 positions > the model's limit of 16" in caplog.text
     assert "in.src and in.tgt:4: 21 positions" in caplog.text
+
+
+def test_extract_help_lists_every_kinds_methods_in_registry_order():
+    from aligner.cli.extract import METHODS_HELP
+    from aligner.models import METHODS_BY_KIND
+
+    listed = dict(part.split(": ") for part in METHODS_HELP.split("; "))
+    assert {kind: tuple(methods.split(", ")) for kind, methods in listed.items()} == \
+        METHODS_BY_KIND

@@ -46,6 +46,13 @@ def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
     return options
 
 
+#: every kind's methods for --help, first = default (tests check it against the registry;
+#: written out so that `align extract -h` need not import torch)
+METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-sgd, layer, "
+                "attention, attention-avg; hmm0: hmm-posterior, hmm-alignment; hmm1: "
+                "hmm-posterior, hmm-viterbi, hmm-alignment")
+
+
 @click.command("extract")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.option("-s", "--source", type=INPUT, help="Source sentences, one per line.")
@@ -53,8 +60,8 @@ def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
 @click.option("-i", "--input", "joint", type=INPUT,
               help="One 'source ||| target' file instead of -s/-t.")
 @click.option("-m", "--method", default=None,
-              help="Extraction method (transformer: attention, attention-avg; other model "
-                   "kinds list theirs). Default: the model kind's first method.")
+              help=f"Extraction method by model kind ({METHODS_HELP}). Default: the model "
+                   f"kind's first method.")
 @click.option("--layer", type=LAYER, default=None,
               help="Decoder layer (1-based) for --method attention; default the penultimate.")
 @click.option("--sgd-steps", type=SGD_STEPS, default=None,
@@ -72,7 +79,8 @@ def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
                                       "symmetrized. Output is always source-target.")
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)), default=None,
-              help=f"Heuristic for --direction both [default: {C.DEFAULT_HEURISTIC}]. The Moses "
+              help=f"Heuristic for --direction both [default: the model kind's best: "
+                   f"soft-average for hmm0/hmm1, {C.DEFAULT_HEURISTIC} for the others]. The Moses "
                    f"heuristics combine the two directions' links; soft-average links (i, j) "
                    f"when the mean of the two directions' word-level probabilities (as "
                    f"written by --soft) exceeds --threshold.")
@@ -157,9 +165,10 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
+    heuristic = heuristic or next(iter(loaded.models.values())).BEST_HEURISTIC
     with autocast_context(precision, torch_device):
         alignments = extract(loaded, bitext, method, direction,
-                             heuristic or C.DEFAULT_HEURISTIC, max_tokens, torch_device, options,
+                             heuristic, max_tokens, torch_device, options,
                              DEFAULT_THRESHOLD if threshold is None else threshold,
                              progress=not quiet)
         matrices = None if soft is None else soft_matrices(
@@ -168,7 +177,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     write_results(output, alignments, soft, matrices)
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
-                f", {heuristic or C.DEFAULT_HEURISTIC}" if direction == "both" else "",
+                f", {heuristic}" if direction == "both" else "",
                 precision, sum(map(len, alignments)), time.time() - start)
 
 

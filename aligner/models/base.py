@@ -28,6 +28,9 @@ class AlignmentModel(nn.Module):
 
     #: extraction methods this model kind supports (names used by `align extract --method`)
     METHODS: Tuple[str, ...] = ()
+    #: the symmetrization that combines this kind's two directions best (eval/results):
+    #: `align extract`'s default -H for the kind
+    BEST_HEURISTIC: str = "grow-diag"
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
