@@ -78,6 +78,26 @@ def test_chunked_lexicon_equals_whole_tensor_in_value_and_gradient(chunk, smooth
         assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_rows", [1, 3, 128])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_inference_lexicon_on_the_cpu_equals_the_whole_tensor(block_rows, with_bias):
+    """Extraction's cache-blocked path (no autograd, bias folded into W4) == the reference."""
+    from aligner.models.direct_hmm import _lexicon_inference_cpu
+
+    generator = torch.Generator().manual_seed(block_rows)
+    source = torch.randn(3, 4, 8, generator=generator)
+    target = torch.randn(3, 5, 8, generator=generator)
+    weight = torch.randn(VOCAB, 8, generator=generator)
+    bias = torch.randn(VOCAB, generator=generator) if with_bias else None
+    targets = torch.randint(0, VOCAB, (3, 5), generator=generator)
+    expected = _lexicon_reference(source, target, weight, bias, targets, 0.0)
+    blocked = _lexicon_inference_cpu(source, target, weight, bias, targets, block_rows)
+    assert torch.allclose(blocked, expected, atol=1e-5)
+    with torch.no_grad():         # lexicon_log_probs takes this path without autograd
+        assert torch.allclose(lexicon_log_probs(source, target, weight, bias, targets, 0.0, 2),
+                              expected, atol=1e-5)
+
+
 def test_lexicon_is_a_distribution_over_the_vocabulary():
     """Summing exp(score) over all possible observed words gives 1 for every (i, j)."""
     generator = torch.Generator().manual_seed(0)
