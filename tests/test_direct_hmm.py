@@ -285,8 +285,12 @@ def test_unknown_method_and_options_are_user_errors():
     model = _model(ZeroOrderHMM)
     with pytest.raises(AlignerError, match="hmm-viterbi"):
         model.alignment_scores(*_batch(PAIRS), "hmm-viterbi")
-    with pytest.raises(AlignerError, match="options"):
+    with pytest.raises(AlignerError, match="takes no option layer"):
         model.alignment_scores(*_batch(PAIRS), "hmm-posterior", layer=3)
+    with pytest.raises(AlignerError, match="takes no option shortlist"):
+        model.alignment_scores(*_batch(PAIRS), "hmm-alignment", shortlist=3)
+    with pytest.raises(AlignerError, match="shortlist must be an integer >= 0"):
+        model.alignment_scores(*_batch(PAIRS), "hmm-posterior", shortlist=-1)
     with pytest.raises(AlignerError, match="lexicon_chunk"):
         _config(lexicon_chunk=-1)
     with pytest.raises(AlignerError, match="forward_algorithm"):
@@ -547,3 +551,30 @@ def test_hmm1_posterior_by_forward_backward_equals_autograd_of_log_z():
                                    emission)[0]
     gamma = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
     assert torch.allclose(gamma, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_lexicon_shortlist_normalizes_over_frequent_and_observed_words_only(cls):
+    """shortlist=N: p_lex(e_i|j) = exp(logit e_i) / Σ over ids < N and the batch's words; a
+    shortlist covering the vocabulary is the exact lexicon."""
+    model = _model(cls)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        _, source_hidden, target_hidden = model.decode(src, tgt_in)
+        exact = model.log_lexicon(source_hidden, target_hidden, tgt_out)
+        short = model.log_lexicon(source_hidden, target_hidden, tgt_out, shortlist=5)
+        full = model.log_lexicon(source_hidden, target_hidden, tgt_out, shortlist=VOCAB)
+        hidden = F.relu(source_hidden[:, None] + target_hidden[:, :, None])
+        logits = model.lexicon(hidden)                                   # (B, I+1, J+1, V)
+    keep = torch.zeros(VOCAB, dtype=torch.bool)
+    keep[:5] = True
+    keep[tgt_out.flatten()] = True
+    expected = logits.gather(-1, tgt_out[:, :, None, None].expand(-1, -1, logits.size(2), 1)
+                             ).squeeze(-1) - torch.logsumexp(logits[..., keep], -1)
+    assert torch.allclose(short, expected, atol=1e-5)
+    assert torch.all(short >= exact - 1e-6)            # fewer terms: a smaller normalizer
+    assert torch.allclose(full, exact, atol=1e-6)
+    for method in ("hmm-posterior",) + (("hmm-viterbi",) if cls is FirstOrderHMM else ()):
+        scores = model.alignment_scores(src, tgt_in, tgt_out, method, shortlist=VOCAB)
+        assert torch.allclose(scores, model.alignment_scores(src, tgt_in, tgt_out, method),
+                              atol=1e-6)

@@ -20,7 +20,10 @@ SGD_STEPS = click.IntRange(min=0)
 SGD_LR = click.FLOAT
 INIT = click.Choice(["forward", "random"])
 METHOD_OPTION_TYPES: Dict[str, click.ParamType] = {
-    "layer": LAYER, "sgd_steps": SGD_STEPS, "sgd_lr": SGD_LR, "init": INIT, "seed": click.INT}
+    "layer": LAYER, "sgd_steps": SGD_STEPS, "sgd_lr": SGD_LR, "init": INIT, "seed": click.INT,
+    # hmm-posterior / hmm-viterbi: normalize the lexicon over the N most frequent words (and
+    # the sentence's) instead of the vocabulary: faster, approximate (0 = exact)
+    "shortlist": click.IntRange(min=0)}
 
 
 def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:

@@ -532,16 +532,25 @@ class DirectHMM(AlignmentModel):
         return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history, lazy=lazy)
 
     def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
-                    tgt_out: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+                    tgt_out: torch.Tensor, smoothing: float = 0.0,
+                    shortlist: int = 0) -> torch.Tensor:
         """(B, I+1, J+1) log p_lex(tgt_out[i] | j), chunked by ``config.lexicon_chunk``.
 
         In training mode with ``config.lexicon_sample`` > 0 the softmax runs over the sampled
         candidate words of :meth:`candidate_words` only (an approximation of the normalizer).
+        ``shortlist`` > 0 (extraction option): the softmax runs over the ``shortlist`` most
+        frequent words (vocabulary ids are in frequency order) plus the batch's own words only
+        — an approximation that costs ``shortlist``/V of the exact lexicon.
         """
         weight, bias, targets = self.lexicon.weight, self.lexicon.bias, tgt_out
         if self.training and self.config.lexicon_sample > 0:
             candidates = self.candidate_words(tgt_out)
             weight, bias = weight[candidates], bias[candidates]
+            targets = torch.searchsorted(candidates, tgt_out)
+        elif 0 < shortlist < weight.size(0):
+            candidates = torch.unique(torch.cat([
+                torch.arange(shortlist, device=tgt_out.device), tgt_out.flatten()]))
+            weight, bias = weight[candidates], None if bias is None else bias[candidates]
             targets = torch.searchsorted(candidates, tgt_out)
         chunk = self.config.lexicon_chunk
         if not torch.is_grad_enabled() and chunk > 0 and self.config.chunk_floats > 0:
@@ -565,10 +574,13 @@ class DirectHMM(AlignmentModel):
         return observed.sort().values
 
     def scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-               smoothing: float = 0.0, lazy: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(log α, log p̃_lex (B, I+1, J+1)) of a batch (``lazy``: see :meth:`decode`)."""
+               smoothing: float = 0.0, lazy: bool = False, shortlist: int = 0
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(log α, log p̃_lex (B, I+1, J+1)) of a batch (``lazy``: see :meth:`decode`;
+        ``shortlist``: see :meth:`log_lexicon`)."""
         log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in, lazy)
-        return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing)
+        return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing,
+                                           shortlist)
 
     @staticmethod
     def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
@@ -580,12 +592,24 @@ class DirectHMM(AlignmentModel):
         tiny = torch.finfo(log_posterior.dtype).tiny
         return -(guide * log_posterior.clamp_min(math.log(tiny))).sum()
 
-    def _check_method(self, method: str, options) -> None:
+    def _check_method(self, method: str, options) -> int:
+        """Validate `method` and its options; returns the lexicon shortlist (0 = exact).
+
+        The methods that read the lexicon (``hmm-posterior``, ``hmm-viterbi``) take the option
+        ``shortlist`` (see :meth:`log_lexicon`); nothing else takes options.
+        """
         check_condition(method in self.METHODS,
                         f"unknown method '{method}' for model kind hmm{self.order} "
                         f"(choose from {', '.join(self.METHODS)})")
-        check_condition(not options, f"method '{method}' takes no options "
-                                     f"({', '.join(sorted(options))})")
+        allowed = {"shortlist"} if method in ("hmm-posterior", "hmm-viterbi") else set()
+        unknown = sorted(set(options) - allowed)
+        check_condition(not unknown, f"method '{method}' takes no option "
+                                     f"{', '.join(unknown)}"
+                                     + (" (only shortlist)" if allowed else ""))
+        shortlist = options.get("shortlist", 0)
+        check_condition(isinstance(shortlist, int) and shortlist >= 0,
+                        f"shortlist must be an integer >= 0 (0 = exact), not {shortlist!r}")
+        return shortlist
 
 
 class ZeroOrderHMM(DirectHMM):
@@ -617,11 +641,12 @@ class ZeroOrderHMM(DirectHMM):
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
         """α(j|i) (``hmm-alignment``) or p(j | e_i, e_<i, f) (``hmm-posterior``): (B, I+1, J+1)."""
-        self._check_method(method, options)
+        shortlist = self._check_method(method, options)
         log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in)
         if method == "hmm-alignment":
             return log_alpha.exp()
-        log_lexicon = self.log_lexicon(source_hidden, target_hidden, tgt_out)
+        log_lexicon = self.log_lexicon(source_hidden, target_hidden, tgt_out,
+                                       shortlist=shortlist)
         return hmm_algorithms.zero_order_posterior(log_alpha, log_lexicon, src.ne(PAD_ID))
 
 
@@ -680,11 +705,12 @@ class FirstOrderHMM(DirectHMM):
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
         """γ (``hmm-posterior``) or one-hot rows of the Viterbi/greedy path: (B, I+1, J+1)."""
-        self._check_method(method, options)
+        shortlist = self._check_method(method, options)
         if method == "hmm-posterior":
-            log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True)
+            log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True,
+                                                 shortlist=shortlist)
             return self._posterior(log_alpha, log_lexicon, src, tgt_out)
-        path = self.alignment_path(src, tgt_in, tgt_out, method)
+        path = self.alignment_path(src, tgt_in, tgt_out, method, **options)
         return F.one_hot(path.clamp_min(0), src.size(1)).float() * path.ge(0).unsqueeze(-1)
 
     def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -695,14 +721,15 @@ class FirstOrderHMM(DirectHMM):
         The extraction hook of aligner/inference.py. The Viterbi path never puts a real target
         word on the source EOS; the greedy α path may (inference drops such links: unaligned).
         """
-        self._check_method(method, options)
+        shortlist = self._check_method(method, options)
         if method == "hmm-posterior":
             return None
         lengths = tgt_out.ne(PAD_ID).sum(1)
         if method == "hmm-alignment":
             log_alpha, _, _ = self.decode(src, tgt_in, lazy=True)
             return self._greedy_path(log_alpha, lengths, self.config.chunk_floats)
-        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True)
+        log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, lazy=True,
+                                             shortlist=shortlist)
         # real target words may not align to the source EOS; the target EOS row may
         last = torch.arange(tgt_out.size(1), device=src.device)[None, :, None] \
             == (lengths - 1)[:, None, None]
