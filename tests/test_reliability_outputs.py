@@ -291,7 +291,7 @@ def test_extract_writes_both_files_when_all_goes_well(setup, tmp_path):
     ("sgd_steps=-1", "-O sgd_steps=-1: -1 is not in the range x>=0."),
     ("init=zeros", "-O init=zeros: 'zeros' is not one of 'forward', 'random'."),
     ("colour=red", "-O colour=red: unknown method option 'colour' (known: init, layer, seed, "
-                   "sgd_lr, sgd_steps)"),
+                   "sgd_lr, sgd_steps, shortlist)"),
     ("layer", "-O expects KEY=VALUE, got 'layer'"),
 ])
 def test_bad_method_options_are_one_line_before_the_work(setup, tmp_path, option, message):
