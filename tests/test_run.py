@@ -103,3 +103,20 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert result.exit_code == 1
     assert "g.talp: 6 lines do not fit the 5 input lines" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_run_passes_a_guide_to_training(tmp_path):
+    sources, targets, golds = monotone_corpus(12, seed=3)
+    src, tgt, gold = write_corpus(tmp_path, "c", sources, targets, golds)
+    run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--guide", gold, "--guide-weight",
+        "0.5", "--model-dir", tmp_path / "m", *TINY)
+    import json
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["data"]["guide"] == str(gold) and config["training"]["guide_weight"] == 0.5
+    assert (tmp_path / "m" / "corpus" / "guide.links.npy").exists()
+    bad = tmp_path / "bad.talp"
+    bad.write_text("0-0\n")
+    result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o2", "--guide", bad, *TINY,
+                 ok=False)
+    assert result.exit_code == 1 and "bad.talp: 1 lines, but the training bitext has 12" \
+        in result.output

@@ -50,6 +50,12 @@ from aligner.utils import check_condition, check_writable
 @click.option("--gold-first-line", type=click.IntRange(min=1), default=None,
               help="Input line (1-based) of the gold's first line [default: the gold covers "
                    "the last lines, the usual benchmark set-up with the test set appended].")
+@click.option("--guide", type=INPUT, default=None,
+              help="Guided training (as align train --guide): another aligner's Pharaoh "
+                   "alignments of these lines, e.g. eflomal's grow-diag (eval/results/"
+                   "guided_enfr.md: the recipe's quality in a third of the updates).")
+@click.option("--guide-weight", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Weight of the guide's cross-entropy term.")
 @click.option("--epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=1),
               help="Training passes over the bitext per direction.")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
@@ -69,7 +75,8 @@ from aligner.utils import check_condition, check_writable
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: float, model_dir: Optional[str], overwrite: bool,
-            gold: Optional[str], gold_first_line: Optional[int], epochs: int, max_updates: int,
+            gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
+            guide_weight: float, epochs: int, max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
@@ -131,7 +138,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates, checkpoint_interval=10 ** 9,
-                               device=device, seed=seed)
+                               device=device, seed=seed,
+                               guide_weight=guide_weight if guide is not None else 0.0)
     temporary = None
     if model_dir is None:
         temporary = tempfile.mkdtemp(prefix="align-run-")
@@ -145,7 +153,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         PrepConfig(bpe_merges=merges),
                         # pairs the model cannot take (subwords + EOS) are skipped in training
                         DataConfig(max_len=min(DataConfig.max_len,
-                                               int(model_options["max_positions"]) - 1)),
+                                               int(model_options["max_positions"]) - 1),
+                                   guide=guide or ""),
                         train_config,
                         overwrite=overwrite, quiet=quiet, argv=["align"] + sys.argv[1:],
                         parallel_directions=parallel)
