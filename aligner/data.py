@@ -213,6 +213,16 @@ class EncodedCorpus:
     def __len__(self) -> int:
         return len(self.line_numbers)
 
+    def check_ids(self, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        """One error line when an id lies outside the model's vocabularies (a corpus written
+        before corpus.json recorded the sizes is checked here, when training knows them)."""
+        for name, ids, size in ((SRC_IDS, self._src_ids, src_vocab_size),
+                                (TGT_IDS, self._tgt_ids, tgt_vocab_size)):
+            if len(ids):
+                high = int(ids.max())
+                _check_corpus(high < size, os.path.join(self.directory or ".", name),
+                              f"id {high} outside the vocabulary of {size} tokens")
+
     def source(self, k: int) -> np.ndarray:
         return self._src_ids[self._src_offsets[k]:self._src_offsets[k + 1]]
 

@@ -516,6 +516,9 @@ def train_direction(run: DirectionRun, device: torch.device,
         logger.info("[%s] %s model: %d parameters (%d trained)", run.direction,
                     run.config.model_kind, n_params, n_train)
     corpus = EncodedCorpus.open(os.path.join(run.model_dir, CORPUS_DIR))
+    sizes = run.config.models[run.direction]
+    vocab_sizes = (sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+    corpus.check_ids(*(vocab_sizes if run.direction == "fwd" else vocab_sizes[::-1]))
     trainer = Trainer(model, corpus, run.direction, run.config.training,
                       direction_dir(run.model_dir, run.direction), device, context,
                       run.validation, progress=run.progress, progress_position=run.position)

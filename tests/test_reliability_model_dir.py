@@ -282,3 +282,15 @@ def test_bad_prep_config_value_is_one_error_line(trained, model):
     path.write_text(json.dumps(prep))
     line = error_line(extract(trained, model, ok=False))
     assert "prep.json: not a valid preprocessing config (bpe_merges must be an integer" in line
+
+
+def test_old_corpus_with_an_id_outside_the_vocabulary_is_one_error_line_on_resume(trained,
+                                                                                   model):
+    """A corpus.json without vocabulary sizes (older versions): training checks the ids."""
+    meta = model / "corpus" / "corpus.json"
+    stats = json.loads(meta.read_text())
+    del stats["src_vocab_size"], stats["tgt_vocab_size"]
+    meta.write_text(json.dumps(stats))
+    _id_out_of_range(model / "corpus" / "src.ids.npy")
+    line = error_line(resume(trained, model, ok=False))
+    assert "corpus/src.ids.npy: damaged (id 10000 outside the vocabulary of" in line
