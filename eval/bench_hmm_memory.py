@@ -26,7 +26,7 @@ MiB = 1024 * 1024
 
 
 def one(kind: str, batch: int, length: int, vocab: int, d_model: int, chunk: int,
-        device_name: str) -> dict:
+        device_name: str, chunk_floats: int = -1) -> dict:
     """One training step in this process; returns peak extra memory (MiB) and time (s)."""
     import torch
 
@@ -38,6 +38,8 @@ def one(kind: str, batch: int, length: int, vocab: int, d_model: int, chunk: int
     config = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model, n_heads=4,
                   enc_layers=1, dec_layers=1, d_ff=2 * d_model, dropout=0.0,
                   lexicon_chunk=chunk)
+    if chunk_floats >= 0:   # hmm1: the budget of the (B, I+1, J+2, J+1) transition chunks
+        config["chunk_floats"] = chunk_floats
     model = build_model(kind, config).to(device)
     src = torch.randint(4, vocab, (batch, length + 1), device=device)
     src[:, -1] = 2
@@ -70,17 +72,23 @@ def main() -> None:
                         help="I = J values (subwords per sentence, without EOS)")
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 8, 2],
                         help="lexicon_chunk values (0 = no chunking)")
+    parser.add_argument("--chunk-floats", type=int, nargs="+", default=None,
+                        help="hmm1: chunk_floats values (0 = the whole transition tensor); "
+                             "replaces --chunks as the columns (lexicon_chunk stays 8)")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default=None)
-    parser.add_argument("--one", nargs=2, type=int, metavar=("LENGTH", "CHUNK"),
+    parser.add_argument("--one", nargs=3, type=int, metavar=("LENGTH", "CHUNK", "FLOATS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.kind, args.batch, args.one[0], args.vocab, args.d_model,
-                             args.one[1], args.device)))
+                             args.one[1], args.device, args.one[2])))
         return
+    # columns: lexicon chunks, or (hmm1) transition budgets at lexicon chunk 8
+    columns = ([(8, f) for f in args.chunk_floats] if args.chunk_floats
+               else [(c, -1) for c in args.chunks])
 
     from aligner.utils import atomic_output
 
@@ -90,14 +98,15 @@ def main() -> None:
     environment = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     results = {}
     for length in args.lengths:
-        for chunk in args.chunks:
+        for column in columns:
             command = [sys.executable, __file__, "--kind", args.kind, "--batch", str(args.batch),
                        "--vocab", str(args.vocab), "--d-model", str(args.d_model),
-                       "--device", args.device, "--one", str(length), str(chunk)]
+                       "--device", args.device, "--one", str(length), str(column[0]),
+                       str(column[1])]
             output = subprocess.run(command, check=True, capture_output=True, text=True,
                                     env=environment).stdout
-            results[length, chunk] = json.loads(output.strip().splitlines()[-1])
-            print(f"I=J={length} chunk={chunk}: {results[length, chunk]}", file=sys.stderr)
+            results[length, column] = json.loads(output.strip().splitlines()[-1])
+            print(f"I=J={length} {column}: {results[length, column]}", file=sys.stderr)
 
     with atomic_output(args.output) as out:
         out.write(f"# {args.kind}: peak memory of one training step, chunked lexicon or not\n\n")
@@ -108,14 +117,17 @@ def main() -> None:
                   "resident set during loss + backward (CPU, glibc "
                   "MALLOC_MMAP_THRESHOLD_=131072) or max_memory_allocated (CUDA).  \n")
         out.write("The whole lexicon logits tensor B·(I+1)·(J+1)·V·4 bytes is given for "
-                  "reference. Chunk = target positions per chunk (0 = no chunking).\n\n")
-        header = " | ".join(f"chunk {c or 'none'}: MiB (s)" for c in args.chunks)
+                  "reference. Chunk = target positions per lexicon chunk (0 = no chunking); "
+                  "floats = hmm1's chunk_floats, the budget of the B·(I+1)·(J+2)·(J+1) "
+                  "transition scores (0 = the whole tensor at once).\n\n")
+        header = " | ".join((f"floats {f or 'whole'}" if f >= 0 else f"chunk {c or 'none'}")
+                            + ": MiB (s)" for c, f in columns)
         out.write(f"| I = J | logits tensor MiB | {header} |\n")
-        out.write("|---" * (2 + len(args.chunks)) + "|\n")
+        out.write("|---" * (2 + len(columns)) + "|\n")
         for length in args.lengths:
             logits = args.batch * (length + 1) ** 2 * args.vocab * 4 / MiB
             cells = " | ".join(f"{results[length, c]['peak_mib']:.0f} "
-                               f"({results[length, c]['seconds']:.2f})" for c in args.chunks)
+                               f"({results[length, c]['seconds']:.2f})" for c in columns)
             out.write(f"| {length} | {logits:.0f} | {cells} |\n")
         losses = {round(r["loss"], 4) for r in results.values()}
         out.write(f"\nLoss per token is the same in every column of a row "
