@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -187,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                              f"{same_lines(set_outputs[reference], set_outputs[name]):.1f} % |")
 
     lines += ["", "Command:", "", "```", "python eval/bench_extract.py " +
-              " ".join(argv if argv is not None else sys.argv[1:]), "```", ""]
+              shlex.join(argv if argv is not None else sys.argv[1:]), "```", ""]
     text = "\n".join(lines)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
