@@ -41,6 +41,10 @@ from aligner.utils import check_condition, check_writable
 @click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
               default=recipe.THRESHOLD, show_default=True,
               help="Probability threshold of -H soft-average.")
+@click.option("--shortlist", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Normalize the lexicon over this many most frequent words (and the "
+                   "sentence's) instead of the vocabulary: faster, approximate (0 = exact; "
+                   "eval/results/extract_shortlist.md).")
 @click.option("--model-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the trained model here (align extract can align new text with it); "
                    "default: a temporary directory, removed at the end.")
@@ -74,7 +78,8 @@ from aligner.utils import check_condition, check_writable
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
-            heuristic: str, threshold: float, model_dir: Optional[str], overwrite: bool,
+            heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
+            overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, epochs: int, max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
@@ -161,16 +166,18 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         trained = time.time()
         loaded = LoadedModelDir.load(model_dir, device=torch_device)
         pairs = encode_bitext(loaded, bitext)
+        options = {"shortlist": shortlist} if shortlist else {}
         everything: Dict[str, Any] = {}
         if forward_links or reverse_links or golds is not None or heuristic in C.HEURISTICS:
             for direction in C.DIRECTIONS:    # hard links (argmax of the posterior)
                 everything[direction] = align_pairs(loaded.models[direction], pairs, direction,
                                                     recipe.METHOD, device=torch_device,
-                                                    progress=not quiet)
+                                                    options=options, progress=not quiet)
         soft_by_direction = {}
         if heuristic in C.SOFT_HEURISTICS or soft is not None:   # one pass, used twice
             soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
-                                                    device=torch_device, progress=not quiet)
+                                                    device=torch_device, options=options,
+                                                    progress=not quiet)
                                  for d in C.DIRECTIONS}
         if heuristic in C.SOFT_HEURISTICS:
             alignments = [soft_average(f, r, threshold) for f, r in
