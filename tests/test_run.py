@@ -120,3 +120,18 @@ def test_run_passes_a_guide_to_training(tmp_path):
                  ok=False)
     assert result.exit_code == 1 and "bad.talp: 1 lines, but the training bitext has 12" \
         in result.output
+
+
+def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):
+    """Without -f/-r the fwd/rev rows of the AER table come from the gold lines alone: the
+    same table as a run that aligned every line."""
+    gold = aligned["tmp"] / "gold.talp"
+    result = run("run", "-s", aligned["src"], "-t", aligned["tgt"], "-o", tmp_path / "o",
+                 "-g", gold, *[a for a in TINY if a != "-q"])
+    table = [line for line in result.stderr.splitlines() if line.startswith("| ")]
+    expected = [line for line in aligned["result"].stderr.splitlines() if line.startswith("| ")]
+    assert len(table) == 4 and table == expected
+    assert (tmp_path / "o").read_text() == aligned["out"].read_text()
+    # progress bars: the hard-link pass covered the 5 gold lines, the soft pass all 30
+    bars = result.stderr.replace("\r", "\n")
+    assert "5/5" in bars and "30/30" in bars

@@ -168,11 +168,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         pairs = encode_bitext(loaded, bitext)
         options = {"shortlist": shortlist} if shortlist else {}
         everything: Dict[str, Any] = {}
-        if forward_links or reverse_links or golds is not None or heuristic in C.HEURISTICS:
-            for direction in C.DIRECTIONS:    # hard links (argmax of the posterior)
-                everything[direction] = align_pairs(loaded.models[direction], pairs, direction,
-                                                    recipe.METHOD, device=torch_device,
-                                                    options=options, progress=not quiet)
+        # hard links (argmax of the posterior) of every line where they are written or
+        # symmetrized, else only of the gold lines (for the fwd / rev rows of the AER table)
+        hard_lines = range(len(pairs))
+        if not (forward_links or reverse_links or heuristic in C.HEURISTICS):
+            hard_lines = range(gold_start, gold_start + len(golds)) if golds else range(0)
+        if len(hard_lines):
+            for direction in C.DIRECTIONS:
+                links = align_pairs(loaded.models[direction], [pairs[k] for k in hard_lines],
+                                    direction, recipe.METHOD, device=torch_device,
+                                    options=options, progress=not quiet)
+                everything[direction] = [set() for _ in pairs]
+                for k, line_links in zip(hard_lines, links):
+                    everything[direction][k] = line_links
         soft_by_direction = {}
         if heuristic in C.SOFT_HEURISTICS or soft is not None:   # one pass, used twice
             soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
