@@ -408,7 +408,7 @@ def test_extract_precision_fp32_is_the_plain_output_and_bf16_is_close(tmp_path, 
         out, npz = tmp_path / f"{precision}.txt", tmp_path / f"{precision}.npz"
         code, _, errors = run(["extract", model_dir, "-s", tmp_path / "src", "-t",
                                tmp_path / "tgt", "-o", out, "--soft", npz, "--precision",
-                               precision, "-q"])
+                               precision, "-H", "grow-diag", "-q"])
         assert code == 0, errors
         lines = out.read_text(encoding="utf-8").split("\n")
         assert len(lines) == len(SRC_TEXT) + 1
