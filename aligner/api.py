@@ -108,7 +108,7 @@ class Aligner:
 
     def align(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
               method: Optional[str] = None, direction: str = "both",
-              heuristic: str = C.DEFAULT_HEURISTIC, return_probabilities: bool = False,
+              heuristic: Optional[str] = None, return_probabilities: bool = False,
               max_tokens: int = 4000, threshold: float = 0.5, **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
@@ -119,7 +119,8 @@ class Aligner:
         direction: "fwd", "rev" or "both" (both directions, combined by `heuristic`, one of
             intersect, union, grow-diag, grow-diag-final, grow-diag-final-and, or
             soft-average: links where the mean of the two directions' probabilities exceeds
-            `threshold`; see aligner.soft_symmetrize).
+            `threshold`; see aligner.soft_symmetrize). Default: the model kind's best, as
+            ``align extract`` (soft-average for hmm0/hmm1, grow-diag for the others).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
 
@@ -143,6 +144,7 @@ class Aligner:
         check_condition(direction in C.DIRECTIONS + ("both",),
                         f"direction must be fwd, rev or both, not '{direction}'")
         heuristics = C.HEURISTICS + C.SOFT_HEURISTICS
+        heuristic = heuristic or next(iter(self.loaded.models.values())).BEST_HEURISTIC
         check_condition(heuristic in heuristics, f"unknown heuristic '{heuristic}' (choose "
                                                  f"from {', '.join(heuristics)})")
         directions = C.DIRECTIONS if direction == "both" else (direction,)

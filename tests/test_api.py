@@ -144,6 +144,9 @@ def test_hmm1_methods_through_the_api(tmp_path):
     assert links == {(int(matrix[:, j].argmax()), j) for j in range(len(targets[0]))}
     with pytest.raises(AlignerError, match="direction rev was not loaded"):
         aligner.align(sources[:1], targets[:1])
+    both = Aligner.load(str(directory), device="cpu")     # no heuristic: the kind's best
+    assert both.align(sources[:4], targets[:4]) == \
+        both.align(sources[:4], targets[:4], heuristic="soft-average")
 
 
 @pytest.mark.parametrize("call, message", [
