@@ -206,6 +206,11 @@ def test_demo_on_a_small_sample(tmp_path):
         "model_kind"] == "hmm1"
     missing = run("demo", "--sample-dir", tmp_path, ok=False)
     assert "sample file missing" in error_line(missing)
+    # without -q it says how long it will take before it starts
+    loud = run("demo", "--sample-dir", sample, "--max-epochs", 1, "--bpe-merges", 10)
+    first = loud.stderr.splitlines()[0]
+    assert first.startswith("align demo: training hmm1 on 30 pairs, 1 epochs per direction: "
+                            "about 1 minute(s)")
 
 
 def test_extract_writes_soft_matrices(tmp_path, corpus):
