@@ -245,16 +245,18 @@ def _lexicon_inference_cpu(source_hidden: torch.Tensor, target_hidden: torch.Ten
     hidden[..., dim] = 1.0
     scores = torch.empty(batch, steps, states)
     log_norm = torch.empty(batch * states)
+    source, target = source_hidden.float(), target_hidden.float()
     for i in range(steps):
-        torch.clamp_min(source_hidden.float() + target_hidden[:, i:i + 1].float(), 0.0,
-                        out=hidden[..., :dim])
+        torch.clamp_min(source + target[:, i:i + 1], 0.0, out=hidden[..., :dim])
         rows = hidden.view(batch * states, dim + 1)
         for start in range(0, rows.size(0), block_rows):
             logits = rows[start:start + block_rows] @ weight_bias                 # (r, V)
             top = logits.amax(dim=-1, keepdim=True)
-            log_norm[start:start + block_rows] =                 logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
+            log_norm[start:start + block_rows] = (
+                logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1)))
         observed = weight_bias.t()[targets[:, i]]                                  # (B, k+1)
-        scores[:, i] = torch.einsum("bjk,bk->bj", hidden, observed)             - log_norm.view(batch, states)
+        scores[:, i] = (torch.einsum("bjk,bk->bj", hidden, observed)
+                        - log_norm.view(batch, states))
     return scores
 
 
@@ -417,7 +419,8 @@ class FirstOrderScores:
     src_pad_mask: torch.Tensor   # (B, J+1) True at padding
 
     def __call__(self, start: int, stop: int) -> torch.Tensor:
-        """log α of target positions start..stop-1: (B, stop-start, J+2, J+1), start state first."""
+        """log α of target positions start..stop-1: (B, stop-start, J+2, J+1), start state
+        first."""
         return FirstOrderAlignment.log_probs(self.queries[:, start:stop], self.keys,
                                              self.src_pad_mask)
 
@@ -426,7 +429,8 @@ class FirstOrderScores:
         return self(0, 1)[:, 0, 0]
 
     def transitions(self, start: int, stop: int) -> torch.Tensor:
-        """log α(j | i, j') for i in start..stop-1 and real previous states j': (B, c, J+1, J+1)."""
+        """log α(j | i, j') for i in start..stop-1 and real previous states j':
+        (B, c, J+1, J+1)."""
         return self(start, stop)[:, :, 1:]
 
     def chunk(self, floats: int) -> Optional[int]:
@@ -624,7 +628,8 @@ class ZeroOrderHMM(DirectHMM):
         """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, and their count.
 
         With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide,
-        posterior p(j | e_i, e_<i, f) ∝ α(j|i)·p̃_lex(e_i|j)): the distribution extraction uses.
+        posterior p(j | e_i, e_<i, f) ∝ α(j|i)·p̃_lex(e_i|j)), the distribution extraction
+        uses.
         """
         log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
         log_likelihood = hmm_algorithms.zero_order_log_likelihood(
@@ -632,9 +637,8 @@ class ZeroOrderHMM(DirectHMM):
         target_mask = tgt_out.ne(PAD_ID)
         loss = -(log_likelihood * target_mask).sum()
         if guide is not None and guide_weight > 0.0:
-            joint = hmm_algorithms._clamp(log_alpha) + hmm_algorithms._clamp(log_lexicon)
-            joint = joint.masked_fill(src.eq(PAD_ID)[:, None, :], hmm_algorithms.NEG)
-            log_posterior = torch.log_softmax(joint, dim=-1)
+            log_posterior = hmm_algorithms.zero_order_log_posterior(log_alpha, log_lexicon,
+                                                                    src.ne(PAD_ID))
             loss = loss + guide_weight * self.guide_cross_entropy(log_posterior, guide)
         return loss, target_mask.sum()
 

@@ -71,6 +71,15 @@ def _prepare(log_emission: torch.Tensor, target_lengths: Optional[torch.Tensor],
     return emission, target_lengths
 
 
+def _zero_order_joint(log_alignment: torch.Tensor, log_emission: torch.Tensor,
+                      source_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """log α(j|i) + log p(e_i|j) (B, I, J), clamped, NEG at padded source positions."""
+    joint = _clamp(log_alignment) + _clamp(log_emission)
+    if source_mask is not None:
+        joint = joint.masked_fill(~source_mask[:, None, :], NEG)
+    return joint
+
+
 def zero_order_log_likelihood(log_alignment: torch.Tensor, log_emission: torch.Tensor,
                               source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Zero-order (mixture) log-likelihood per target position.
@@ -84,10 +93,7 @@ def zero_order_log_likelihood(log_alignment: torch.Tensor, log_emission: torch.T
     Returns:
         (B, I) log p(e_i | e_<i, f). The caller masks padded target positions.
     """
-    joint = _clamp(log_alignment) + _clamp(log_emission)
-    if source_mask is not None:
-        joint = joint.masked_fill(~source_mask[:, None, :], NEG)
-    return torch.logsumexp(joint, dim=-1)
+    return torch.logsumexp(_zero_order_joint(log_alignment, log_emission, source_mask), dim=-1)
 
 
 def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor,
@@ -96,10 +102,14 @@ def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor
 
     Sums to 1 over real source positions j; exactly 0 at padded ones.
     """
-    joint = _clamp(log_alignment) + _clamp(log_emission)
-    if source_mask is not None:
-        joint = joint.masked_fill(~source_mask[:, None, :], NEG)
-    return torch.softmax(joint, dim=-1)
+    return torch.softmax(_zero_order_joint(log_alignment, log_emission, source_mask), dim=-1)
+
+
+def zero_order_log_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor,
+                             source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """log of :func:`zero_order_posterior`, (B, I, J) (about -1e30 at padded positions)."""
+    return torch.log_softmax(_zero_order_joint(log_alignment, log_emission, source_mask),
+                             dim=-1)
 
 
 def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
@@ -147,12 +157,14 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
                      log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
                      source_mask: Optional[torch.Tensor] = None,
                      chunk: Optional[int] = None) -> torch.Tensor:
-    """State posteriors γ(i, j) = p(b_i = j | e) by an explicit scaled forward–backward, (B, I, J).
+    """State posteriors γ(i, j) = p(b_i = j | e), (B, I, J), by an explicit scaled
+    forward–backward.
 
     The same values as :func:`posteriors` of :func:`forward_log_z` (to float rounding), without
     autograd: probability space with per-step normalization (Rabiner 1989),
     α_i = (α_{i-1} · A_i) ⊙ e_i / c_i,  β_i = A_{i+1} · (e_{i+1} ⊙ β_{i+1}) / d_i,
-    γ_i ∝ α_i ⊙ β_i, where A_i = exp(log_transition[i]) and e_i = exp(log_emission[i] - max_j).
+    γ_i ∝ α_i ⊙ β_i, where A_i = exp(log_transition[i]) and
+    e_i = exp(log_emission[i] - max_j log_emission[i]).
     Each step is one batched matrix–vector product. ``log_transition`` may be a
     :data:`TransitionFn`; it is asked for ``chunk`` target positions at a time, twice (forward
     and backward pass), so memory beyond O(B·I·J) is (B, chunk, J, J). Rows are 0 at padded
