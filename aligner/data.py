@@ -195,11 +195,11 @@ class EncodedCorpus:
                 arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError, EOFError) as error:  # truncated, object dtype, garbage
                 raise AlignerError(f"{path}: damaged ({error}){_REBUILD}") from None
-            _check_corpus(arrays[name].ndim == 1 and arrays[name].dtype.kind in "iu", path,
+            check_corpus_file(arrays[name].ndim == 1 and arrays[name].dtype.kind in "iu", path,
                           f"a 1-d integer array expected, found {arrays[name].dtype} of shape "
                           f"{arrays[name].shape}")
         n_pairs = len(arrays[LINE_NUMBERS])
-        _check_corpus(n_pairs == stats.n_kept, os.path.join(directory, LINE_NUMBERS),
+        check_corpus_file(n_pairs == stats.n_kept, os.path.join(directory, LINE_NUMBERS),
                       f"{n_pairs} pairs, but {CORPUS_META} says {stats.n_kept}")
         for ids_name, offsets_name, vocab_size in ((SRC_IDS, SRC_OFFSETS, stats.src_vocab_size),
                                                    (TGT_IDS, TGT_OFFSETS, stats.tgt_vocab_size)):
@@ -220,7 +220,7 @@ class EncodedCorpus:
                                 (TGT_IDS, self._tgt_ids, tgt_vocab_size)):
             if len(ids):
                 high = int(ids.max())
-                _check_corpus(high < size, os.path.join(self.directory or ".", name),
+                check_corpus_file(high < size, os.path.join(self.directory or ".", name),
                               f"id {high} outside the vocabulary of {size} tokens")
 
     def source(self, k: int) -> np.ndarray:
@@ -233,8 +233,9 @@ class EncodedCorpus:
 _REBUILD = "; train again with --overwrite to rebuild the encoded corpus"
 
 
-def _check_corpus(condition: bool, path: str, message: str) -> None:
-    """AlignerError "PATH: damaged (MESSAGE); ...--overwrite..." unless `condition` holds."""
+def check_corpus_file(condition: bool, path: str, message: str) -> None:
+    """AlignerError "PATH: damaged (MESSAGE); ...--overwrite..." unless `condition` holds
+    (for every file of the encoded corpus directory, guide links included: aligner/guide.py)."""
     if not condition:
         raise AlignerError(f"{path}: damaged ({message}){_REBUILD}")
 
@@ -244,15 +245,15 @@ def _check_encoded_side(directory: str, ids_name: str, ids: np.ndarray, offsets_
     """Offsets of one side: n_pairs + 1 non-decreasing values from 0 to len(ids); ids: within
     [0, vocab_size) (only >= 0 when the size was not recorded)."""
     offsets_path = os.path.join(directory, offsets_name)
-    _check_corpus(len(offsets) == n_pairs + 1, offsets_path,
+    check_corpus_file(len(offsets) == n_pairs + 1, offsets_path,
                   f"{len(offsets)} offsets for {n_pairs} pairs")
-    _check_corpus(offsets[0] == 0 and offsets[-1] == len(ids)
+    check_corpus_file(offsets[0] == 0 and offsets[-1] == len(ids)
                   and bool(np.all(np.diff(offsets) >= 0)), offsets_path,
                   f"offsets must rise from 0 to the {len(ids)} ids of {ids_name}")
     if len(ids):
         low, high = int(ids.min()), int(ids.max())
         limit = vocab_size if vocab_size > 0 else None
-        _check_corpus(low >= 0 and (limit is None or high < limit),
+        check_corpus_file(low >= 0 and (limit is None or high < limit),
                       os.path.join(directory, ids_name),
                       f"ids from {low} to {high}, outside the vocabulary"
                       + (f" of {limit} tokens" if limit else ""))

@@ -25,6 +25,7 @@ from typing import Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
+from aligner.data import check_corpus_file
 from aligner.utils import atomic_output, check_condition
 
 GUIDE_LINKS = "guide.links.npy"
@@ -78,21 +79,17 @@ class GuideLinks:
             links = np.load(links_path, mmap_mode="r", allow_pickle=False)
             offsets = np.load(offsets_path, allow_pickle=False)
         except (OSError, ValueError) as error:
-            raise_damaged(links_path, str(error).splitlines()[0] if str(error) else "unreadable")
-        check_condition(links.ndim == 2 and links.shape[1] == 2 and offsets.ndim == 1
-                        and len(offsets) == n_pairs + 1 and offsets[0] == 0
-                        and offsets[-1] == len(links) and np.all(np.diff(offsets) >= 0),
-                        f"{links_path}: damaged guide links; train again with --overwrite")
+            reason = (str(error).splitlines() or ["unreadable"])[0]
+            check_corpus_file(False, links_path, f"guide links: {reason}")
+        check_corpus_file(links.ndim == 2 and links.shape[1] == 2 and offsets.ndim == 1
+                          and len(offsets) == n_pairs + 1 and offsets[0] == 0
+                          and offsets[-1] == len(links) and bool(np.all(np.diff(offsets) >= 0)),
+                          links_path, f"guide links do not fit the {n_pairs} pairs")
         return cls(links, offsets)
 
     def pair(self, k: int) -> np.ndarray:
         """(n, 2) (source subword, target subword) links of kept pair k."""
         return np.asarray(self.links[self.offsets[k]:self.offsets[k + 1]])
-
-
-def raise_damaged(path: str, reason: str) -> None:
-    check_condition(False, f"{path}: damaged guide links ({reason}); train again with "
-                           f"--overwrite")
 
 
 def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_len: int,

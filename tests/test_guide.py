@@ -185,3 +185,17 @@ def test_bad_guide_files_are_one_error_line(tmp_path):
     assert result.exit_code == 1 and "guided alignment training is implemented for the " \
                                       "direct HMMs" in result.output
     assert not (tmp_path / "t").exists()
+
+
+def test_damaged_guide_links_are_one_error_line(tmp_path):
+    from aligner.guide import GuideLinks, save_guides
+
+    save_guides(str(tmp_path), [np.array([[0, 0]]), np.zeros((0, 2), dtype=np.int32)])
+    assert GuideLinks.open(str(tmp_path), 2).pair(0).tolist() == [[0, 0]]
+    assert GuideLinks.open(str(tmp_path / "none"), 2) is None
+    with pytest.raises(AlignerError, match=r"guide.links.npy: damaged \(guide links do not fit "
+                                           r"the 3 pairs\); train again with --overwrite"):
+        GuideLinks.open(str(tmp_path), 3)
+    (tmp_path / "guide.links.npy").write_bytes(b"garbage")
+    with pytest.raises(AlignerError, match=r"guide.links.npy: damaged \(guide links: "):
+        GuideLinks.open(str(tmp_path), 2)
