@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
-from aligner.cli.train import INPUT, set_threads
+from aligner.cli.train import bitext_options, check_bitext_args, set_threads
 from aligner.utils import AlignerError, check_condition, check_writable
 
 #: types of the method options: the same as the dedicated options (--layer, --sgd-steps,
@@ -58,10 +58,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 
 @click.command("extract")
 @click.argument("model_dir", type=click.Path(file_okay=False))
-@click.option("-s", "--source", type=INPUT, help="Source sentences, one per line.")
-@click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned.")
-@click.option("-i", "--input", "joint", type=INPUT,
-              help="One 'source ||| target' file instead of -s/-t.")
+@bitext_options
 @click.option("-m", "--method", default=None,
               help=f"Extraction method by model kind ({METHODS_HELP}). Default: the model "
                    f"kind's first method.")
@@ -136,10 +133,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
-    check_condition((source is None) == (target is None),
-                    "give both -s/--source and -t/--target, or -i/--input")
-    check_condition((source is None) != (joint is None),
-                    "give the sentence pairs as -s/-t or as -i, not both (and not neither)")
+    check_bitext_args(source, target, joint, "the sentence pairs")
     check_condition(heuristic is None or direction == "both",
                     "--symmetrize combines two directions: use it with --direction both")
     check_condition(threshold is None or heuristic in C.SOFT_HEURISTICS,

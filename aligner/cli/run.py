@@ -17,15 +17,13 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
-from aligner.cli.train import INPUT, parse_key_values, set_threads
+from aligner.cli.train import (INPUT, bitext_options, check_bitext_args, check_gold_in_range,
+                               parse_key_values, set_threads)
 from aligner.utils import check_condition, check_writable
 
 
 @click.command("run")
-@click.option("-s", "--source", type=INPUT, help="Source sentences, one per line (tokenized).")
-@click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned.")
-@click.option("-i", "--input", "joint", type=INPUT,
-              help="One 'source ||| target' file instead of -s/-t.")
+@bitext_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True,
               help="Symmetrized Pharaoh alignments, one line per input line ('-' = stdout).")
@@ -96,8 +94,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
     from aligner.distributed import resolve_device
-    from aligner.formats import (Bitext, check_alignments_against_bitext, read_bitext,
-                                 read_gold, write_pharaoh)
+    from aligner.formats import Bitext, read_bitext, read_gold, write_pharaoh
     from aligner.inference import align_pairs, encode_bitext, soft_alignments
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
@@ -110,10 +107,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     start = time.time()
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
-    check_condition((source is None) == (target is None),
-                    "give both -s/--source and -t/--target, or -i/--input")
-    check_condition((source is None) != (joint is None),
-                    "give the bitext as -s/-t or as -i, not both (and not neither)")
+    check_bitext_args(source, target, joint, "the bitext")
     check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
                                  "file name")
     for path, option in ((output, "-o"), (forward_links, "-f"), (reverse_links, "-r"),
@@ -130,11 +124,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_condition(0 <= gold_start and gold_start + len(golds) <= len(bitext),
                         f"{gold}: {len(golds)} lines do not fit the {len(bitext)} input lines "
                         f"from line {gold_start + 1} on")
-        check_alignments_against_bitext(
-            [g.possible for g in golds], gold,
-            Bitext(bitext.source[gold_start:gold_start + len(golds)],
-                   bitext.target[gold_start:gold_start + len(golds)],
-                   bitext.source_name, bitext.target_name))
+        check_gold_in_range(golds, gold, "talp",
+                            Bitext(bitext.source[gold_start:gold_start + len(golds)],
+                                   bitext.target[gold_start:gold_start + len(golds)],
+                                   bitext.source_name, bitext.target_name))
     usable = sum(1 for s, t in zip(bitext.source, bitext.target) if s and t)
     check_condition(usable > 0, f"{bitext.source_name}: no line has both sides: nothing to "
                                 f"train on")

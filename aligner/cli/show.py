@@ -12,16 +12,13 @@ from typing import Optional, Tuple
 import click
 
 from aligner.cli.extract import method_options
-from aligner.cli.train import INPUT, set_threads
+from aligner.cli.train import INPUT, bitext_options, check_bitext_args, set_threads
 from aligner.utils import check_condition, check_writable
 
 
 @click.command("show")
 @click.argument("model_dir", type=click.Path(file_okay=False))
-@click.option("-s", "--source", type=INPUT, help="Source sentences, one per line.")
-@click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned.")
-@click.option("-i", "--input", "joint", type=INPUT,
-              help="One 'source ||| target' file instead of -s/-t.")
+@bitext_options
 @click.option("-n", "--line", "line_no", type=click.IntRange(min=1), default=1,
               show_default=True, help="Which sentence pair to draw (1-based line number).")
 @click.option("-g", "--gold", type=INPUT, default=None,
@@ -69,10 +66,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
-    check_condition((source is None) == (target is None),
-                    "give both -s/--source and -t/--target, or -i/--input")
-    check_condition((source is None) != (joint is None),
-                    "give the sentence pairs as -s/-t or as -i, not both (and not neither)")
+    check_bitext_args(source, target, joint, "the sentence pairs")
     check_writable(output, "-o")
     options = method_options(method_option)
     bitext = read_bitext(source, target, joint)

@@ -68,7 +68,7 @@ def set_threads(threads: int) -> None:
 
 
 def bitext_options(function):
-    """-s/-t or -i: the training bitext."""
+    """-s/-t or -i: a bitext (check the combination with :func:`check_bitext_args`)."""
     for decorator in reversed([
         click.option("-s", "--source", type=INPUT, help="Source sentences, one per line."),
         click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned."),
@@ -77,6 +77,15 @@ def bitext_options(function):
     ]):
         function = decorator(function)
     return function
+
+
+def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optional[str],
+                      what: str) -> None:
+    """One error line unless exactly -s and -t, or -i alone, were given for `what`."""
+    check_condition((source is None) == (target is None),
+                    "give both -s/--source and -t/--target, or -i/--input")
+    check_condition((source is None) != (joint is None),
+                    f"give {what} as -s/-t or as -i, not both (and not neither)")
 
 
 @click.command("train")
@@ -215,10 +224,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
-    check_condition((source is None) == (target is None),
-                    "give both -s/--source and -t/--target, or -i/--input")
-    check_condition((source is None) != (joint is None),
-                    "give the training bitext as -s/-t or as -i, not both (and not neither)")
+    check_bitext_args(source, target, joint, "the training bitext")
     check_condition((valid_src is None) == (valid_tgt is None),
                     "give both --valid-src and --valid-tgt")
     check_condition(valid_gold is None or valid_src is not None,
