@@ -1,6 +1,8 @@
 """Shared test fixtures: paths to the shipped sample and the shared real data."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from pathlib import Path
 
@@ -33,20 +35,28 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(autouse=True)
-def _restore_aligner_logger():
-    """Undo what a command's setup_logging did to the global ``aligner`` logger.
+@contextlib.contextmanager
+def restored_aligner_logger():
+    """Undo, on exit, what a command's setup_logging did to the global ``aligner`` logger.
 
     Commands run in-process through CliRunner set ``propagate = False`` and attach their own
     handlers (right for a CLI); without this, later tests' ``caplog`` would see nothing.
+    Module-scoped fixtures that run commands need it too: they are set up before the
+    per-test fixture below takes its snapshot.
     """
-    import logging
-
     logger = logging.getLogger("aligner")
     handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
-    yield
-    for handler in list(logger.handlers):
-        if handler not in handlers:
-            logger.removeHandler(handler)
-            handler.close()
-    logger.propagate, logger.level = propagate, level
+    try:
+        yield
+    finally:
+        for handler in list(logger.handlers):
+            if handler not in handlers:
+                logger.removeHandler(handler)
+                handler.close()
+        logger.propagate, logger.level = propagate, level
+
+
+@pytest.fixture(autouse=True)
+def _restore_aligner_logger():
+    with restored_aligner_logger():
+        yield

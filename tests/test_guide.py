@@ -13,6 +13,7 @@ from aligner.metrics import score_aer
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from aligner.utils import AlignerError
+from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _batch, _model
 
@@ -138,15 +139,16 @@ def guided_runs(tmp_path_factory):
     reverse.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
                                for g in reversed_links))
     results = {}
-    for name, extra in (("none", []), ("gold", ["--guide", gold]),
-                        ("reversed", ["--guide", reverse, "--guide-weight", "5"]),
-                        ("reversed-weight-0", ["--guide", reverse, "--guide-weight", "0"])):
-        model = tmp / f"model-{name}"
-        run("train", "-s", src, "-t", tgt, "-o", model, "--model", "hmm0", *TINY, *extra)
-        out = tmp / f"{name}.txt"
-        run("extract", model, "-s", src, "-t", tgt, "--direction", "fwd", "-m",
-            "hmm-posterior", "-o", out, "-q")
-        results[name] = read_pharaoh(str(out))
+    with restored_aligner_logger():
+        for name, extra in (("none", []), ("gold", ["--guide", gold]),
+                            ("reversed", ["--guide", reverse, "--guide-weight", "5"]),
+                            ("reversed-weight-0", ["--guide", reverse, "--guide-weight", "0"])):
+            model = tmp / f"model-{name}"
+            run("train", "-s", src, "-t", tgt, "-o", model, "--model", "hmm0", *TINY, *extra)
+            out = tmp / f"{name}.txt"
+            run("extract", model, "-s", src, "-t", tgt, "--direction", "fwd", "-m",
+                "hmm-posterior", "-o", out, "-q")
+            results[name] = read_pharaoh(str(out))
     return (results, [GoldAlignment(g, set()) for g in golds],
             [GoldAlignment(g, set()) for g in reversed_links])
 

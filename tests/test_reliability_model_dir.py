@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from aligner import constants as C
 from aligner.cli import main
 from aligner.model_dir import CHECKSUM_SUFFIX, LoadedModelDir
+from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
@@ -45,7 +46,8 @@ def trained(tmp_path_factory):
     sources, targets, golds = monotone_corpus(40, seed=4)
     src, tgt, _ = write_corpus(root, "train", sources, targets, golds)
     model = root / "model"
-    run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", 2, *TINY)
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", 2, *TINY)
     return dict(model=model, src=src, tgt=tgt)
 
 

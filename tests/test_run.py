@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from aligner import recipe
 from aligner.cli import main
 from aligner.formats import read_pharaoh
+from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--max-updates", "3", "-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1",
@@ -49,8 +50,9 @@ def aligned(tmp_path_factory):
     gold.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
                             for g in golds[-5:]))
     out, fwd, rev, soft = (tmp / name for name in ("out.txt", "fwd.txt", "rev.txt", "soft.npz"))
-    result = run("run", "-s", src, "-t", tgt, "-o", out, "-f", fwd, "-r", rev, "--soft", soft,
-                 "--model-dir", tmp / "model", "-g", gold, *TINY)
+    with restored_aligner_logger():
+        result = run("run", "-s", src, "-t", tgt, "-o", out, "-f", fwd, "-r", rev, "--soft",
+                     soft, "--model-dir", tmp / "model", "-g", gold, *TINY)
     return dict(tmp=tmp, src=src, tgt=tgt, out=out, fwd=fwd, rev=rev, soft=soft,
                 result=result, sources=sources, targets=targets)
 
