@@ -196,11 +196,11 @@ class EncodedCorpus:
             except (ValueError, OSError, EOFError) as error:  # truncated, object dtype, garbage
                 raise AlignerError(f"{path}: damaged ({error}){_REBUILD}") from None
             check_corpus_file(arrays[name].ndim == 1 and arrays[name].dtype.kind in "iu", path,
-                          f"a 1-d integer array expected, found {arrays[name].dtype} of shape "
-                          f"{arrays[name].shape}")
+                              f"a 1-d integer array expected, found {arrays[name].dtype} of "
+                              f"shape {arrays[name].shape}")
         n_pairs = len(arrays[LINE_NUMBERS])
         check_corpus_file(n_pairs == stats.n_kept, os.path.join(directory, LINE_NUMBERS),
-                      f"{n_pairs} pairs, but {CORPUS_META} says {stats.n_kept}")
+                          f"{n_pairs} pairs, but {CORPUS_META} says {stats.n_kept}")
         for ids_name, offsets_name, vocab_size in ((SRC_IDS, SRC_OFFSETS, stats.src_vocab_size),
                                                    (TGT_IDS, TGT_OFFSETS, stats.tgt_vocab_size)):
             _check_encoded_side(directory, ids_name, arrays[ids_name], offsets_name,
@@ -221,7 +221,7 @@ class EncodedCorpus:
             if len(ids):
                 high = int(ids.max())
                 check_corpus_file(high < size, os.path.join(self.directory or ".", name),
-                              f"id {high} outside the vocabulary of {size} tokens")
+                                  f"id {high} outside the vocabulary of {size} tokens")
 
     def source(self, k: int) -> np.ndarray:
         return self._src_ids[self._src_offsets[k]:self._src_offsets[k + 1]]
@@ -246,17 +246,17 @@ def _check_encoded_side(directory: str, ids_name: str, ids: np.ndarray, offsets_
     [0, vocab_size) (only >= 0 when the size was not recorded)."""
     offsets_path = os.path.join(directory, offsets_name)
     check_corpus_file(len(offsets) == n_pairs + 1, offsets_path,
-                  f"{len(offsets)} offsets for {n_pairs} pairs")
+                      f"{len(offsets)} offsets for {n_pairs} pairs")
     check_corpus_file(offsets[0] == 0 and offsets[-1] == len(ids)
-                  and bool(np.all(np.diff(offsets) >= 0)), offsets_path,
-                  f"offsets must rise from 0 to the {len(ids)} ids of {ids_name}")
+                      and bool(np.all(np.diff(offsets) >= 0)), offsets_path,
+                      f"offsets must rise from 0 to the {len(ids)} ids of {ids_name}")
     if len(ids):
         low, high = int(ids.min()), int(ids.max())
         limit = vocab_size if vocab_size > 0 else None
         check_corpus_file(low >= 0 and (limit is None or high < limit),
-                      os.path.join(directory, ids_name),
-                      f"ids from {low} to {high}, outside the vocabulary"
-                      + (f" of {limit} tokens" if limit else ""))
+                          os.path.join(directory, ids_name),
+                          f"ids from {low} to {high}, outside the vocabulary"
+                          + (f" of {limit} tokens" if limit else ""))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from aligner.data import check_corpus_file
-from aligner.utils import atomic_output, check_condition
+from aligner.utils import atomic_output, check_condition, first_line
 
 GUIDE_LINKS = "guide.links.npy"
 GUIDE_OFFSETS = "guide.offsets.npy"
@@ -78,9 +78,8 @@ class GuideLinks:
         try:
             links = np.load(links_path, mmap_mode="r", allow_pickle=False)
             offsets = np.load(offsets_path, allow_pickle=False)
-        except (OSError, ValueError) as error:
-            reason = (str(error).splitlines() or ["unreadable"])[0]
-            check_corpus_file(False, links_path, f"guide links: {reason}")
+        except (OSError, ValueError, EOFError) as error:   # truncated, object dtype, garbage
+            check_corpus_file(False, links_path, f"guide links: {first_line(error)}")
         check_corpus_file(links.ndim == 2 and links.shape[1] == 2 and offsets.ndim == 1
                           and len(offsets) == n_pairs + 1 and offsets[0] == 0
                           and offsets[-1] == len(links) and bool(np.all(np.diff(offsets) >= 0)),

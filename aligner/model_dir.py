@@ -56,7 +56,7 @@ from aligner.config import RunConfig
 from aligner.models import build_model
 from aligner.models.base import AlignmentModel
 from aligner.prep import PREP_CONFIG_NAME, Preprocessor
-from aligner.utils import AlignerError, atomic_output, check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition, first_line
 from aligner.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ def verify_checksum(path: str) -> None:
                      CHECKSUM_SUFFIX)
         return
     except (OSError, UnicodeDecodeError) as error:
-        raise AlignerError(f"{sums}: cannot be read as a checksum file ({_first_line(error)})"
+        raise AlignerError(f"{sums}: cannot be read as a checksum file ({first_line(error)})"
                            ) from None
     match = _SHA256_LINE.fullmatch(line)
     check_condition(match is not None, f"{sums}:1: not a sha256 checksum line "
@@ -282,15 +282,9 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # damaged or foreign file: any unpickling error
-        message = _first_line(error)
+        message = first_line(error)
         raise AlignerError(f"{path}: cannot be read as a weights file ({type(error).__name__}"
                            f"{': ' + message if message else ''})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of an exception's message (at most 200 characters; may be empty)."""
-    lines = str(error).splitlines()
-    return lines[0][:200] if lines else ""
 
 
 def load_params(model: AlignmentModel, path: str) -> None:
@@ -302,7 +296,7 @@ def load_params(model: AlignmentModel, path: str) -> None:
         model.load_state_dict(state["state_dict"])
     except RuntimeError as error:
         raise AlignerError(f"{path}: weights do not fit the model in config.json "
-                           f"({_first_line(error)})") from None
+                           f"({first_line(error)})") from None
     loader = getattr(model, "load_extra_state", None)
     if loader is not None:
         loader(state.get("extra_state", {}))
@@ -336,7 +330,7 @@ def _load_direction(model_dir: str, config: RunConfig, direction: str, checkpoin
         raise AlignerError(f"{config_path(model_dir)}: models.{direction}: {error}") from None
     except (RuntimeError, MemoryError) as error:  # e.g. sizes too large to allocate
         raise AlignerError(f"{config_path(model_dir)}: models.{direction}: cannot build the "
-                           f"model ({type(error).__name__}: {_first_line(error)})") from None
+                           f"model ({type(error).__name__}: {first_line(error)})") from None
     load_params(model, params_path(model_dir, direction, checkpoint))
     return model.to(device or torch.device("cpu")).eval()
 

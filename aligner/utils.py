@@ -12,6 +12,13 @@ class AlignerError(Exception):
     """A user error (bad input, bad option). The CLI prints it as one line and exits non-zero."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (at most 200 characters; may be empty), for
+    one-line error messages."""
+    lines = str(error).splitlines()
+    return lines[0][:200] if lines else ""
+
+
 def check_condition(condition: bool, message: str) -> None:
     """Raise AlignerError(message) unless condition holds."""
     if not condition:

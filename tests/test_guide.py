@@ -198,6 +198,7 @@ def test_damaged_guide_links_are_one_error_line(tmp_path):
     with pytest.raises(AlignerError, match=r"guide.links.npy: damaged \(guide links do not fit "
                                            r"the 3 pairs\); train again with --overwrite"):
         GuideLinks.open(str(tmp_path), 3)
-    (tmp_path / "guide.links.npy").write_bytes(b"garbage")
-    with pytest.raises(AlignerError, match=r"guide.links.npy: damaged \(guide links: "):
-        GuideLinks.open(str(tmp_path), 2)
+    for content in (b"garbage", b""):                      # not .npy, empty (EOFError)
+        (tmp_path / "guide.links.npy").write_bytes(content)
+        with pytest.raises(AlignerError, match=r"guide.links.npy: damaged \(guide links: "):
+            GuideLinks.open(str(tmp_path), 2)
