@@ -29,7 +29,7 @@ import numpy as np
 from aligner import constants as C
 from aligner.config import dataclass_from_dict
 from aligner.prep import Preprocessor, paired
-from aligner.utils import AlignerError, atomic_output, check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition, first_line
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,7 +186,7 @@ class EncodedCorpus:
                 values = json.load(handle)
             stats = dataclass_from_dict(CorpusStats, values)
         except (ValueError, AlignerError) as error:
-            raise AlignerError(f"{meta_path}: damaged ({error}){_REBUILD}") from None
+            check_corpus_file(False, meta_path, first_line(error))
         arrays = {}
         for name in (SRC_IDS, SRC_OFFSETS, TGT_IDS, TGT_OFFSETS, LINE_NUMBERS):
             path = os.path.join(directory, name)
@@ -194,7 +194,7 @@ class EncodedCorpus:
             try:
                 arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError, EOFError) as error:  # truncated, object dtype, garbage
-                raise AlignerError(f"{path}: damaged ({error}){_REBUILD}") from None
+                check_corpus_file(False, path, first_line(error))
             check_corpus_file(arrays[name].ndim == 1 and arrays[name].dtype.kind in "iu", path,
                               f"a 1-d integer array expected, found {arrays[name].dtype} of "
                               f"shape {arrays[name].shape}")
