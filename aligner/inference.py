@@ -191,6 +191,12 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     return results
 
 
+def loaded_max_positions(loaded: LoadedModelDir) -> Optional[int]:
+    """The longest sequence every loaded direction accepts (None: no limit)."""
+    return min([m for m in map(model_max_positions, loaded.models.values()) if m is not None],
+               default=None)
+
+
 def usable(pair: EncodedPair, max_positions: Optional[int]) -> bool:
     """A pair can be aligned: both sides non-empty and (with a limit) short enough."""
     if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:
@@ -219,8 +225,7 @@ def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
     """
     pre = loaded.preprocessor
     pairs = []
-    limit = min([m for m in (model_max_positions(model) for model in loaded.models.values())
-                 if m is not None], default=None)
+    limit = loaded_max_positions(loaded)
     n_warned = 0
     for line_no, (src_words, tgt_words) in enumerate(zip(bitext.source, bitext.target), 1):
         if tokenize and (pre.config.tokenize or pre.config.lowercase):

@@ -59,7 +59,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.api import Aligner
     from aligner.data import encode_pair
     from aligner.formats import check_links_in_range, read_bitext, read_gold
-    from aligner.inference import model_max_positions
+    from aligner.inference import loaded_max_positions
     from aligner.log import setup_logging
     from aligner.plot import check_figure_pixels, draw_alignments, figure_size
     from aligner.utils import atomic_output
@@ -82,8 +82,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     loaded = aligner.loaded
     width = encode_pair(loaded.preprocessor, loaded.src_vocab, loaded.tgt_vocab, src_words,
                         tgt_words).width
-    limit = min([m for m in map(model_max_positions, loaded.models.values()) if m is not None],
-                default=None)
+    limit = loaded_max_positions(loaded)
     check_condition(limit is None or width <= limit,
                     f"{where}: the pair takes {width} positions, more than the model's limit "
                     f"of {limit}: too long to draw")
