@@ -313,3 +313,26 @@ def test_extract_help_lists_every_kinds_methods_in_registry_order():
     listed = dict(part.split(": ") for part in METHODS_HELP.split("; "))
     assert {kind: tuple(methods.split(", ")) for kind, methods in listed.items()} == \
         METHODS_BY_KIND
+
+
+def test_soft_average_with_soft_output_computes_the_matrices_once(tmp_path):
+    """--soft with -H soft-average: one soft pass per direction (the written matrices are the
+    ones combined), and the same links as without --soft."""
+    from click.testing import CliRunner
+
+    from aligner.cli import main as cli
+
+    directory, sources, targets = make_model_dir(tmp_path)
+    (tmp_path / "in.src").write_text("\n".join(" ".join(s) for s in sources[:5]) + "\n")
+    (tmp_path / "in.tgt").write_text("\n".join(" ".join(t) for t in targets[:5]) + "\n")
+    args = ["extract", str(directory), "-s", str(tmp_path / "in.src"), "-t",
+            str(tmp_path / "in.tgt"), "-H", "soft-average", "--threshold", "0.3"]
+    with_soft = CliRunner().invoke(cli, args + ["-o", str(tmp_path / "a.txt"), "--soft",
+                                                str(tmp_path / "a.npz")])
+    plain = CliRunner().invoke(cli, args + ["-o", str(tmp_path / "b.txt"), "-q"])
+    assert with_soft.exit_code == 0 and plain.exit_code == 0, with_soft.output
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text()
+    finished = [line for line in with_soft.stderr.replace("\r", "\n").splitlines()
+                if "5/5" in line]
+    assert sorted({line.split(":")[0] for line in finished}) == ["soft fwd", "soft rev"]
+    assert len(finished) == 2, finished

@@ -129,7 +129,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.soft_symmetrize import DEFAULT_THRESHOLD
+    from aligner.soft_symmetrize import DEFAULT_THRESHOLD, soft_average
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
@@ -163,14 +163,18 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
     heuristic = heuristic or next(iter(loaded.models.values())).BEST_HEURISTIC
+    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
     with autocast_context(precision, torch_device):
-        alignments = extract(loaded, bitext, method, direction,
-                             heuristic, max_tokens, torch_device, options,
-                             DEFAULT_THRESHOLD if threshold is None else threshold,
-                             progress=not quiet)
         matrices = None if soft is None else soft_matrices(
             loaded, bitext, method, directions, max_tokens, torch_device, options,
             progress=not quiet)
+        if matrices is not None and direction == "both" and heuristic in C.SOFT_HEURISTICS:
+            # the matrices --soft writes are the ones soft-average combines: one pass, not two
+            alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], threshold)
+                          for k in range(len(bitext))]
+        else:
+            alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
+                                 torch_device, options, threshold, progress=not quiet)
     write_results(output, alignments, soft, matrices)
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
