@@ -148,6 +148,9 @@ class TrainConfig:
     valid_method: str = ""
     #: weight λ_g of the guided-alignment cross-entropy (needs DataConfig.guide; 0 = none)
     guide_weight: float = 0.0
+    #: weight λ of the agreement term between the two directions' posteriors (aligner/
+    #: agreement.py: both directions train together; 0 = each on its own)
+    agreement_weight: float = 0.0
     device: str = "auto"
     seed: int = C.DEFAULT_SEED
 
@@ -164,6 +167,7 @@ class TrainConfig:
                         "set --max-updates or --max-epochs (both are 0: training would not stop)")
         check_condition(self.checkpoint_interval >= 1, "--checkpoint-interval must be >= 1")
         check_condition(self.guide_weight >= 0, "--guide-weight must be >= 0")
+        check_condition(self.agreement_weight >= 0, "--agreement-weight must be >= 0")
         check_condition(self.log_interval >= 1, "log interval must be >= 1")
 
     def to_dict(self) -> Dict[str, Any]:

@@ -65,10 +65,13 @@ CORPUS_DIR = "corpus"
 LOCK_NAME = ".lock"
 #: stage-1 base model directory inside an alignment-layer model directory (see train_model_dir)
 BASE_DIR = "base"
+#: the joint training state of an agreement run (aligner/agreement.py): both directions train
+#: in one loop, their weights in fwd/ and rev/
+JOINT_DIR = "joint"
 CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
-               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME) + C.DIRECTIONS
+               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, JOINT_DIR) + C.DIRECTIONS
 
 
 def config_path(model_dir: str) -> str:

@@ -206,6 +206,7 @@ class Trainer:
         self.model = model.to(device)
         self.corpus = corpus
         self.direction = direction
+        self.name = direction          # in log lines and the progress bar
         self.config = config
         self.out_dir = out_dir
         self.device = device
@@ -266,9 +267,7 @@ class Trainer:
         if not self._write_files():
             return
         os.makedirs(self.out_dir, exist_ok=True)
-        save_params(self.model, self._path(C.PARAMS_LAST))
-        if improved:
-            save_params(self.model, self._path(C.PARAMS_BEST))
+        self.save_weights(improved)
         state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
                  "optimizer": self.optimizer.state_dict(),
                  "batcher": self.batcher.state_dict(), "rng": _rng_state(),
@@ -279,10 +278,20 @@ class Trainer:
             for row in self.state.metrics:
                 out.write("\t".join(_format_metric(row.get(k)) for k in METRICS_COLUMNS) + "\n")
 
+    def save_weights(self, improved: bool) -> None:
+        """params.last.pt (+ params.best.pt when improved) of the model."""
+        save_params(self.model, self._path(C.PARAMS_LAST))
+        if improved:
+            save_params(self.model, self._path(C.PARAMS_BEST))
+
+    def load_weights(self) -> None:
+        """The weights to continue from: params.last.pt."""
+        load_params(self.model, self._path(C.PARAMS_LAST))
+
     def load_checkpoint(self) -> None:
         """Continue from training_state.pt + params.last.pt of the direction folder."""
         state = load_checkpoint_file(self._path(C.TRAINING_STATE))
-        load_params(self.model, self._path(C.PARAMS_LAST))
+        self.load_weights()
         self.optimizer.load_state_dict(state["optimizer"])
         self.batcher.load_state_dict(state["batcher"])
         trainer = state["trainer"]
@@ -291,7 +300,7 @@ class Trainer:
                                 best_update=trainer["best_update"],
                                 metrics=list(trainer["metrics"]))
         _set_rng_state(state["rng"])
-        logger.info("[%s] resumed at update %d (epoch %d, batch %d)", self.direction,
+        logger.info("[%s] resumed at update %d (epoch %d, batch %d)", self.name,
                     self.state.updates, self.batcher.epoch + 1, self.batcher.position)
 
     # -- the loop --------------------------------------------------------------------------
@@ -377,7 +386,7 @@ class Trainer:
                "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, **scores}
         self.state.metrics.append(row)
         logger.info("[%s] checkpoint %d: train loss %.3f, valid ppl %s, valid AER %s%s",
-                    self.direction, self.state.updates, train_loss,
+                    self.name, self.state.updates, train_loss,
                     _format_metric(scores["valid_ppl"]),
                     "-" if scores["valid_aer"] is None else f"{100 * scores['valid_aer']:.1f}%",
                     " (best)" if improved else "")
@@ -391,7 +400,7 @@ class Trainer:
         start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
         total = config.max_updates or config.max_epochs * math.ceil(
             len(self.batcher) / config.update_freq)
-        bar = _progress_bar(total, self.state.updates, self.direction, self.progress,
+        bar = _progress_bar(total, self.state.updates, self.name, self.progress,
                             self.progress_position)
         # loss sums and token counts of this rank: since the last log line / checkpoint
         window = [0.0, 0.0]
@@ -412,7 +421,7 @@ class Trainer:
                 loss = self._mean_loss(window)
                 speed = (self.state.tokens - start_tokens) / max(time.time() - start, 1e-9)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed:.0f}")
-                logger.debug("[%s] update %d: loss %.3f, lr %.2e, %.0f tokens/s", self.direction,
+                logger.debug("[%s] update %d: loss %.3f, lr %.2e, %.0f tokens/s", self.name,
                              self.state.updates, loss, learning_rate(config, self.state.updates),
                              speed)
                 window = [0.0, 0.0]
@@ -429,7 +438,7 @@ class Trainer:
             self.checkpoint(self._mean_loss(interval), speed, self.state.elapsed + seconds)
         self.state.elapsed += seconds
         logger.info("[%s] done: %d updates (%d in this run) in %.1fs, %.0f target tokens/s; "
-                    "best checkpoint at update %d", self.direction, self.state.updates,
+                    "best checkpoint at update %d", self.name, self.state.updates,
                     self.state.updates - start_updates, seconds, speed, self.state.best_update)
         last = self.state.metrics[-1]["train_loss"] if self.state.metrics else float("nan")
         return TrainSummary(updates=self.state.updates, epochs=self.epochs_done(),
@@ -757,6 +766,52 @@ def check_model_options(model_kind: str, model_options: Dict[str, Any],
                     f"(choose from {', '.join(cls.METHODS)})")
 
 
+def supports_agreement(model_kind: str) -> bool:
+    """Whether `model_kind` gives the differentiable posteriors agreement training compares."""
+    return hasattr(model_class(model_kind), "training_terms")
+
+
+def check_agreement_options(model_kind: str, directions: Sequence[str],
+                            parallel_directions: bool) -> None:
+    """One error line for an --agreement-weight run that cannot be: a kind without
+    posteriors, one direction only, or each direction in its own process."""
+    check_condition(supports_agreement(model_kind),
+                    f"--agreement-weight: agreement training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{model_kind}'")
+    check_condition(sorted(directions) == sorted(C.DIRECTIONS),
+                    "--agreement-weight trains both directions together: it needs both "
+                    "(not --directions " + ",".join(directions) + ")")
+    check_condition(not parallel_directions,
+                    "--agreement-weight trains both directions in one loop: it cannot be "
+                    "combined with --parallel-directions")
+
+
+def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: torch.device,
+                    context: Optional[DistributedContext] = None,
+                    validation: Optional[Validation] = None,
+                    progress: bool = True) -> TrainSummary:
+    """Build both directions' models (seeded) and train them together with the agreement term
+    (aligner/agreement.py) from the encoded corpus in MODEL_DIR/corpus."""
+    from aligner.agreement import AgreementPair, AgreementTrainer
+    from aligner.model_dir import build_direction_model
+
+    context = context or DistributedContext()
+    seed_everything(config.training.seed)
+    models = {direction: build_direction_model(config, direction)
+              for direction in C.DIRECTIONS}
+    pair = AgreementPair(models["fwd"], models["rev"], config.training.agreement_weight)
+    if context.is_main:
+        logger.info("[fwd+rev] %s models trained together, agreement weight %g: %d parameters",
+                    config.model_kind, config.training.agreement_weight,
+                    sum(p.numel() for p in pair.parameters()))
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    sizes = config.models["fwd"]
+    corpus.check_ids(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+    trainer = AgreementTrainer(pair, corpus, config.training, model_dir, device, context,
+                               validation, progress)
+    return trainer.run(resume=resume)
+
+
 def supports_guide(model_kind: str) -> bool:
     """Whether `model_kind`'s loss takes a guide (aligner/guide.py)."""
     import inspect
@@ -827,6 +882,9 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     f"(hmm0, hmm1), not '{model_kind}'")
     check_condition(train_config.guide_weight == 0 or bool(data_config.guide),
                     "--guide-weight needs --guide")
+    agreement = train_config.agreement_weight > 0
+    if agreement:
+        check_agreement_options(model_kind, directions, parallel_directions)
     if base_kind is not None:
         model_options, base_dir, resume = _base_stage(
             model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
@@ -846,8 +904,13 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
             resumed = prepare_output_dir(model_dir, resume, overwrite)
             if resumed:  # before anything is trained: the cached corpus, every direction
                 check_inputs(model_dir, bitext, ignore_data_change)
-                for direction in directions:
-                    check_resumable(direction_dir(model_dir, direction))
+                if agreement:
+                    from aligner.agreement import check_agreement_resumable
+
+                    check_agreement_resumable(model_dir)
+                else:
+                    for direction in directions:
+                        check_resumable(direction_dir(model_dir, direction))
         context.barrier()
         logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
         log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
@@ -898,7 +961,11 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
         runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
                              progress=not quiet, position=position)
                 for position, direction in enumerate(directions)]
-        if parallel_directions and len(runs) > 1:
+        if agreement:
+            summary = train_agreement(model_dir, config, resumed, device, context, validation,
+                                      progress=not quiet)
+            summaries = {direction: summary for direction in directions}
+        elif parallel_directions and len(runs) > 1:
             check_condition(not context.enabled,
                             "--parallel-directions cannot be combined with torchrun (DDP trains "
                             "one direction at a time on all processes)")

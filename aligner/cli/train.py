@@ -173,6 +173,11 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--guide-weight", default=1.0, show_default=True,
               type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term (with --guide).")
+@click.option("--agreement-weight", default=0.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
+                   "batches, adding this weight x the squared difference of their alignment "
+                   "posteriors over each pair's subwords (0 = each direction on its own).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA with bf16 autocast if available, else CPU), cpu, cuda, cuda:N.")
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
@@ -205,7 +210,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
             valid_gold_format: str, valid_method: str, guide: Optional[str],
-            guide_weight: float, device: str, seed: int, threads: int,
+            guide_weight: float, agreement_weight: float, device: str, seed: int, threads: int,
             parallel_directions: bool, resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
@@ -251,7 +256,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device, seed=seed,
-                               guide_weight=guide_weight if guide is not None else 0.0)
+                               guide_weight=guide_weight if guide is not None else 0.0,
+                               agreement_weight=agreement_weight)
     bitext = read_bitext(source, target, joint)
     valid_bitext = read_bitext(valid_src, valid_tgt) if valid_src is not None else None
     gold = None
@@ -275,6 +281,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
     if not quiet:
+        if agreement_weight > 0:  # one summary for the pair
+            summaries = {"fwd+rev": summaries[direction_list[0]]}
         for direction, summary in summaries.items():
             click.echo(f"align train: {direction}: {summary.updates} updates, "
                        f"{summary.epochs} epochs, {summary.tokens_per_s:.0f} target tokens/s, "

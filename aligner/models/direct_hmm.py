@@ -587,6 +587,30 @@ class DirectHMM(AlignmentModel):
         return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing,
                                            shortlist)
 
+    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       label_smoothing: float = 0.0, posterior: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(NLL summed over the batch, target token count, log posterior (B, I+1, J+1) over
+        source positions or None): the terms every training objective is made of (the loss
+        below; agreement training, aligner/agreement.py, uses both directions' posteriors).
+        ``posterior``: compute the log posterior, differentiable."""
+        raise NotImplementedError
+
+    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
+             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The NLL of :meth:`training_terms` and the target token count.
+
+        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide,
+        posterior), the posterior being the distribution extraction uses.
+        """
+        guided = guide is not None and guide_weight > 0.0
+        loss, tokens, log_posterior = self.training_terms(src, tgt_in, tgt_out,
+                                                          label_smoothing, posterior=guided)
+        if guided:
+            loss = loss + guide_weight * self.guide_cross_entropy(log_posterior, guide)
+        return loss, tokens
+
     @staticmethod
     def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
         """−Σ_b Σ_i Σ_j G(i, j) · log q(j | i): the guided-alignment term (aligner/guide.py).
@@ -623,25 +647,22 @@ class ZeroOrderHMM(DirectHMM):
     METHODS: Tuple[str, ...] = ("hmm-posterior", "hmm-alignment")
     order = 0
 
-    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
-             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, and their count.
-
-        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide,
-        posterior p(j | e_i, e_<i, f) ∝ α(j|i)·p̃_lex(e_i|j)), the distribution extraction
-        uses.
-        """
+    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       label_smoothing: float = 0.0, posterior: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """−Σ_i log Σ_j α(j|i)·p̃_lex(e_i|j) over non-pad target tokens, their count, and (with
+        ``posterior``) log p(j | e_i, e_<i, f) ∝ α(j|i)·p̃_lex(e_i|j) (B, I+1, J+1), the
+        distribution ``hmm-posterior`` extracts, differentiable (a log-softmax)."""
         log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing)
         log_likelihood = hmm_algorithms.zero_order_log_likelihood(
             log_alpha, log_lexicon, src.ne(PAD_ID))                              # (B, I+1)
         target_mask = tgt_out.ne(PAD_ID)
-        loss = -(log_likelihood * target_mask).sum()
-        if guide is not None and guide_weight > 0.0:
+        nll = -(log_likelihood * target_mask).sum()
+        log_posterior = None
+        if posterior:
             log_posterior = hmm_algorithms.zero_order_log_posterior(log_alpha, log_lexicon,
                                                                     src.ne(PAD_ID))
-            loss = loss + guide_weight * self.guide_cross_entropy(log_posterior, guide)
-        return loss, target_mask.sum()
+        return nll, target_mask.sum(), log_posterior
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
@@ -688,24 +709,21 @@ class FirstOrderHMM(DirectHMM):
         forward = FORWARD_ALGORITHMS[self.config.forward_algorithm]
         return forward(log_lexicon, log_initial, log_transition, lengths, source_mask)
 
-    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
-             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """−Σ_sentences log Z (forward algorithm; backward by autograd), and the token count.
-
-        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide, γ),
-        γ = ∂ log Z / ∂ log p̃_lex the forward–backward posterior (the distribution
-        ``hmm-posterior`` extracts), differentiable by double backward (create_graph).
-        """
+    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       label_smoothing: float = 0.0, posterior: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """−Σ_sentences log Z (forward algorithm; backward by autograd), the token count, and
+        (with ``posterior``) log γ (B, I+1, J+1), γ = ∂ log Z / ∂ log p̃_lex the
+        forward–backward posterior (the distribution ``hmm-posterior`` extracts),
+        differentiable by double backward (create_graph)."""
         log_alpha, log_lexicon = self.scores(src, tgt_in, tgt_out, label_smoothing, lazy=True)
         log_z = self.log_z(log_alpha, log_lexicon, src, tgt_out)
-        loss = -log_z.sum()
-        if guide is not None and guide_weight > 0.0:
+        log_posterior = None
+        if posterior:
             gamma = hmm_algorithms.posteriors(log_z, log_lexicon, create_graph=True)
             tiny = torch.finfo(gamma.dtype).tiny         # log 0 would give NaN gradients
-            loss = loss + guide_weight * self.guide_cross_entropy(gamma.clamp_min(tiny).log(),
-                                                                  guide)
-        return loss, tgt_out.ne(PAD_ID).sum()
+            log_posterior = gamma.clamp_min(tiny).log()
+        return -log_z.sum(), tgt_out.ne(PAD_ID).sum(), log_posterior
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
