@@ -34,6 +34,7 @@ def test_the_recipe_is_pinned():
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.5)
+    assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
 
@@ -122,6 +123,19 @@ def test_run_passes_a_guide_to_training(tmp_path):
                  ok=False)
     assert result.exit_code == 1 and "bad.talp: 1 lines, but the training bitext has 12" \
         in result.output
+
+
+def test_run_trains_with_agreement(tmp_path):
+    sources, targets, golds = monotone_corpus(12, seed=3)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--agreement-weight", "2",
+            "--model-dir", tmp_path / "m", *TINY)
+    import json
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["training"]["agreement_weight"] == 2.0
+    assert (tmp_path / "m" / "joint" / "training_state.pt").is_file()
+    assert len((tmp_path / "o").read_text().splitlines()) == 12
 
 
 def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):

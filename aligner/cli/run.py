@@ -58,6 +58,10 @@ from aligner.utils import check_condition, check_writable
                    "guided_enfr.md: the recipe's quality in a third of the updates).")
 @click.option("--guide-weight", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term.")
+@click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Agreement training (as align train --agreement-weight): both directions "
+                   "train together, pulled towards the same alignment (0 = apart).")
 @click.option("--epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=1),
               help="Training passes over the bitext per direction.")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
@@ -79,7 +83,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
-            guide_weight: float, epochs: int, max_updates: int,
+            guide_weight: float, agreement_weight: float, epochs: int, max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
@@ -137,12 +141,15 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates, checkpoint_interval=10 ** 9,
                                device=device, seed=seed,
-                               guide_weight=guide_weight if guide is not None else 0.0)
+                               guide_weight=guide_weight if guide is not None else 0.0,
+                               agreement_weight=agreement_weight)
     temporary = None
     if model_dir is None:
         temporary = tempfile.mkdtemp(prefix="align-run-")
         model_dir = os.path.join(temporary, "model")
-    parallel = torch_device.type == "cpu" and (os.cpu_count() or 1) >= 2
+    # apart, the directions train faster side by side; agreement trains them in one loop
+    parallel = (torch_device.type == "cpu" and (os.cpu_count() or 1) >= 2
+                and agreement_weight == 0)
     logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
                 len(bitext), recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
