@@ -10,10 +10,11 @@ Hooks for model kinds (see aligner/models/base.py for the tensor conventions):
   extraction takes, for every real target position i, argmax over the real source positions
   (EOS and padding are masked here, so models need not mask them).
 * ``alignment_path(src, tgt_in, tgt_out, method, **options) -> LongTensor (B, I+1) or None``
-  (optional): a model that computes a hard alignment itself (e.g. a Viterbi path) returns, per
-  target position i, the aligned source position j (0-based, in [0, J]) or -1 for "not
-  aligned"; returning None falls back to the argmax of ``alignment_scores``. Links to the
-  source EOS or padding, and links of the EOS/padding target rows, are dropped here.
+  (optional; the base class returns None): a model that computes a hard alignment itself
+  (e.g. a Viterbi path) returns, per target position i, the aligned source position j
+  (0-based, in [0, J]) or -1 for "not aligned"; returning None falls back to the argmax of
+  ``alignment_scores``. Links to the source EOS or padding, and links of the EOS/padding
+  target rows, are dropped here.
 
 Lines with an empty side, or too long for the model, get an empty alignment and a warning;
 no line is ever dropped or shifted. This module returns objects and never writes files.
@@ -52,10 +53,7 @@ def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tenso
     """
     src_real = src.ne(C.PAD_ID) & src.ne(C.EOS_ID)                   # (B, J+1)
     tgt_real = tgt_out.ne(C.PAD_ID) & tgt_out.ne(C.EOS_ID)           # (B, I+1)
-    path = None
-    path_function = getattr(model, "alignment_path", None)
-    if path_function is not None:
-        path = path_function(src, tgt_in, tgt_out, method, **options)
+    path = model.alignment_path(src, tgt_in, tgt_out, method, **options)
     if path is None:
         scores = model.alignment_scores(src, tgt_in, tgt_out, method, **options).float()
         scores = scores.masked_fill(~src_real[:, None, :], float("-inf"))
@@ -85,9 +83,8 @@ def _pair_links(path_row: np.ndarray, pair: EncodedPair, direction: str) -> Set[
 
 
 def model_max_positions(model: AlignmentModel) -> Optional[int]:
-    """Longest sequence (with BOS/EOS) the model accepts, when its config says so."""
-    config = getattr(model, "config", None)
-    return getattr(config, "max_positions", None)
+    """Longest sequence (with BOS/EOS) the model accepts (its config's max_positions)."""
+    return model.config.max_positions
 
 
 @torch.no_grad()

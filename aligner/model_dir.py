@@ -30,7 +30,7 @@ Layout (file names from aligner/constants.py)::
 Weights files hold ``{"state_dict": ..., "extra_state": ...}`` and are read with
 ``torch.load(weights_only=True)``: loading never unpickles code. A model kind that needs more
 than its parameters returns it from ``extra_state()`` (plain types only) and reads it back in
-an optional ``load_extra_state(dict)`` method.
+``load_extra_state(dict)`` (both no-ops by default, aligner/models/base.py).
 
 Every ``.pt`` file is written by :func:`save_checkpoint_file` and read by
 :func:`load_checkpoint_file`, which verifies it against its ``.sha256`` file: a damaged file is
@@ -300,9 +300,7 @@ def load_params(model: AlignmentModel, path: str) -> None:
     except RuntimeError as error:
         raise AlignerError(f"{path}: weights do not fit the model in config.json "
                            f"({first_line(error)})") from None
-    loader = getattr(model, "load_extra_state", None)
-    if loader is not None:
-        loader(state.get("extra_state", {}))
+    model.load_extra_state(state.get("extra_state", {}))
 
 
 def build_direction_model(config: RunConfig, direction: str) -> AlignmentModel:

@@ -873,7 +873,7 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                                    release_lock, write_version)
     from aligner.prep import Preprocessor
 
-    base_kind = getattr(model_class(model_kind), "BASE_KIND", None)
+    base_kind = model_class(model_kind).BASE_KIND
     check_condition(base_dir is None or base_kind is not None,
                     f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
     check_model_options(model_kind, model_options, train_config.valid_method)

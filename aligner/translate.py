@@ -68,7 +68,10 @@ from aligner import constants as C
 from aligner.data import inference_batches, make_batch, restore_order, subword_to_word_links
 from aligner.inference import hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
+from aligner.models import MODELS
+from aligner.models.alignment_layer import AlignmentLayerModel
 from aligner.models.base import AlignmentModel
+from aligner.models.direct_hmm import DirectHMM
 from aligner.prep import split_words
 from aligner.utils import check_condition
 
@@ -83,8 +86,10 @@ DEFAULT_MAX_LEN_B = 10
 DEFAULT_LEN_PENALTY = 1.0
 #: beam rows × padded source positions per batch
 DEFAULT_MAX_TOKENS = 8000
-DEFAULT_ALIGNMENT_METHODS = {"transformer": "attention", "hmm0": "hmm-posterior",
-                             "hmm1": "hmm-viterbi", "alignment-layer": "layer-sgd"}
+#: `--print-alignment`'s method per model kind: the kind's ``TRANSLATE_ALIGNMENT_METHOD``, else
+#: its first method (aligner/models/base.py)
+DEFAULT_ALIGNMENT_METHODS = {kind: cls.TRANSLATE_ALIGNMENT_METHOD or cls.METHODS[0]
+                             for kind, cls in MODELS.items()}
 MAX_WARNINGS = 10
 #: hmm0/hmm1 decoding: most lexicon logits (floats) one step computes at a time, in chunks of
 #: source positions (a chunk never has fewer than one position: N · V floats for N beam rows)
@@ -116,7 +121,7 @@ class Stepper:
 
     def __init__(self, model: AlignmentModel):
         self.model = model
-        self.markov_order = int(getattr(model.config, "markov_order", 0))
+        self.markov_order = int(model.config.markov_order)
         self.vocab_size = int(model.config.tgt_vocab_size)
 
     # -- to be provided per kind ------------------------------------------------------------
@@ -169,7 +174,8 @@ class TransformerStepper(Stepper):
     """The transformer baseline (and the frozen base of an alignment-layer model)."""
 
     def __init__(self, model: AlignmentModel):
-        base = getattr(model, "base", model)     # alignment-layer: translate with its base
+        # alignment-layer: translate with its frozen base transformer
+        base = model.base if isinstance(model, AlignmentLayerModel) else model
         super().__init__(base)
         self.embed = base.decoder.embed
         self.layers = base.decoder.layers
@@ -288,8 +294,8 @@ class DirectHMMStepper(Stepper):
 
 
 def make_stepper(model: AlignmentModel) -> Stepper:
-    """The stepper of `model`'s kind: direct HMMs by their output layer, else a transformer."""
-    if hasattr(model, "output_layer") and hasattr(model, "lexicon"):
+    """The stepper of `model`'s kind: the direct HMMs' own, else a transformer's."""
+    if isinstance(model, DirectHMM):
         return DirectHMMStepper(model)
     return TransformerStepper(model)
 

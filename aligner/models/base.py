@@ -17,29 +17,67 @@ Models know nothing of files, vocabularies or BPE: they see id tensors only.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import abc
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 
-class AlignmentModel(nn.Module):
-    """Base class: a translation model in one direction that exposes soft alignments."""
+class AlignmentModel(nn.Module, abc.ABC):
+    """Base class: a translation model in one direction that exposes soft alignments.
 
-    #: extraction methods this model kind supports (names used by `align extract --method`)
-    METHODS: Tuple[str, ...] = ()
+    The contract of a model kind (``tests/test_model_contract.py`` checks every registered
+    kind). Abstract, so that a kind missing one of them cannot be instantiated:
+
+    * :attr:`METHODS` — the extraction methods it supports (names used by ``align extract
+      --method``; the first is the default);
+    * :attr:`config_class` — a dataclass with ``to_dict()`` / ``from_dict()`` holding every
+      hyper-parameter (including ``max_positions``, ``markov_order`` and the vocabulary
+      sizes); ``cls(config)`` builds the model, which keeps it as ``self.config``;
+    * :meth:`loss` and :meth:`alignment_scores`.
+
+    Optional hooks, with the defaults defined here (override where the kind needs them):
+
+    * :attr:`BEST_HEURISTIC` (``"grow-diag"``), :attr:`TRANSLATE_ALIGNMENT_METHOD` (None:
+      the first of :attr:`METHODS`), :attr:`BASE_KIND` (None: trained in one stage);
+    * :meth:`alignment_path` (None: extraction takes the argmax of the scores);
+    * :meth:`extra_state` / :meth:`load_extra_state` (nothing beyond the parameters);
+    * :meth:`split_options` and :meth:`load_base` (two-stage kinds with a ``BASE_KIND``).
+    """
+
+    #: every instance keeps the config it was built from (an instance of `config_class`)
+    config: Any
+
     #: the symmetrization that combines this kind's two directions best (eval/results):
     #: `align extract`'s default -H for the kind
     BEST_HEURISTIC: str = "grow-diag"
+    #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
+    TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
+    #: the kind of the frozen base this kind is trained on (two-stage training, see
+    #: aligner.train.train_model_dir); None: an ordinary one-stage kind
+    BASE_KIND: Optional[str] = None
 
+    @property
+    @abc.abstractmethod
+    def METHODS(self) -> Tuple[str, ...]:
+        """Extraction methods this model kind supports (a class attribute tuple in each kind;
+        the first is `align extract`'s default)."""
+
+    @property
+    @abc.abstractmethod
+    def config_class(self) -> type:
+        """The kind's config dataclass (a class attribute in each kind)."""
+
+    @abc.abstractmethod
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
         """Training loss summed over non-pad target tokens, and the number of those tokens.
 
         Returns (loss_sum: scalar tensor, n_tokens: scalar tensor). The trainer divides.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options) -> torch.Tensor:
         """Soft alignment (B, I+1, J+1) for `method`; larger = more strongly aligned.
@@ -47,8 +85,37 @@ class AlignmentModel(nn.Module):
         Rows are target positions, columns source positions. The caller masks padding and EOS
         and takes argmax over source positions (or a Viterbi path, for methods that return one).
         """
-        raise NotImplementedError
+
+    def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       method: str, **options) -> Optional[torch.Tensor]:
+        """A hard path (B, I+1) of the model's own for `method`, or None (the default): the
+        extraction hook of aligner/inference.py, see :func:`~aligner.inference.hard_alignment`.
+
+        Per target position i the aligned source position j (0-based, in [0, J]) or -1 for
+        "not aligned". None: extraction takes the argmax of :meth:`alignment_scores`.
+        """
+        return None
 
     def extra_state(self) -> Dict:
         """Anything beyond parameters that must be saved with the weights (default: nothing)."""
         return {}
+
+    def load_extra_state(self, state: Dict) -> None:
+        """Read back what :meth:`extra_state` saved (default: nothing to read)."""
+
+    @classmethod
+    def split_options(cls, options: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Model options -> (options of the base model, options of this kind's own part).
+
+        Used for kinds with a :attr:`BASE_KIND` only; the default (no base) keeps every
+        option for the kind itself: ``({}, options)``.
+        """
+        return {}, dict(options)
+
+    def load_base(self, state_dict: Dict[str, torch.Tensor]) -> None:
+        """Copy a trained :attr:`BASE_KIND` model's weights (its state_dict) into this model.
+
+        Only kinds with a :attr:`BASE_KIND` implement it; the default refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not trained on a base model "
+                                  f"(BASE_KIND is None)")

@@ -680,6 +680,8 @@ class FirstOrderHMM(DirectHMM):
     """First-order direct HMM (``align train --model hmm1``)."""
 
     METHODS: Tuple[str, ...] = ("hmm-posterior", "hmm-viterbi", "hmm-alignment")
+    #: `align translate --print-alignment`: the back-trace of the best final state
+    TRANSLATE_ALIGNMENT_METHOD = "hmm-viterbi"
     order = 1
 
     @staticmethod

@@ -1,0 +1,123 @@
+"""The one model contract (aligner/models/base.py): every registered kind is a concrete
+AlignmentModel that provides the whole of it, and what differs by kind is read from the
+classes (the tables elsewhere agree with the registry)."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from aligner import constants as C
+from aligner.models import METHODS_BY_KIND, MODELS, build_model
+from aligner.models.base import AlignmentModel
+from aligner.soft_symmetrize import SOFT_HEURISTICS
+from aligner.symmetrize import HEURISTICS
+from aligner.train import seed_everything
+
+V_SRC, V_TGT = 13, 11
+TINY = dict(d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, max_positions=16)
+
+
+def tiny_model(kind: str) -> AlignmentModel:
+    seed_everything(0)
+    cls = MODELS[kind]
+    return cls(cls.config_class(V_SRC, V_TGT, **TINY)).eval()
+
+
+def tiny_batch():
+    """Two pairs, the second shorter on both sides (padding): (src, tgt_in, tgt_out)."""
+    pad, bos, eos = C.PAD_ID, C.BOS_ID, C.EOS_ID
+    src = torch.tensor([[5, 6, 7, 8, eos], [9, 10, eos, pad, pad]])
+    tgt_in = torch.tensor([[bos, 4, 5, 6], [bos, 7, pad, pad]])
+    tgt_out = torch.tensor([[4, 5, 6, eos], [7, eos, pad, pad]])
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_every_kind_is_a_concrete_alignment_model(kind):
+    cls = MODELS[kind]
+    assert issubclass(cls, AlignmentModel)
+    assert not inspect.isabstract(cls), f"{kind} lacks {sorted(cls.__abstractmethods__)}"
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_class_attributes_of_the_contract(kind):
+    cls = MODELS[kind]
+    assert isinstance(cls.METHODS, tuple) and cls.METHODS
+    assert all(isinstance(m, str) and m for m in cls.METHODS)
+    assert len(set(cls.METHODS)) == len(cls.METHODS)
+    assert METHODS_BY_KIND[kind] == cls.METHODS
+    assert dataclasses.is_dataclass(cls.config_class)
+    assert callable(cls.config_class.from_dict) and callable(cls.config_class.to_dict)
+    assert isinstance(cls.BEST_HEURISTIC, str)
+    assert cls.BEST_HEURISTIC in HEURISTICS or cls.BEST_HEURISTIC in SOFT_HEURISTICS
+    assert cls.TRANSLATE_ALIGNMENT_METHOD is None or cls.TRANSLATE_ALIGNMENT_METHOD in cls.METHODS
+    assert cls.BASE_KIND is None or cls.BASE_KIND in MODELS
+    base, own = cls.split_options({"d_model": 16})
+    assert isinstance(base, dict) and isinstance(own, dict)
+    if cls.BASE_KIND is None:
+        assert (base, own) == ({}, {"d_model": 16})
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_loss_and_every_method_on_a_tiny_batch(kind):
+    model = tiny_model(kind)
+    cls = MODELS[kind]
+    assert isinstance(model.config, cls.config_class)
+    assert model.config.max_positions == TINY["max_positions"]
+    rebuilt = build_model(kind, model.config.to_dict())       # the registry's way, as on load
+    assert type(rebuilt) is cls and rebuilt.config == model.config
+    src, tgt_in, tgt_out = tiny_batch()
+    batch, rows, columns = src.size(0), tgt_out.size(1), src.size(1)
+
+    model.train()
+    loss, n_tokens = model.loss(src, tgt_in, tgt_out)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert int(n_tokens) == int(tgt_out.ne(C.PAD_ID).sum())
+    model.eval()
+    with torch.no_grad():
+        for method in cls.METHODS:
+            scores = model.alignment_scores(src, tgt_in, tgt_out, method)
+            assert scores.shape == (batch, rows, columns), method
+            assert not torch.isnan(scores).any(), method
+            path = model.alignment_path(src, tgt_in, tgt_out, method)
+            assert path is None or (path.shape == (batch, rows)
+                                    and not path.dtype.is_floating_point), method
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_optional_hooks(kind):
+    model = tiny_model(kind)
+    state = model.extra_state()
+    assert isinstance(state, dict)
+    model.load_extra_state(state)
+    if model.BASE_KIND is None:
+        with pytest.raises(NotImplementedError):
+            model.load_base({})
+    else:
+        base = MODELS[model.BASE_KIND](MODELS[model.BASE_KIND].config_class(V_SRC, V_TGT, **TINY))
+        model.load_base(base.state_dict())
+
+
+def test_a_kind_missing_part_of_the_contract_cannot_be_built():
+    class NoScores(AlignmentModel):
+        METHODS = ("x",)
+        config_class = MODELS["transformer"].config_class
+
+        def loss(self, src, tgt_in, tgt_out, label_smoothing=0.0):
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="alignment_scores"):
+        NoScores()
+
+
+def test_tables_outside_the_registry_agree_with_it():
+    from aligner.cli.train import KNOWN_KINDS
+    from aligner.translate import DEFAULT_ALIGNMENT_METHODS
+
+    assert sorted(KNOWN_KINDS.split(", ")) == sorted(MODELS)
+    # the defaults of align translate --print-alignment, as they were before the registry
+    assert DEFAULT_ALIGNMENT_METHODS == {"transformer": "attention", "hmm0": "hmm-posterior",
+                                         "hmm1": "hmm-viterbi", "alignment-layer": "layer-sgd"}
