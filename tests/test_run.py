@@ -138,6 +138,27 @@ def test_run_trains_with_agreement(tmp_path):
     assert len((tmp_path / "o").read_text().splitlines()) == 12
 
 
+def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    sources[5] = []                                     # an empty line: an empty guide line
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2",
+                     "--guide-weight", "0.5", "--model-dir", model, *TINY)
+    assert "(2 self-training rounds)" in result.output
+    guide = model / "selftrain.round1.align"
+    round1 = read_pharaoh(str(guide))
+    assert len(round1) == 12 and round1[5] == set() and sum(map(len, round1)) > 0
+    import json
+    config = json.loads((model / "config.json").read_text())
+    assert config["data"]["guide"] == str(guide) and config["training"]["guide_weight"] == 0.5
+    assert (model / "corpus" / "guide.links.npy").exists()
+    # the output is the round-2 model's: what align extract gives with the kept model
+    run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
+    assert (tmp_path / "o").read_text() == (tmp_path / "x").read_text()
+
+
 def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):
     """Without -f/-r the fwd/rev rows of the AER table come from the gold lines alone: the
     same table as a run that aligned every line."""

@@ -6,12 +6,13 @@ train_model_dir (aligner.train) to extract_all (aligner.inference); torch is imp
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
@@ -58,6 +59,10 @@ from aligner.utils import check_condition, check_writable
                    "guided_enfr.md: the recipe's quality in a third of the updates).")
 @click.option("--guide-weight", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Self-training: after each round but the last, the round's own -H "
+                   "alignments of the bitext become the --guide of a model trained afresh "
+                   "(round 1 takes --guide, if given).")
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (as align train --agreement-weight): both directions "
@@ -83,7 +88,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
-            guide_weight: float, agreement_weight: float, epochs: int, max_updates: int,
+            guide_weight: float, rounds: int, agreement_weight: float, epochs: int, max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
@@ -99,13 +104,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.config import DataConfig, TrainConfig
     from aligner.distributed import resolve_device
     from aligner.formats import Bitext, read_bitext, read_gold, write_pharaoh
-    from aligner.inference import align_pairs, encode_bitext, soft_alignments
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
-    from aligner.model_dir import LoadedModelDir
     from aligner.prep import PrepConfig
-    from aligner.soft_symmetrize import soft_average
-    from aligner.symmetrize import symmetrize
     from aligner.train import train_model_dir
 
     start = time.time()
@@ -153,46 +154,34 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
                 len(bitext), recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
+    seconds = {"training": 0.0, "alignment": 0.0}
     try:
-        train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
-                        PrepConfig(bpe_merges=merges),
-                        # pairs the model cannot take (subwords + EOS) are skipped in training
-                        DataConfig(max_len=min(DataConfig.max_len,
-                                               int(model_options["max_positions"]) - 1),
-                                   guide=guide or ""),
-                        train_config,
-                        overwrite=overwrite, quiet=quiet, argv=["align"] + sys.argv[1:],
-                        parallel_directions=parallel)
-        trained = time.time()
-        loaded = LoadedModelDir.load(model_dir, device=torch_device)
-        pairs = encode_bitext(loaded, bitext)
-        options = {"shortlist": shortlist} if shortlist else {}
-        everything: Dict[str, Any] = {}
-        # hard links (argmax of the posterior) of every line where they are written or
-        # symmetrized, else only of the gold lines (for the fwd / rev rows of the AER table)
-        hard_lines = range(len(pairs))
-        if not (forward_links or reverse_links or heuristic in C.HEURISTICS):
-            hard_lines = range(gold_start, gold_start + len(golds)) if golds else range(0)
-        if len(hard_lines):
-            for direction in C.DIRECTIONS:
-                links = align_pairs(loaded.models[direction], [pairs[k] for k in hard_lines],
-                                    direction, recipe.METHOD, device=torch_device,
-                                    options=options, progress=not quiet)
-                everything[direction] = [set() for _ in pairs]
-                for k, line_links in zip(hard_lines, links):
-                    everything[direction][k] = line_links
-        soft_by_direction = {}
-        if heuristic in C.SOFT_HEURISTICS or soft is not None:   # one pass, used twice
-            soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
-                                                    device=torch_device, options=options,
-                                                    progress=not quiet)
-                                 for d in C.DIRECTIONS}
-        if heuristic in C.SOFT_HEURISTICS:
-            alignments = [soft_average(f, r, threshold) for f, r in
-                          zip(soft_by_direction["fwd"], soft_by_direction["rev"])]
-        else:
-            alignments = [symmetrize(f, r, heuristic)
-                          for f, r in zip(everything["fwd"], everything["rev"])]
+        for round_number in range(1, rounds + 1):
+            if round_number > 1:  # the previous round's alignments guide this one
+                guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
+                write_pharaoh(guide, alignments)
+                train_config = dataclasses.replace(train_config, guide_weight=guide_weight)
+                logger.info("self-training round %d of %d, guided by %s", round_number,
+                            rounds, guide)
+            train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
+                            PrepConfig(bpe_merges=merges),
+                            # pairs the model cannot take (subwords + EOS): skipped in training
+                            DataConfig(max_len=min(DataConfig.max_len,
+                                                   int(model_options["max_positions"]) - 1),
+                                       guide=guide or ""),
+                            train_config, overwrite=overwrite or round_number > 1,
+                            quiet=quiet, argv=["align"] + sys.argv[1:],
+                            parallel_directions=parallel)
+            trained = time.time()
+            seconds["training"] += trained - start
+            everything, soft_by_direction, alignments = _align_bitext(
+                model_dir, bitext, torch_device, shortlist, heuristic, threshold,
+                hard_lines=None if (forward_links or reverse_links
+                                    or heuristic in C.HEURISTICS)
+                else range(gold_start, gold_start + len(golds)) if golds else range(0),
+                soft=soft is not None, quiet=quiet)
+            start = time.time()
+            seconds["alignment"] += start - trained
         everything[heuristic] = alignments
         matrices = None if soft is None else {
             f"{d}_{k}": m for d in C.DIRECTIONS for k, m in enumerate(soft_by_direction[d])}
@@ -205,8 +194,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             shutil.rmtree(temporary, ignore_errors=True)
     links = sum(map(len, alignments))
     click.echo(f"align run: {len(bitext)} sentence pairs, {links} links "
-               f"({links / max(1, len(bitext)):.1f} per pair); training {trained - start:.0f}s, "
-               f"alignment {time.time() - trained:.0f}s"
+               f"({links / max(1, len(bitext)):.1f} per pair); training {seconds['training']:.0f}s, "
+               f"alignment {seconds['alignment']:.0f}s"
+               + (f" ({rounds} self-training rounds)" if rounds > 1 else "")
                + ("" if temporary is not None else f"; model in {model_dir}"), err=True)
     if golds is not None:
         rows = [(name, everything[name][gold_start:gold_start + len(golds)])
@@ -219,3 +209,44 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             score = score_aer(hypotheses, golds)
             click.echo(f"| {name} | {100 * score.aer:.1f} | {100 * score.precision:.1f} | "
                        f"{100 * score.recall:.1f} |", err=True)
+
+
+def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str,
+                  threshold: float, hard_lines: Optional[range], soft: bool, quiet: bool
+                  ) -> Tuple[Dict[str, Any], Dict[str, Any], List[Set[Tuple[int, int]]]]:
+    """Align every line of `bitext` with the model in `model_dir` (the recipe's method).
+
+    Returns (hard links per direction on `hard_lines`, every line when None, empty sets
+    elsewhere; the soft matrices per direction when -H is soft or `soft`; the -H alignments).
+    """
+    from aligner.inference import align_pairs, encode_bitext, soft_alignments
+    from aligner.model_dir import LoadedModelDir
+    from aligner.soft_symmetrize import soft_average
+    from aligner.symmetrize import symmetrize
+
+    loaded = LoadedModelDir.load(model_dir, device=device)
+    pairs = encode_bitext(loaded, bitext)
+    options = {"shortlist": shortlist} if shortlist else {}
+    everything: Dict[str, Any] = {}
+    lines = range(len(pairs)) if hard_lines is None else hard_lines
+    if len(lines):
+        for direction in C.DIRECTIONS:
+            links = align_pairs(loaded.models[direction], [pairs[k] for k in lines],
+                                direction, recipe.METHOD, device=device, options=options,
+                                progress=not quiet)
+            everything[direction] = [set() for _ in pairs]
+            for k, line_links in zip(lines, links):
+                everything[direction][k] = line_links
+    soft_by_direction: Dict[str, Any] = {}
+    if heuristic in C.SOFT_HEURISTICS or soft:   # one pass, used twice
+        soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
+                                                device=device, options=options,
+                                                progress=not quiet)
+                             for d in C.DIRECTIONS}
+    if heuristic in C.SOFT_HEURISTICS:
+        alignments = [soft_average(f, r, threshold) for f, r in
+                      zip(soft_by_direction["fwd"], soft_by_direction["rev"])]
+    else:
+        alignments = [symmetrize(f, r, heuristic)
+                      for f, r in zip(everything["fwd"], everything["rev"])]
+    return everything, soft_by_direction, alignments
