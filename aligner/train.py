@@ -476,6 +476,40 @@ def _format_metric(value: Any) -> str:
     return str(value)
 
 
+def read_metrics(path: str) -> List[Dict[str, Any]]:
+    """The rows of a ``metrics.tsv`` as the trainer wrote them (the twin of the writer in
+    :meth:`Trainer.save_checkpoint` and :func:`_format_metric`), one per checkpoint, in order.
+
+    Each row has the keys :data:`METRICS_COLUMNS`; ``-`` (no value, e.g. no validation) reads
+    as None, ``update`` and ``epoch`` as int, every other column as float (``nan`` too; the
+    writer keeps 6 significant digits). AlignerError naming file and line for a file that is
+    not such a table (another header, a row with another number of cells, a cell that is not a
+    number); OSError when it cannot be read.
+    """
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    header = tuple(lines[0].split("\t")) if lines else ()
+    check_condition(header == METRICS_COLUMNS,
+                    f"{path}:1: not a {C.METRICS_NAME} of `align train` (columns "
+                    f"{', '.join(header) or 'none'}; expected {', '.join(METRICS_COLUMNS)})")
+    rows = []
+    for line_no, line in enumerate(lines[1:], start=2):
+        cells = line.split("\t")
+        check_condition(len(cells) == len(METRICS_COLUMNS),
+                        f"{path}:{line_no}: {len(cells)} cells, expected "
+                        f"{len(METRICS_COLUMNS)} ({', '.join(METRICS_COLUMNS)})")
+        row: Dict[str, Any] = {}
+        for column, cell in zip(METRICS_COLUMNS, cells):
+            try:
+                row[column] = (None if cell == "-" else
+                               int(cell) if column in ("update", "epoch") else float(cell))
+            except ValueError:
+                raise AlignerError(f"{path}:{line_no}: {column} is not a number "
+                                   f"({cell!r})") from None
+        rows.append(row)
+    return rows
+
+
 def _progress_bar(total: int, initial: int, direction: str, enabled: bool, position: int = 0):
     """A tqdm bar on stderr in row `position` (a do-nothing stand-in when disabled)."""
     from tqdm import tqdm

@@ -64,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (eval/ is a recipe folder, not a package)
 
 from aligner import __version__ as aligner_version  # noqa: E402
+from aligner import constants as C  # noqa: E402
 from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
                              read_bitext, read_gold, read_pharaoh, write_pharaoh)
 from aligner.metrics import AERScore, score_aer  # noqa: E402
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Link = Tuple[int, int]
 # Table columns: the two directions, then the symmetrizations computed from them.
-DIRECTIONS = ("fwd", "rev")
+DIRECTIONS = C.DIRECTIONS
 HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # A column only `align` rows fill: the two directions' soft alignments averaged and
 # thresholded at 0.5 (`align extract --direction both -H soft-average`); peers give no
@@ -546,29 +547,25 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 
 def last_elapsed_seconds(path: str) -> float:
-    """``elapsed_s`` of the last row of a ``metrics.tsv`` written by aligner.train.
+    """``elapsed_s`` of the last row of a ``metrics.tsv`` (read by aligner.train.read_metrics).
 
     That column is the direction's training seconds up to that checkpoint, summed over
     resumed runs (validation included; BPE learning and corpus encoding not). AlignerError
-    naming file and line when the file has no such column or no parseable row.
+    naming file and line when the file is not a metrics table or its last row has no number.
     """
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.rstrip("\n") for line in handle]
-    check_condition(bool(lines) and "elapsed_s" in lines[0].split("\t"),
-                    f"{path}:1: no 'elapsed_s' column (not a metrics.tsv of `align train`)")
-    column = lines[0].split("\t").index("elapsed_s")
-    rows = [(number, line) for number, line in enumerate(lines[1:], start=2) if line.strip()]
+    from aligner.train import read_metrics
+
+    rows = read_metrics(path)
     check_condition(bool(rows), f"{path}: no checkpoint rows (the training never checkpointed)")
-    number, line = rows[-1]
-    cells = line.split("\t")
-    try:
-        return float(cells[column])
-    except (IndexError, ValueError):
-        raise AlignerError(f"{path}:{number}: elapsed_s is not a number") from None
+    elapsed = rows[-1]["elapsed_s"]
+    check_condition(elapsed is not None, f"{path}:{len(rows) + 1}: elapsed_s is not a number")
+    return elapsed
 
 
+# What only the training log says (no model-directory file records it): the seconds of the
+# BPE/encoding step, and which directions one `align train` process trained.
 _PREPARATION = re.compile(r"preparation took ([0-9.]+)s")
-_DONE = re.compile(r"\[(fwd|rev)\] done: ")
+_DONE = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r")\] done: ")
 
 
 @dataclass
@@ -597,18 +594,20 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
     is read from train.log ("[fwd] done", "[rev] done"); a joined directory (``fwd/`` and
     ``rev/`` from two runs) records one run only, and the note says the sum is counted.
     """
+    from aligner.model_dir import direction_dir
+
     record = TrainingRecord()
     folders = [("", model_dir)] + ([("base ", base_dir)] if base_dir else [])
     for prefix, folder in folders:
         read, missing = [], []
         for direction in directions:
-            path = os.path.join(folder, direction, "metrics.tsv")
+            path = os.path.join(direction_dir(folder, direction), C.METRICS_NAME)
             if os.path.isfile(path):
                 record.seconds[prefix + direction] = last_elapsed_seconds(path)
                 read.append(path)
             else:
                 missing.append(path)
-        log_path = os.path.join(folder, "train.log")
+        log_path = os.path.join(folder, C.LOG_NAME)
         log = ""
         if os.path.isfile(log_path):
             with open(log_path, encoding="utf-8", errors="replace") as handle:
@@ -632,11 +631,11 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
         done = set(_DONE.findall(log))
         if len(read) > 1:
             if done >= set(directions):
-                record.notes.append(f"{folder}/train.log: the directions were trained one after "
+                record.notes.append(f"{folder}/{C.LOG_NAME}: the directions were trained one after "
                                     "the other by one `align train` process, so their sum is "
                                     "its training wall time")
             else:
-                record.notes.append(f"{folder}/train.log records the training of "
+                record.notes.append(f"{folder}/{C.LOG_NAME} records the training of "
                                     f"{', '.join(sorted(done)) or 'no direction'} only: the "
                                     "directions were trained by separate `align train` "
                                     "processes, possibly in parallel; the time column counts "
@@ -692,6 +691,7 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
     from aligner.config import RunConfig
     from aligner.data import EncodedCorpus, encode_corpus
     from aligner.formats import Bitext
+    from aligner.model_dir import config_path
     from aligner.prep import Preprocessor
     from aligner.train import tokenize_bitext
     from aligner.vocab import Vocabulary
@@ -701,10 +701,10 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
     if n_input != len(corpus):
         return (f"{folder}: the model was trained on {n_input} lines, the benchmark corpus has "
                 f"{_corpus_size(corpus)}"), ""
-    config = RunConfig.load(os.path.join(model_dir, "config.json"))
+    config = RunConfig.load(config_path(model_dir))
     pre = Preprocessor.load(model_dir)
-    src_vocab = Vocabulary.load(os.path.join(model_dir, "vocab.src.json"))
-    tgt_vocab = Vocabulary.load(os.path.join(model_dir, "vocab.tgt.json"))
+    src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
+    tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
     source, target = tokenize_bitext(pre, Bitext(corpus.sources, corpus.targets,
                                                  corpus.source, corpus.target))
     with tempfile.TemporaryDirectory(prefix="training-text-check.", dir=scratch) as tmp:
@@ -760,7 +760,7 @@ def training_files_from_log(log_path: str) -> Tuple[Optional[int], Dict[str, str
 
 def _check_logged_files(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
     """Fallback for a directory without corpus/ (e.g. joined from two runs): train.log."""
-    log_path = os.path.join(model_dir, "train.log")
+    log_path = os.path.join(model_dir, C.LOG_NAME)
     if not os.path.isfile(log_path):
         return None, (f"training text not checked: {model_dir} has neither a corpus/ folder "
                       "nor a train.log")
@@ -809,8 +809,11 @@ def check_training_text(model_dir: str, corpus: Corpus, scratch: str
     training pairs the log records; with neither, nothing is checked and the note says so.
     `scratch` is a folder for a temporary encoded copy.
     """
-    folder = os.path.join(model_dir, "corpus")
-    if os.path.isfile(os.path.join(folder, "corpus.json")):
+    from aligner.data import CORPUS_META
+    from aligner.model_dir import CORPUS_DIR
+
+    folder = os.path.join(model_dir, CORPUS_DIR)
+    if os.path.isfile(os.path.join(folder, CORPUS_META)):
         return _check_encoded_corpus(model_dir, folder, corpus, scratch)
     return _check_logged_files(model_dir, corpus)
 
@@ -839,13 +842,13 @@ def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
     loud note. ``checked`` caches text checks by real path (several methods of one model).
     """
     from aligner.config import RunConfig
-    from aligner.model_dir import list_incomplete
+    from aligner.model_dir import config_path, list_incomplete
     from aligner.models import METHODS_BY_KIND
 
     model_dir = spec.model_dir
     what = f"--aligner-model {model_dir}:{spec.method}"
     check_condition(os.path.isdir(model_dir), f"{what}: {model_dir} is not a directory")
-    config_file = os.path.join(model_dir, "config.json")
+    config_file = config_path(model_dir)
     check_condition(os.path.isfile(config_file),
                     f"{what}: {config_file} is missing (not a model directory)")
     config = RunConfig.load(config_file)
@@ -888,7 +891,7 @@ def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
                     f"{what}: not trained on the benchmark corpus: {mismatch} (the row would "
                     "not be comparable; --allow-other-training-text adds it with a warning)")
     version = ""
-    version_file = os.path.join(model_dir, "version")
+    version_file = os.path.join(model_dir, C.VERSION_NAME)
     if os.path.isfile(version_file):
         with open(version_file, encoding="utf-8") as handle:
             version = handle.read().strip()
