@@ -14,7 +14,7 @@ from aligner.cli import main
 from aligner.formats import read_pharaoh
 from synthetic import monotone_corpus, write_corpus
 
-TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+TINY = ["--model", "transformer", "--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
         "--lr", "3e-3", "--checkpoint-interval", "2", "-q"]
 
@@ -168,11 +168,11 @@ def test_pinned_train_defaults():
         "encoder_layers", "decoder_layers", "ff_dim", "dropout", "max_tokens", "update_freq",
         "lr", "warmup", "label_smoothing", "clip_norm", "max_updates", "max_epochs",
         "checkpoint_interval", "device", "seed")} == {
-        "model_kind": "transformer", "directions": "fwd,rev", "tokenize": False,
-        "bpe_merges": 10000, "joint_bpe": True, "d_model": 256, "heads": 4,
-        "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 1024, "dropout": 0.1,
-        "max_tokens": 4096, "update_freq": 1, "lr": 5e-4, "warmup": 1000,
-        "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 10,
+        "model_kind": "hmm1", "directions": "fwd,rev", "tokenize": False,
+        "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
+        "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.1,
+        "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
+        "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 2,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
     from aligner.cli.extract import command as extract_command
 

@@ -189,7 +189,7 @@ def test_align_train_markov_order_reaches_the_saved_model_and_translate(tmp_path
     runner = CliRunner()
     result = runner.invoke(main, [
         "train", "-s", str(tmp_path / "a.src"), "-t", str(tmp_path / "a.tgt"), "-o",
-        str(tmp_path / "m"), "--bpe-merges", "0", "--d-model", "16", "--heads", "2",
+        str(tmp_path / "m"), "--model", "transformer", "--bpe-merges", "0", "--d-model", "16", "--heads", "2",
         "--encoder-layers", "1", "--decoder-layers", "2", "--ff-dim", "16", "--max-updates",
         "2", "--max-epochs", "0", "--checkpoint-interval", "2", "--markov-order", "2",
         "--device", "cpu", "-q"])

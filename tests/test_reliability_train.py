@@ -215,12 +215,13 @@ def test_resume_before_the_first_checkpoint_starts_the_direction_afresh(tmp_path
 # -- options checked before anything is written ---------------------------------------------
 
 @pytest.mark.parametrize("bad, message", [
-    (["-M", "bogus=1"], "--model-option: unknown setting bogus for --model transformer"),
+    (["-M", "bogus=1"], "--model-option: unknown setting bogus for --model hmm1"),
     (["--model", "alignment-layer", "-M", "bogus=1"],
      "--model-option: unknown setting bogus for --model alignment-layer"),
     (["--model", "hmm1", "-M", "forward_algorithm=sideways"], "forward_algorithm must be"),
     (["--valid-method", "bogus"], "--valid-method: unknown method 'bogus' for --model "
-                                  "transformer (choose from attention, attention-avg)"),
+                                  "hmm1 (choose from hmm-posterior, hmm-viterbi, "
+                                  "hmm-alignment)"),
     (["--model", "hmm0", "--valid-method", "hmm-viterbi"],
      "--valid-method: unknown method 'hmm-viterbi' for --model hmm0"),
 ])

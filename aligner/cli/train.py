@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
+from aligner import recipe
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,7 +94,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @bitext_options
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False),
               help="Output model directory (self-contained: config, BPE, vocabularies, weights).")
-@click.option("--model", "model_kind", default="transformer", show_default=True,
+@click.option("--model", "model_kind", default=recipe.MODEL_KIND, show_default=True,
               help=f"Model kind ({KNOWN_KINDS}).")
 @click.option("--directions", default="fwd,rev", show_default=True,
               help="Directions to train: fwd = p(target|source), rev = p(source|target).")
@@ -103,8 +104,9 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokenizer).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokenizer).")
 @click.option("--lowercase", is_flag=True, help="Lowercase both sides.")
-@click.option("--bpe-merges", default=10000, show_default=True, type=click.IntRange(min=0),
-              help="BPE merge operations (0 = whole words).")
+@click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
+              help="BPE merge operations (0 = whole words) [default: one per five training "
+                   "pairs, rounded to thousands, 1,000 to 10,000].")
 @click.option("--joint-bpe/--separate-bpe", default=True, show_default=True,
               help="Learn one BPE on both languages, or one per language.")
 @click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
@@ -115,15 +117,15 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--max-ratio", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
 # model size
-@click.option("--d-model", default=256, show_default=True, type=click.IntRange(min=1),
+@click.option("--d-model", default=recipe.MODEL_OPTIONS["d_model"], show_default=True, type=click.IntRange(min=1),
               help="Model (embedding) dimension.")
-@click.option("--heads", default=4, show_default=True, type=click.IntRange(min=1),
+@click.option("--heads", default=recipe.MODEL_OPTIONS["n_heads"], show_default=True, type=click.IntRange(min=1),
               help="Attention heads.")
-@click.option("--encoder-layers", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--decoder-layers", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--ff-dim", default=1024, show_default=True, type=click.IntRange(min=1),
+@click.option("--encoder-layers", default=recipe.MODEL_OPTIONS["enc_layers"], show_default=True, type=click.IntRange(min=1))
+@click.option("--decoder-layers", default=recipe.MODEL_OPTIONS["dec_layers"], show_default=True, type=click.IntRange(min=1))
+@click.option("--ff-dim", default=recipe.MODEL_OPTIONS["d_ff"], show_default=True, type=click.IntRange(min=1),
               help="Hidden size of the feed-forward blocks.")
-@click.option("--dropout", default=0.1, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True, type=click.FloatRange(0, 1))
 @click.option("--max-positions", default=1024, show_default=True, type=click.IntRange(min=2),
               help="Longest sequence (subwords + EOS) the model accepts.")
 @click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
@@ -140,19 +142,19 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="alignment-layer: keys/values of the layer: source word embeddings, encoder "
                    "output, or their average  [default: add]")
 # training
-@click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True, type=click.IntRange(min=1),
               help="Padded tokens per batch.")
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
-@click.option("--lr", default=5e-4, show_default=True, type=float, help="Peak learning rate.")
-@click.option("--warmup", default=1000, show_default=True, type=click.IntRange(min=0),
+@click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=float, help="Peak learning rate.")
+@click.option("--warmup", default=recipe.TRAINING["warmup"], show_default=True, type=click.IntRange(min=0),
               help="Linear warm-up updates (then inverse square root decay).")
-@click.option("--label-smoothing", default=0.1, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--clip-norm", default=1.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=click.FloatRange(0, 1))
+@click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=click.FloatRange(min=0),
               help="Gradient norm clipping (0 = off).")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many updates per direction (0 = no limit).")
-@click.option("--max-epochs", default=10, show_default=True, type=click.IntRange(min=0),
+@click.option("--max-epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many epochs (0 = no limit).")
 @click.option("--checkpoint-interval", default=1000, show_default=True,
               type=click.IntRange(min=1), help="Updates between checkpoints.")
@@ -174,7 +176,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--guide-weight", default=1.0, show_default=True,
               type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term (with --guide).")
-@click.option("--agreement-weight", default=0.0, show_default=True,
+@click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
                    "batches, adding this weight x the squared difference of their alignment "
@@ -202,7 +204,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
             model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
-            lowercase: bool, bpe_merges: int, joint_bpe: bool, bpe_min_frequency: int,
+            lowercase: bool, bpe_merges: Optional[int], joint_bpe: bool, bpe_min_frequency: int,
             bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
@@ -216,7 +218,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
-    Example: align train -s train.en -t train.fr -o model --bpe-merges 10000
+    Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
 
     Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
     DistributedDataParallel on all processes; rank 0 writes the model directory.
@@ -237,16 +239,17 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                     "--valid-gold needs --valid-src and --valid-tgt")
     check_condition(resume or not ignore_data_change,
                     "--resume-ignore-data-change applies to --resume only")
-    prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
-                             lowercase=lowercase, bpe_merges=bpe_merges, joint_bpe=joint_bpe,
-                             bpe_min_frequency=bpe_min_frequency,
-                             bpe_sample_sentences=bpe_sample)
     model_options: Dict[str, Any] = dict(d_model=d_model, n_heads=heads,
                                          enc_layers=encoder_layers, dec_layers=decoder_layers,
                                          d_ff=ff_dim, dropout=dropout,
                                          max_positions=max_positions,
                                          tie_embeddings=tie_embeddings,
                                          markov_order=markov_order)
+    # the recipe's settings without a flag of their own (the lexicon of the HMMs), for the
+    # kinds that have them; -M overrides
+    fields = model_class(model_kind).config_class.__dataclass_fields__
+    model_options.update({key: value for key, value in recipe.MODEL_OPTIONS.items()
+                          if key not in model_options and key in fields})
     model_options.update(parse_key_values(model_option, "--model-option"))
     if layer_keys is not None:
         layer_kinds = [name for name, cls in MODELS.items()
@@ -262,6 +265,12 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     bitext = read_bitext(source, target, joint)
+    prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
+                             lowercase=lowercase,
+                             bpe_merges=(recipe.bpe_merges(len(bitext)) if bpe_merges is None
+                                         else bpe_merges),
+                             joint_bpe=joint_bpe, bpe_min_frequency=bpe_min_frequency,
+                             bpe_sample_sentences=bpe_sample)
     valid_bitext = read_bitext(valid_src, valid_tgt) if valid_src is not None else None
     gold = None
     if valid_gold is not None:

@@ -1,0 +1,55 @@
+"""The defaults of every command are the measured best recipe (aligner/recipe.py).
+
+Changing a default is a deliberate commit: this test names each one.
+"""
+from __future__ import annotations
+
+from aligner import recipe
+from aligner.cli import demo, extract, run, train
+from aligner.models import model_class
+
+
+def _defaults(command):
+    return {parameter.name: parameter.default for parameter in command.params}
+
+
+def test_train_defaults_are_the_recipe():
+    defaults = _defaults(train.command)
+    options = recipe.MODEL_OPTIONS
+    assert defaults["model_kind"] == recipe.MODEL_KIND == "hmm1"
+    assert (defaults["d_model"], defaults["heads"], defaults["encoder_layers"],
+            defaults["decoder_layers"], defaults["ff_dim"], defaults["dropout"],
+            defaults["max_positions"], defaults["tie_embeddings"], defaults["markov_order"]) == \
+        (options["d_model"], options["n_heads"], options["enc_layers"], options["dec_layers"],
+         options["d_ff"], options["dropout"], options["max_positions"],
+         options["tie_embeddings"], options["markov_order"])
+    assert {key: defaults[key] for key in recipe.TRAINING} == recipe.TRAINING
+    assert defaults["max_epochs"] == recipe.EPOCHS and defaults["max_updates"] == 0
+    assert defaults["bpe_merges"] is None          # recipe.bpe_merges(number of pairs)
+    assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
+    assert defaults["directions"] == "fwd,rev"
+
+
+def test_extract_defaults_are_the_kinds_best():
+    defaults = _defaults(extract.command)
+    assert defaults["method"] is None and defaults["heuristic"] is None
+    assert defaults["direction"] == "both"
+    kind = model_class(recipe.MODEL_KIND)
+    assert kind.METHODS[0] == recipe.METHOD          # the method extract takes by default
+    assert kind.BEST_HEURISTIC == recipe.HEURISTIC   # the -H extract takes by default
+
+
+def test_run_defaults_are_the_recipe():
+    defaults = _defaults(run.command)
+    assert defaults["heuristic"] == recipe.HEURISTIC
+    assert defaults["threshold"] == recipe.THRESHOLD
+    assert defaults["epochs"] == recipe.EPOCHS and defaults["max_updates"] == 0
+    assert defaults["max_tokens"] == recipe.TRAINING["max_tokens"]
+    assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
+    assert defaults["rounds"] == 1 and defaults["shortlist"] == 0
+
+
+def test_demo_defaults():
+    defaults = _defaults(demo.command)
+    assert demo.DEMO_KIND == recipe.MODEL_KIND
+    assert defaults["max_epochs"] == 3 and defaults["bpe_merges"] == 1000
