@@ -390,6 +390,18 @@ def write_metrics(folder: Path, *elapsed) -> None:
         for k, seconds in enumerate(elapsed)])
 
 
+def test_recorded_training_of_an_agreement_run_is_its_joint_time(tmp_path):
+    model = tmp_path / "m"
+    write_metrics(model / "joint", 40.0, 90.5)      # both directions in one loop
+    (model / "fwd").mkdir()
+    (model / "rev").mkdir()
+    write(model / "train.log", ["[2026-11-21 12:44:47 INFO] preparation took 2.5s"])
+    record = ca.recorded_training(str(model))
+    assert record.seconds == {"fwd+rev": 90.5, "preparation": 2.5}
+    assert any("both directions together (agreement): 90.5 s" in note for note in record.notes)
+    assert not any("training time unknown" in note for note in record.notes)
+
+
 def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_preparation(
         tmp_path):
     model = tmp_path / "m"
