@@ -112,6 +112,19 @@ def zero_order_log_posterior(log_alignment: torch.Tensor, log_emission: torch.Te
                              dim=-1)
 
 
+def forward_step(forward: torch.Tensor, log_transition: torch.Tensor) -> torch.Tensor:
+    """One step of the first-order forward recursion, before the emission is added:
+    log Σ_j' exp(forward[j'] + log_transition[j', j]).
+
+    forward (B, J') log scores of the previous position's states, log_transition (B, J', J)
+    -> (B, J). Nothing is clamped here (the callers clamp where they need to). Used by
+    :func:`forward_log_z` and :func:`forward_log_z_parallel`, and by the direct HMM's
+    incremental decoding (aligner/models/direct_hmm.py: the alignment prior of the next
+    output position from the normalized forward state).
+    """
+    return torch.logsumexp(forward.unsqueeze(2) + log_transition, dim=1)
+
+
 def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
                   log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
                   source_mask: Optional[torch.Tensor] = None,
@@ -139,8 +152,7 @@ def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
     def run(forward: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         transitions = _clamp(transition_fn(start, stop)).unbind(1)       # (stop-start) x (B, J', J)
         for i in range(start, stop):
-            step = torch.logsumexp(forward.unsqueeze(2) + transitions[i - start], dim=1) \
-                + emissions[i]
+            step = forward_step(forward, transitions[i - start]) + emissions[i]
             forward = torch.where((i < lengths).unsqueeze(1), step, forward)  # padding: carry Q
         return forward
 
@@ -255,7 +267,7 @@ def forward_log_z_parallel(log_emission: torch.Tensor, log_initial: torch.Tensor
         if count % 2:
             paired = torch.cat([paired, matrices[:, -1:]], dim=1)
         matrices = paired
-    final = torch.logsumexp(start.unsqueeze(2) + matrices[:, 0], dim=1)  # (B, J)
+    final = forward_step(start, matrices[:, 0])                           # (B, J)
     return torch.logsumexp(final, dim=-1)
 
 
