@@ -119,6 +119,40 @@ class DirectHMMConfig(TransformerConfig):
 
 # -- lexicon ---------------------------------------------------------------------------------
 
+def lexicon_logits(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                   weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   words: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The lexicon's logits W4·relu(W5·h_j + W6·s): the one place the formula is written.
+
+    Used by training (:func:`lexicon_log_probs`: :func:`_lexicon_chunk`, the forward and the
+    recomputing backward of :class:`_ChunkedLexicon`), by extraction off the CPU fast path,
+    and by incremental decoding (:func:`mixture_log_probs` and hmm1's forward update in
+    :meth:`FirstOrderHMM.decode_step`). The CPU extraction kernel
+    :func:`_lexicon_inference_cpu` is a cache-blocked rewrite of it (bias as an extra column
+    of W4), tested against it.
+
+    Args:
+        source_hidden: W5·h_j, (..., J, k); target_hidden: W6·s, broadcastable against it
+            (e.g. (B, c, 1, k) with source (B, 1, J, k), or (N, 1, k) with source (N, J, k)).
+        weight, bias: W4 (V, k) and its bias (V,) or None.
+        words: None for the logits of the whole vocabulary; or (N,) one word per row of a
+            (N, J, k) hidden layer: only that word's logits (N, J), float32.
+        dtype: the matmul's dtype when it differs from the hidden layer's (the hidden layer
+            is cast before the matmul; whole vocabulary only).
+    Returns:
+        (hidden layer relu(W5·h_j + W6·s) (..., J, k) in the inputs' dtype, logits: (..., J, V)
+        in the matmul's dtype, or (N, J) float32 with `words`).
+    """
+    hidden = F.relu(source_hidden + target_hidden)
+    if words is not None:
+        logits = torch.einsum("njk,nk->nj", hidden, weight.index_select(0, words)).float()
+        if bias is not None:
+            logits = logits + bias.index_select(0, words)[:, None].float()
+        return hidden, logits
+    return hidden, F.linear(hidden if dtype is None else hidden.to(dtype), weight, bias)
+
+
 def _lexicon_chunk(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                    weight: torch.Tensor, bias: Optional[torch.Tensor], targets: torch.Tensor,
                    smoothing: float) -> torch.Tensor:
@@ -128,8 +162,8 @@ def _lexicon_chunk(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
     targets (B, c) -> (B, c, J): (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j).
     Materializes the (B, c, J, V) logits.
     """
-    hidden = F.relu(source_hidden.unsqueeze(1) + target_hidden.unsqueeze(2))   # (B, c, J, k)
-    logits = F.linear(hidden, weight, bias)                                     # (B, c, J, V)
+    _, logits = lexicon_logits(source_hidden.unsqueeze(1), target_hidden.unsqueeze(2),
+                               weight, bias)                                    # (B, c, J, V)
     log_norm = torch.logsumexp(logits.float(), dim=-1)                          # (B, c, J)
     index = targets[:, :, None, None].expand(-1, -1, logits.size(2), 1)
     scores = logits.gather(-1, index).squeeze(-1).float() - log_norm
@@ -164,9 +198,10 @@ class _ChunkedLexicon(torch.autograd.Function):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             scores, log_norms = [], []
             for start in range(0, target_hidden.size(1), chunk):
-                hidden = F.relu(source_hidden.unsqueeze(1)
-                                + target_hidden[:, start:start + chunk].unsqueeze(2))
-                logits = F.linear(hidden.to(dtype), w, b).to(accumulate)       # (B, c, J, V)
+                _, logits = lexicon_logits(source_hidden.unsqueeze(1),
+                                           target_hidden[:, start:start + chunk].unsqueeze(2),
+                                           w, b, dtype=dtype)
+                logits = logits.to(accumulate)                                  # (B, c, J, V)
                 log_norm = torch.logsumexp(logits, dim=-1)
                 index = targets[:, start:start + chunk, None, None].expand(
                     -1, -1, logits.size(2), 1)
@@ -193,10 +228,11 @@ class _ChunkedLexicon(torch.autograd.Function):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, target_hidden.size(1), chunk):
                 stop = start + chunk
-                hidden = F.relu(source_hidden.unsqueeze(1)
-                                + target_hidden[:, start:stop].unsqueeze(2))   # (B, c, J, k)
+                hidden, logits = lexicon_logits(source_hidden.unsqueeze(1),
+                                                target_hidden[:, start:stop].unsqueeze(2),
+                                                w, b, dtype=dtype)             # (B, c, J, k)
                 hidden_c = hidden.to(dtype)
-                logits = F.linear(hidden_c, w, b).to(accumulate)               # (B, c, J, V)
+                logits = logits.to(accumulate)                                  # (B, c, J, V)
                 grad = grad_scores[:, start:stop].to(accumulate).unsqueeze(-1)  # (B, c, J, 1)
                 # softmax in place, then d score / d logits, all in the same buffer
                 grad_logits = logits.sub_(log_norm_all[:, start:stop].unsqueeze(-1)).exp_()
