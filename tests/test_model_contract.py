@@ -88,6 +88,36 @@ def test_loss_and_every_method_on_a_tiny_batch(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
+def test_decode_contract(kind):
+    """init_decode_state / decode_step / reorder_decode_state: float32 log-probabilities over
+    the target vocabulary, one row per hypothesis; the given state is left as it is; rows are
+    selected (and repeated) by reorder; teacher-forced steps give the training loss."""
+    model = tiny_model(kind)
+    src, tgt_in, tgt_out = tiny_batch()
+    with torch.no_grad():
+        state = model.init_decode_state(src)
+        assert isinstance(state, dict)
+        log_p, next_state = model.decode_step(state, tgt_in[:, 0])
+        assert log_p.shape == (src.size(0), V_TGT) and log_p.dtype == torch.float32
+        torch.testing.assert_close(torch.logsumexp(log_p, -1), torch.zeros(src.size(0)))
+        again, _ = model.decode_step(state, tgt_in[:, 0])       # state not changed in place
+        assert torch.equal(again, log_p)
+        # row 1 kept twice, row 0 dropped: the steps of the kept rows are those of row 1
+        rows = torch.tensor([1, 1])
+        picked, _ = model.decode_step(model.reorder_decode_state(next_state, rows), tgt_in[rows, 1])
+        alone, _ = model.decode_step(next_state, tgt_in[:, 1])
+        torch.testing.assert_close(picked, alone[rows])
+        if model.BASE_KIND is None:       # a two-stage kind translates with its base instead
+            total, state = torch.zeros(()), model.init_decode_state(src)
+            for i in range(tgt_in.size(1)):
+                log_p, state = model.decode_step(state, tgt_in[:, i])
+                gold = log_p.gather(1, tgt_out[:, i:i + 1]).squeeze(1)
+                total += gold.masked_fill(tgt_out[:, i].eq(C.PAD_ID), 0.0).sum()
+            loss, _ = model.loss(src, tgt_in, tgt_out)
+            assert float(total) == pytest.approx(-float(loss), abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
 def test_optional_hooks(kind):
     model = tiny_model(kind)
     state = model.extra_state()

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aligner.constants import DEFAULT_SEED, EOS_ID, PAD_ID
-from aligner.models.base import AlignmentModel
+from aligner.models.base import AlignmentModel, DecodeState
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.utils import AlignerError, check_condition
 
@@ -206,7 +206,9 @@ class AlignmentLayerModel(AlignmentModel):
     Only the layer has trainable parameters; the base is kept in eval mode (no dropout) even
     when the model is put in training mode, so its outputs during stage-2 training equal those
     at extraction. `loss` trains the layer; `alignment_scores` serves the base's methods
-    (``attention``, ``attention-avg``) and ``layer`` / ``layer-sgd``.
+    (``attention``, ``attention-avg``) and ``layer`` / ``layer-sgd``. Translation
+    (`init_decode_state`, `decode_step`) is the frozen base's: the layer predicts the next
+    word from the source alone, as an alignment model, not as a translation model.
 
     Two-stage training: build the model, copy a trained transformer's weights in with
     `load_base` (stage 1 output, or ``--base MODEL``), then run the ordinary trainer: it only
@@ -286,6 +288,19 @@ class AlignmentLayerModel(AlignmentModel):
                                    ignore_index=PAD_ID, reduction="sum",
                                    label_smoothing=label_smoothing)
         return loss_sum, (tgt_out != PAD_ID).sum()
+
+    def init_decode_state(self, src: torch.Tensor, **options) -> DecodeState:
+        """The frozen base transformer's (translation is the base's)."""
+        return self.base.init_decode_state(src, **options)
+
+    def decode_step(self, state: DecodeState, prev_tokens: torch.Tensor
+                    ) -> Tuple[torch.Tensor, DecodeState]:
+        """The frozen base transformer's (translation is the base's)."""
+        return self.base.decode_step(state, prev_tokens)
+
+    def reorder_decode_state(self, state: DecodeState, rows: torch.Tensor) -> DecodeState:
+        """The frozen base transformer's."""
+        return self.base.reorder_decode_state(state, rows)
 
     def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                          method: str, **options: Any) -> torch.Tensor:

@@ -12,6 +12,10 @@ side of *this* direction's model):
 * Alignment score tensors are (B, I+1, J+1), indexed [batch, target position, source position];
   the EOS source column and the EOS target row are returned but never aligned (inference masks
   them together with padding).
+* Incremental decoding (:meth:`AlignmentModel.init_decode_state`, :meth:`~AlignmentModel.
+  decode_step`, :meth:`~AlignmentModel.reorder_decode_state`; the beam search of
+  aligner/translate.py): a :data:`DecodeState` holds N hypotheses (rows), each step reads the
+  newest token of every row and returns log p(next token | prefix, source) (N, V).
 
 Models know nothing of files, vocabularies or BPE: they see id tensors only.
 """
@@ -22,6 +26,23 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
+
+#: the state of N hypotheses being decoded (:meth:`AlignmentModel.init_decode_state`): a dict
+#: whose tensors, and lists or tuples of tensors, have one row per hypothesis along dim 0 (what
+#: :func:`select_rows` selects); other values (ints, options) are shared by all rows
+DecodeState = Dict[str, Any]
+
+
+def select_rows(value: Any, rows: torch.Tensor) -> Any:
+    """Rows `rows` (N',) of a per-row tensor, of each tensor in a list or tuple, or of each
+    value of a :data:`DecodeState` (leading dim = rows); anything else is returned as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, rows)
+    if isinstance(value, dict):
+        return {key: select_rows(item, rows) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(select_rows(item, rows) for item in value)
+    return value
 
 
 class AlignmentModel(nn.Module, abc.ABC):
@@ -35,7 +56,11 @@ class AlignmentModel(nn.Module, abc.ABC):
     * :attr:`config_class` — a dataclass with ``to_dict()`` / ``from_dict()`` holding every
       hyper-parameter (including ``max_positions``, ``markov_order`` and the vocabulary
       sizes); ``cls(config)`` builds the model, which keeps it as ``self.config``;
-    * :meth:`loss` and :meth:`alignment_scores`.
+    * :meth:`loss` and :meth:`alignment_scores`;
+    * incremental decoding for translation: :meth:`init_decode_state` and :meth:`decode_step`
+      (with :meth:`reorder_decode_state`, whose default selects rows, they are all the beam
+      search of aligner/translate.py knows of a model; the alignments it prints come from
+      :meth:`alignment_scores` / :meth:`alignment_path` on the finished output).
 
     Optional hooks, with the defaults defined here (override where the kind needs them):
 
@@ -85,6 +110,34 @@ class AlignmentModel(nn.Module, abc.ABC):
         Rows are target positions, columns source positions. The caller masks padding and EOS
         and takes argmax over source positions (or a Viterbi path, for methods that return one).
         """
+
+    @abc.abstractmethod
+    def init_decode_state(self, src: torch.Tensor, **options) -> DecodeState:
+        """The decoding state of N hypotheses from their sources src (N, J+1) (ids + EOS,
+        right-padded), before any target token: the encoder runs here, once.
+
+        ``options``: the kind's own decoding settings (none unless the kind documents some);
+        the first :meth:`decode_step` then reads BOS.
+        """
+
+    @abc.abstractmethod
+    def decode_step(self, state: DecodeState, prev_tokens: torch.Tensor
+                    ) -> Tuple[torch.Tensor, DecodeState]:
+        """One output position: (log p(next token | prefix, source) (N, V) float32, new state).
+
+        prev_tokens (N,): the newest token of every row (BOS at the first step, then the word
+        the search chose for that row). Exactly the full-sequence translation model: the sum
+        of the log-probabilities of an output (EOS included) is the negative of :meth:`loss`
+        of the pair without label smoothing (for a kind with a :attr:`BASE_KIND`, of its
+        base's loss: the alignment layer translates with its frozen base; tests/
+        test_translate.py, tests/test_model_contract.py). The given state is not changed.
+        """
+
+    def reorder_decode_state(self, state: DecodeState, rows: torch.Tensor) -> DecodeState:
+        """Keep hypotheses `rows` (N',) of the state (a row may be kept several times): the
+        beam search calls it after each step, before extending row k by its chosen word,
+        which the next :meth:`decode_step` reads. Default: :func:`select_rows`."""
+        return select_rows(state, rows)
 
     def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                        method: str, **options) -> Optional[torch.Tensor]:

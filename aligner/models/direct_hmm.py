@@ -53,6 +53,24 @@ Extraction methods (``alignment_scores``, (B, I+1, J+1), larger = more strongly 
 For hmm1's two path methods ``alignment_path`` (the hook of aligner/inference.py) returns the
 path itself, so a word the greedy path puts on the source EOS stays unaligned.
 Extraction uses the un-smoothed lexicon (ε = 0).
+
+Decoding (``decode_step``, the contract of aligner/models/base.py; l_j = log p_lex(e | j), the
+lexicon of source position j, EOS state included), the state holding the decoder's layer
+history (aligner/models/transformer.py: :func:`~aligner.models.transformer.layer_history`):
+
+* hmm0: log p(e | e_<i, f) = log Σ_j α(j|i) · p_lex(e|j) — the beam runs over the mixture;
+* hmm1: prior π_i(j) = Σ_j' q_{i-1}(j') · α(j|i, j') (α(j|0, start) at i = 0, the step of
+  :func:`~aligner.models.hmm_algorithms.forward_step`), log p(e) = log Σ_j π_i(j) · p_lex(e|j);
+  once e is chosen (it is the next step's ``prev_tokens``) the forward state becomes
+  q_i(j) = π_i(j) · p_lex(e|j) / p(e). The sum of log p(e) over a hypothesis is log Z of the
+  forward algorithm, i.e. exactly the training objective of the output. hmm1's alignment keys
+  (N, J+1, J, d) depend on the source only: computed once per sentence in
+  ``init_decode_state``, not at every output position.
+
+The lexicon of one step, log p_lex(v|j) for N rows × (J+1) positions × V words, is never held
+whole: :func:`mixture_log_probs` runs over chunks of source positions with a running logsumexp
+(``init_decode_state``'s option ``lexicon_floats``, default :data:`LEXICON_CHUNK_FLOATS`), and
+hmm1 recomputes only the chosen words' entries when it updates q.
 """
 from __future__ import annotations
 
@@ -66,9 +84,11 @@ from torch import nn
 
 from aligner.constants import EOS_ID, PAD_ID
 from aligner.models import hmm_algorithms
-from aligner.models.base import AlignmentModel
+from aligner.models.base import AlignmentModel, DecodeState
 from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHeadAttention,
-                                        TransformerConfig, decoder_self_attention)
+                                        TransformerConfig, decoder_self_attention,
+                                        init_decoder_history, layer_history, next_decode_state,
+                                        static_history)
 from aligner.utils import check_condition
 
 
@@ -328,6 +348,45 @@ def lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                                  float(smoothing), int(chunk))
 
 
+#: decoding: most lexicon logits (floats) one step computes at a time, in chunks of source
+#: positions (a chunk never has fewer than one position: N · V floats for N beam rows)
+LEXICON_CHUNK_FLOATS = 1 << 22
+
+
+def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
+                      target_hidden: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor], positions: int
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The direct HMM's word distribution at one target position, source positions chunked.
+
+    log p(v) = logsumexp_j (log π(j) + log p_lex(v|j)) with
+    log p_lex(v|j) = logit(v|j) − log Σ_v' exp(logit(v'|j)), logits of :func:`lexicon_logits`.
+
+    Args:
+        log_prior: (N, J+1) log π(j) (−inf at padded positions), float32.
+        source_hidden: (N, J+1, k) W5·h_j; target_hidden: (N, k) W6·s of the newest position.
+        weight, bias: W4 (V, k) and its bias (V,) or None.
+        positions: source positions per chunk (>= 1): only (N, positions, V) logits exist at
+            a time; the chunks are combined by a running logsumexp.
+    Returns:
+        (log p (N, V), log normalizers log Σ_v exp(logit(v|j)) (N, J+1)), float32.
+    """
+    total: Optional[torch.Tensor] = None
+    norms = []
+    for start in range(0, log_prior.size(1), positions):
+        stop = start + positions
+        _, logits = lexicon_logits(source_hidden[:, start:stop], target_hidden[:, None, :],
+                                   weight, bias)
+        logits = logits.float()                                                    # (N, c, V)
+        log_norm = torch.logsumexp(logits, dim=-1)                                 # (N, c)
+        logits += (log_prior[:, start:stop] - log_norm)[:, :, None]   # log π + log p_lex
+        part = torch.logsumexp(logits, dim=1)                                      # (N, V)
+        total = part if total is None else torch.logaddexp(total, part)
+        norms.append(log_norm)
+    assert total is not None, "no source positions"
+    return total, torch.cat(norms, dim=1)
+
+
 # -- layers ----------------------------------------------------------------------------------
 
 class HMMContext(nn.Module):
@@ -564,13 +623,79 @@ class DirectHMM(AlignmentModel):
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log α, W5·h (B, J+1, d), W6·s (B, I+1, d)); log α as in :class:`HMMOutputLayer`
         (``lazy``, first order: a :class:`FirstOrderScores`)."""
-        memory = self.encode(src)
+        return self._decoder(self.encode(src), src, tgt_in, lazy=lazy)
+
+    def _decoder(self, memory: torch.Tensor, src: torch.Tensor, tgt_in: torch.Tensor,
+                 state: Optional[DecodeState] = None, lazy: bool = False
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoder layers and the output layer on tgt_in, as :meth:`decode` returns them.
+
+        With a decoding ``state`` tgt_in holds the newest positions only, starting at
+        ``state["position"]``; their layer inputs are appended to the state's history (in
+        place) and hmm1 reads the state's ``alignment_keys``.
+        """
         tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
-        x = self.embed(tgt_in)
-        history = x if self.config.markov_order > 0 else None   # Markov: static embeddings
-        for layer in self.layers:
-            x = layer(x, memory, tgt_pad_mask, src_pad_mask, history)
-        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history, lazy=lazy)
+        x = self.embed(tgt_in, offset=0 if state is None else state["position"])
+        static = static_history(x, self.config.markov_order, state)  # Markov: static keys
+        for index, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_pad_mask, src_pad_mask, layer_history(state, index, x,
+                                                                             static))
+        history = layer_history(state, len(self.layers), x, static)
+        keys = None if state is None else state.get("alignment_keys")
+        return self.output_layer(x, memory, tgt_pad_mask, src_pad_mask, history, keys,
+                                 lazy=lazy)
+
+    # -- incremental decoding (see the module docstring) -------------------------------------
+    def init_decode_state(self, src: torch.Tensor,
+                          lexicon_floats: int = LEXICON_CHUNK_FLOATS) -> DecodeState:
+        """Encoded sources, the sources, the empty layer history (and hmm1's alignment keys).
+
+        ``lexicon_floats``: most lexicon logits one step holds at a time (see
+        :func:`mixture_log_probs`): source positions per chunk = max(1, lexicon_floats //
+        (N · V)) for N rows and V words. Same distribution for every value.
+        """
+        check_condition(lexicon_floats >= 1,
+                        f"lexicon_floats must be >= 1 (got {lexicon_floats})")
+        memory = self.encode(src)
+        state = {"memory": memory, "src": src, "lexicon_floats": int(lexicon_floats)}
+        if self.order == 1:
+            state["alignment_keys"] = self.output_layer.first_order.keys(memory)
+        return init_decoder_history(state, memory, len(self.layers) + 1,
+                                    self.config.markov_order)
+
+    def decode_position(self, state: DecodeState, prev_tokens: torch.Tensor
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoder on the newest tokens prev_tokens (N,): log α of that position ((N, J+1);
+        hmm1 (N, J+2, J+1), the start state first), W5·h (N, J+1, k) and W6·s (N, k).
+
+        Appends the position to ``state``'s history and advances its position, in place.
+        """
+        log_alpha, source_hidden, target_hidden = self._decoder(
+            state["memory"], state["src"], prev_tokens[:, None], state)
+        state["position"] += 1
+        return log_alpha[:, -1], source_hidden, target_hidden[:, -1]
+
+    def decode_prior(self, log_alpha: torch.Tensor, state: DecodeState,
+                     prev_tokens: torch.Tensor) -> torch.Tensor:
+        """log π(j) (N, J+1) of the newest position from its log α (:meth:`decode_position`)."""
+        raise NotImplementedError
+
+    def decode_step(self, state: DecodeState, prev_tokens: torch.Tensor
+                    ) -> Tuple[torch.Tensor, DecodeState]:
+        """log p(e) = log Σ_j π(j) · p_lex(e|j) (N, V) float32, the lexicon in chunks of
+        source positions (:func:`mixture_log_probs`)."""
+        state = next_decode_state(state)
+        log_alpha, source_hidden, target_hidden = self.decode_position(state, prev_tokens)
+        log_prior = self.decode_prior(log_alpha, state, prev_tokens)
+        rows = log_prior.size(0)
+        positions = max(1, state["lexicon_floats"]
+                        // max(1, rows * self.config.tgt_vocab_size))
+        log_p, log_norm = mixture_log_probs(log_prior, source_hidden, target_hidden,
+                                            self.lexicon.weight, self.lexicon.bias, positions)
+        if self.order == 1:
+            # what the next step needs for the forward state of the word chosen here
+            state["pending"] = (log_prior, log_norm, source_hidden, target_hidden)
+        return log_p, state
 
     def log_lexicon(self, source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                     tgt_out: torch.Tensor, smoothing: float = 0.0,
@@ -711,6 +836,11 @@ class ZeroOrderHMM(DirectHMM):
                                        shortlist=shortlist)
         return hmm_algorithms.zero_order_posterior(log_alpha, log_lexicon, src.ne(PAD_ID))
 
+    def decode_prior(self, log_alpha: torch.Tensor, state: DecodeState,
+                     prev_tokens: torch.Tensor) -> torch.Tensor:
+        """π(j) = α(j|i)."""
+        return log_alpha
+
 
 class FirstOrderHMM(DirectHMM):
     """First-order direct HMM (``align train --model hmm1``)."""
@@ -719,6 +849,28 @@ class FirstOrderHMM(DirectHMM):
     #: `align translate --print-alignment`: the back-trace of the best final state
     TRANSLATE_ALIGNMENT_METHOD = "hmm-viterbi"
     order = 1
+
+    def decode_prior(self, log_alpha: torch.Tensor, state: DecodeState,
+                     prev_tokens: torch.Tensor) -> torch.Tensor:
+        """π(j) = α(j|0, start) at the first position; later Σ_j' q(j') α(j|i, j') with the
+        forward state q of the previous position, which the word chosen there (prev_tokens)
+        determines: ``state["forward"]`` is updated from the previous step's ``pending``."""
+        if "pending" in state:
+            state["forward"] = self.forward_state(state.pop("pending"), prev_tokens)
+        if "forward" not in state:
+            return log_alpha[:, 0]                                       # α(j | 0, start)
+        return hmm_algorithms.forward_step(state["forward"], log_alpha[:, 1:])
+
+    def forward_state(self, pending: Tuple[torch.Tensor, ...], words: torch.Tensor
+                      ) -> torch.Tensor:
+        """log q(j) (N, J+1) = log π(j) + log p_lex(e|j) − log p(e) for the chosen words e
+        (N,), normalized over j (p(e) is that sum). `pending`: the previous step's (log π,
+        log normalizers of the lexicon, W5·h, W6·s); log p_lex(e|j) = logit(e|j) − log norm(j)
+        is recomputed for the chosen words only ((N, J+1) entries, not (N, J+1, V))."""
+        log_prior, log_norm, source_hidden, target_hidden = pending
+        _, logit = lexicon_logits(source_hidden, target_hidden[:, None, :], self.lexicon.weight,
+                                  self.lexicon.bias, words=words)
+        return torch.log_softmax(log_prior + logit - log_norm, dim=-1)
 
     @staticmethod
     def split(log_alpha: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -19,10 +19,19 @@ The building blocks are shared by the other model kinds (direct HMM, alignment l
   Markov Property for Machine Translation*): each position sees only the k target positions
   ending at itself, and keys/values are their *static* embeddings (the decoder embedding
   layer's output), not the layer's hidden states, so nothing older leaks in through deeper
-  layers (transparent attention). The same helper serves incremental decoding
-  (aligner/translate.py): queries are the last positions of a longer key history.
+  layers (transparent attention). The same helper serves incremental decoding: queries are the
+  last positions of a longer key history.
+* Incremental decoding (the decode contract of aligner/models/base.py, shared with the direct
+  HMM): :func:`init_decoder_history`, :func:`static_history` and :func:`layer_history` give
+  every decoder layer the keys/values input of its self-attention, for a whole sequence or one
+  new position at a time. Per hypothesis the state holds, for an ordinary decoder, each
+  layer's *inputs* at all earlier positions (N, t, d): the layer's keys/values are recomputed
+  from them (a cache of layer inputs, not of projected keys/values), so the cost per step
+  grows with t; for a Markov decoder (order k) only the *static embeddings* of the last k
+  tokens, shared by all layers: no key/value cache, constant cost per step.
 * :class:`Transformer` — the baseline :class:`AlignmentModel` with the extraction methods
-  ``attention`` (one decoder layer, heads averaged) and ``attention-avg`` (all layers and heads).
+  ``attention`` (one decoder layer, heads averaged) and ``attention-avg`` (all layers and heads);
+  its decoding step is log_softmax(W_out · s_i) of the newest position.
 """
 from __future__ import annotations
 
@@ -37,7 +46,7 @@ from torch import nn
 
 from aligner.config import dataclass_from_dict
 from aligner.constants import PAD_ID, SPECIAL_TOKENS
-from aligner.models.base import AlignmentModel
+from aligner.models.base import AlignmentModel, DecodeState
 from aligner.utils import AlignerError, check_condition
 
 
@@ -248,6 +257,61 @@ def decoder_self_attention(attention: MultiHeadAttention, norm: nn.LayerNorm, x:
     return attention(normed, norm(history), attn_mask=mask)[0]
 
 
+def init_decoder_history(state: DecodeState, memory: torch.Tensor, n_layers: int,
+                         markov_order: int) -> DecodeState:
+    """Start the self-attention history of a decoding state (no target position yet):
+    ``static`` (N, 0, d) for a Markov decoder, else ``history``: one (N, 0, d) per layer.
+    ``position`` (the next target position, 0 = BOS) is set to 0. Returns `state`."""
+    empty = memory.new_zeros((memory.size(0), 0, memory.size(-1)))
+    if markov_order > 0:
+        state["static"] = empty
+    else:
+        state["history"] = [empty] * n_layers
+    state["position"] = 0
+    return state
+
+
+def static_history(x: torch.Tensor, markov_order: int,
+                   state: Optional[DecodeState] = None) -> Optional[torch.Tensor]:
+    """The static embeddings a Markov decoder's self-attention reads (None when not Markov).
+
+    x: the decoder embedding output at the query positions. Whole sequence (``state`` None):
+    x itself. Incremental decoding: the state's window of the last ``markov_order`` positions
+    with x appended, stored back into ``state["static"]``.
+    """
+    if markov_order == 0:
+        return None
+    if state is None:
+        return x
+    state["static"] = torch.cat([state["static"], x], 1)[:, -markov_order:]
+    return state["static"]
+
+
+def layer_history(state: Optional[DecodeState], index: int, x: torch.Tensor,
+                  static: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The ``history`` argument of decoder layer `index` (see :func:`decoder_self_attention`).
+
+    Markov: the static embeddings of :func:`static_history`. Otherwise None for a whole
+    sequence (``state`` None: the layer attends over x itself), or, decoding incrementally,
+    the layer's inputs at every position so far with its input x at the newest one appended
+    (stored back into ``state["history"][index]``).
+    """
+    if static is not None or state is None:
+        return static
+    history = torch.cat([state["history"][index], x], 1)
+    state["history"][index] = history
+    return history
+
+
+def next_decode_state(state: DecodeState) -> DecodeState:
+    """A copy of `state` that a decoding step may update, the given one left as it is: the
+    dict and its layer-history list are copied, no tensor is."""
+    state = dict(state)
+    if "history" in state:
+        state["history"] = list(state["history"])
+    return state
+
+
 class FeedForward(nn.Module):
     """Position-wise Linear(d, d_ff) → ReLU → dropout → Linear(d_ff, d).
 
@@ -336,8 +400,11 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     """Target embedding + decoder layers + final LayerNorm.
 
-    ``forward(tgt_in (B, I+1), memory (B, J+1, d), src (B, J+1), need_attention)`` ->
+    ``forward(tgt_in (B, I+1), memory (B, J+1, d), src (B, J+1), need_attention, state)`` ->
     ``(states (B, I+1, d), [cross-attention (B, H, I+1, J+1) per layer] or None)``.
+    With a decoding ``state`` (:func:`init_decoder_history`) tgt_in holds the newest
+    positions only, starting at ``state["position"]``, and their layer inputs are appended to
+    the state's history (in place; the caller advances the position).
     """
 
     def __init__(self, config: TransformerConfig):
@@ -349,13 +416,14 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
 
     def forward(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
-                need_attention: bool = False
+                need_attention: bool = False, state: Optional[DecodeState] = None
                 ) -> Tuple[torch.Tensor, Optional[List[torch.Tensor]]]:
         tgt_pad_mask, src_pad_mask = tgt_in.eq(PAD_ID), src.eq(PAD_ID)
-        x = self.embed(tgt_in)
-        history = x if self.markov_order > 0 else None   # Markov: static embeddings as keys
+        x = self.embed(tgt_in, offset=0 if state is None else state["position"])
+        static = static_history(x, self.markov_order, state)  # Markov: static keys/values
         attention: List[torch.Tensor] = []
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
+            history = layer_history(state, index, x, static)
             x, weights = layer(x, memory, tgt_pad_mask, src_pad_mask, need_attention, history)
             if need_attention:
                 attention.append(weights)
@@ -396,11 +464,11 @@ class Transformer(AlignmentModel):
         return self.encoder.embed.word(src)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
-               need_attention: bool = False
+               need_attention: bool = False, state: Optional[DecodeState] = None
                ) -> Tuple[torch.Tensor, Optional[List[torch.Tensor]]]:
         """Decoder states (B, I+1, d) and, when asked, per-layer cross-attention
-        (B, H, I+1, J+1)."""
-        return self.decoder(tgt_in, memory, src, need_attention)
+        (B, H, I+1, J+1); ``state``: incremental decoding (see :class:`Decoder`)."""
+        return self.decoder(tgt_in, memory, src, need_attention, state)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Output scores (B, I+1, V_tgt) of decoder states (B, I+1, d)."""
@@ -446,3 +514,21 @@ class Transformer(AlignmentModel):
                                                 f"(choose from {', '.join(self.METHODS)})")
         _, attention = self.decode(tgt_in, self.encode(src), src, need_attention=True)
         return self.attention_scores(attention, method, layer)
+
+    def init_decode_state(self, src: torch.Tensor, **options) -> DecodeState:
+        """Encoded sources (``memory`` (N, J+1, d)), the sources and the empty layer history."""
+        check_condition(not options, f"the transformer takes no decoding options "
+                                     f"{', '.join(sorted(options))}")
+        state = {"memory": self.encode(src), "src": src}
+        return init_decoder_history(state, state["memory"], self.config.dec_layers,
+                                    self.config.markov_order)
+
+    def decode_step(self, state: DecodeState, prev_tokens: torch.Tensor
+                    ) -> Tuple[torch.Tensor, DecodeState]:
+        """log_softmax(W_out · s) (N, V) float32 of the newest position (cast before the
+        log_softmax, also under autocast)."""
+        state = next_decode_state(state)
+        states, _ = self.decode(prev_tokens[:, None], state["memory"], state["src"],
+                                state=state)
+        state["position"] += 1
+        return torch.log_softmax(self.logits(states)[:, -1].float(), dim=-1), state
