@@ -2,32 +2,12 @@
 
 Returns objects and never writes files (the CLI, aligner/cli/translate.py, prints them).
 
-**Incremental decoding.** A :class:`Stepper` adapts one model kind to the search: ``start``
-encodes the sources, ``log_probs`` reads the newest target token of every hypothesis and
-returns log p(next token | prefix, source) (N, V) for the last position only, and ``choose``
-keeps the rows (hypotheses) the search picked, with the words they were extended by. Per row
-the state holds
-
-* ordinary decoders: each decoder layer's *inputs* at all earlier positions (N, t, d): the
-  layer's keys/values are recomputed from them (a cache of layer inputs, not of projected
-  keys/values), so the cost per step grows with t;
-* Markov decoders (``markov_order`` k): only the *static embeddings* of the last k tokens,
-  shared by all layers (transparent attention): no key/value cache, constant cost per step;
-* hmm1: also the normalized forward state log q(j') = log p(b_{i-1} = j' | e_<i, f) (N, J+1).
-
-Per kind (l_j = log p_lex(e | j), the lexicon of source position j, EOS state included):
-
-* transformer (and the alignment layer's frozen base): log_softmax(W_out · s_i);
-* hmm0: log p(e | e_<i, f) = log Σ_j α(j|i) · p_lex(e|j) — the beam runs over the mixture;
-* hmm1: prior π_i(j) = Σ_j' q_{i-1}(j') · α(j|i, j') (α(j|0, start) at i = 0),
-  log p(e) = log Σ_j π_i(j) · p_lex(e|j); after choosing e the forward state becomes
-  q_i(j) = π_i(j) · p_lex(e|j) / p(e). The sum of log p(e) over a hypothesis is log Z of the
-  forward algorithm, i.e. exactly the training objective of the output.
-
-The direct HMMs' lexicon of one step, log p_lex(v|j) for N rows × (J+1) positions × V words,
-is never held whole: :func:`mixture_log_probs` runs over chunks of source positions with a
-running logsumexp (:data:`LEXICON_CHUNK_FLOATS`), and hmm1 recomputes only the chosen words'
-entries when it updates q.
+**Incremental decoding** is the model's own (the decode contract of aligner/models/base.py:
+``init_decode_state`` encodes the sources, ``decode_step`` reads the newest token of every
+hypothesis and returns log p(next token | prefix, source) (N, V) for the last position only,
+``reorder_decode_state`` keeps the rows the search picked). Each kind implements it next to its
+full-sequence forward (aligner/models/transformer.py, direct_hmm.py; the alignment layer
+translates with its frozen base transformer); this module knows nothing of model internals.
 
 **Beam search** (fairseq-style, batched over sentences): each step takes the 2K best
 extensions of the K hypotheses of every sentence; an extension by EOS among the first K
@@ -38,9 +18,9 @@ maximum length (``max_len_a`` · source subwords + ``max_len_b``, capped by the 
 greedy search. Finished sentences leave the batch.
 
 **Precision.** Run under :func:`aligner.precision.autocast_context` (``align translate
---precision bf16``) the models' matmuls are bfloat16, while every stepper returns float32
-log-probabilities (each casts before its log_softmax / logsumexp), so the beam's running
-scores and the finished hypotheses' log-probabilities are float32 sums.
+--precision bf16``) the models' matmuls are bfloat16, while every kind's ``decode_step``
+returns float32 log-probabilities (each casts before its log_softmax / logsumexp), so the
+beam's running scores and the finished hypotheses' log-probabilities are float32 sums.
 
 **Alignments** (``alignment_method``): after the search, the chosen output is force-decoded
 through :func:`aligner.inference.hard_alignment` — the model is causal, so its alignment of
@@ -62,23 +42,19 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from aligner import constants as C
 from aligner.data import inference_batches, make_batch, restore_order, subword_to_word_links
 from aligner.inference import hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
 from aligner.models import MODELS
-from aligner.models.alignment_layer import AlignmentLayerModel
 from aligner.models.base import AlignmentModel
-from aligner.models.direct_hmm import DirectHMM
 from aligner.prep import split_words
 from aligner.utils import check_condition
 
 logger = logging.getLogger(__name__)
 
 Link = Tuple[int, int]
-State = Dict[str, Any]
 
 DEFAULT_BEAM = 5
 DEFAULT_MAX_LEN_A = 1.5
@@ -91,213 +67,6 @@ DEFAULT_MAX_TOKENS = 8000
 DEFAULT_ALIGNMENT_METHODS = {kind: cls.TRANSLATE_ALIGNMENT_METHOD or cls.METHODS[0]
                              for kind, cls in MODELS.items()}
 MAX_WARNINGS = 10
-#: hmm0/hmm1 decoding: most lexicon logits (floats) one step computes at a time, in chunks of
-#: source positions (a chunk never has fewer than one position: N · V floats for N beam rows)
-LEXICON_CHUNK_FLOATS = 1 << 22
-
-
-# ---------------------------------------------------------------------------------------------
-# Steppers: one model kind's next-token distribution, one position at a time
-# ---------------------------------------------------------------------------------------------
-
-def _select(value: Any, rows: torch.Tensor) -> Any:
-    """Rows `rows` of a per-row tensor, or of each tensor in a list (leading dim = rows)."""
-    if isinstance(value, torch.Tensor):
-        return value.index_select(0, rows)
-    if isinstance(value, list):
-        return [_select(item, rows) for item in value]
-    return value
-
-
-class Stepper:
-    """Incremental decoder of one model kind (see the module docstring).
-
-    Subclasses set ``embed`` (the target :class:`~aligner.models.transformer.Embedding`) and
-    ``layers`` (the decoder layers, the last included), and implement ``encode`` (state with
-    the encoder ``memory`` (N, J+1, d)), ``_layer(index, x, history, state)`` (one layer on
-    the newest position x (N, 1, d), keys/values from ``history``) and ``_output(last,
-    state, step)`` (log-probabilities (N, V) from the last layer's output).
-    """
-
-    def __init__(self, model: AlignmentModel):
-        self.model = model
-        self.markov_order = int(model.config.markov_order)
-        self.vocab_size = int(model.config.tgt_vocab_size)
-
-    # -- to be provided per kind ------------------------------------------------------------
-    embed: Any
-    layers: Sequence[torch.nn.Module]
-
-    def encode(self, src: torch.Tensor) -> State:
-        raise NotImplementedError
-
-    def _layer(self, index: int, x: torch.Tensor, history: torch.Tensor, state: State) -> Any:
-        raise NotImplementedError
-
-    def _output(self, last: Any, state: State, step: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    # -- shared -----------------------------------------------------------------------------
-    def start(self, src: torch.Tensor) -> State:
-        """State of N hypotheses from their sources src (N, J+1) (ids + EOS, right-padded)."""
-        state = self.encode(src)
-        state["src_pad_mask"] = src.eq(C.PAD_ID)
-        empty = state["memory"].new_zeros((src.size(0), 0, state["memory"].size(-1)))
-        if self.markov_order > 0:
-            state["static"] = empty
-        else:
-            state["history"] = [empty] * len(self.layers)
-        return state
-
-    def log_probs(self, state: State, tokens: torch.Tensor, step: int) -> torch.Tensor:
-        """log p(next token) (N, V) float32 given the newest tokens (N,) at position `step`
-        (0 = BOS). Appends this position to the state's history."""
-        x = self.embed(tokens[:, None], offset=step)                          # (N, 1, d)
-        if self.markov_order > 0:
-            state["static"] = torch.cat([state["static"], x], 1)[:, -self.markov_order:]
-        for index in range(len(self.layers)):
-            if self.markov_order > 0:
-                history = state["static"]
-            else:
-                history = torch.cat([state["history"][index], x], 1)
-                state["history"][index] = history
-            x = self._layer(index, x, history, state)
-        return self._output(x, state, step)
-
-    def choose(self, state: State, rows: torch.Tensor, words: torch.Tensor) -> State:
-        """Keep hypotheses `rows` (N',) of the state, extended by `words` (N',)."""
-        return {key: _select(value, rows) for key, value in state.items()
-                if not key.startswith("pending")}
-
-
-class TransformerStepper(Stepper):
-    """The transformer baseline (and the frozen base of an alignment-layer model)."""
-
-    def __init__(self, model: AlignmentModel):
-        # alignment-layer: translate with its frozen base transformer
-        base = model.base if isinstance(model, AlignmentLayerModel) else model
-        super().__init__(base)
-        self.embed = base.decoder.embed
-        self.layers = base.decoder.layers
-
-    def encode(self, src: torch.Tensor) -> State:
-        return {"memory": self.model.encode(src)}
-
-    def _layer(self, index, x, history, state):
-        x, _ = self.layers[index](x, state["memory"], None, state["src_pad_mask"], False, history)
-        return x
-
-    def _output(self, last, state, step):
-        logits = self.model.logits(self.model.decoder.norm(last))[:, -1]
-        return torch.log_softmax(logits.float(), dim=-1)
-
-
-def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
-                      target_hidden: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor], positions: int
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The direct HMM's word distribution at one target position, source positions chunked.
-
-    log p(v) = logsumexp_j (log π(j) + log p_lex(v|j)) with
-    log p_lex(v|j) = logit(v|j) − log Σ_v' exp(logit(v'|j)),
-    logit(·|j) = W4·relu(W5·h_j + W6·s).
-
-    Args:
-        log_prior: (N, J+1) log π(j) (−inf at padded positions), float32.
-        source_hidden: (N, J+1, k) W5·h_j; target_hidden: (N, k) W6·s of the newest position.
-        weight, bias: W4 (V, k) and its bias (V,) or None.
-        positions: source positions per chunk (>= 1): only (N, positions, V) logits exist at
-            a time; the chunks are combined by a running logsumexp.
-    Returns:
-        (log p (N, V), log normalizers log Σ_v exp(logit(v|j)) (N, J+1)), float32.
-    """
-    total: Optional[torch.Tensor] = None
-    norms = []
-    for start in range(0, log_prior.size(1), positions):
-        stop = start + positions
-        hidden = F.relu(source_hidden[:, start:stop] + target_hidden[:, None, :])  # (N, c, k)
-        logits = F.linear(hidden, weight, bias).float()                            # (N, c, V)
-        log_norm = torch.logsumexp(logits, dim=-1)                                 # (N, c)
-        logits += (log_prior[:, start:stop] - log_norm)[:, :, None]   # log π + log p_lex
-        part = torch.logsumexp(logits, dim=1)                                      # (N, V)
-        total = part if total is None else torch.logaddexp(total, part)
-        norms.append(log_norm)
-    assert total is not None, "no source positions"
-    return total, torch.cat(norms, dim=1)
-
-
-class DirectHMMStepper(Stepper):
-    """hmm0 and hmm1: the beam runs over the word distribution Σ_j α · p_lex.
-
-    Memory per step: the lexicon logits exist for ``positions`` source positions at a time,
-    positions = max(1, chunk_floats // (N · V)) (N beam rows, V words), so one step holds
-    about max(chunk_floats, N · V) floats of them, whatever the source length (see
-    :func:`mixture_log_probs`; eval/results/translate_memory.md). hmm1's ``choose`` needs
-    log p_lex(e|j) of the chosen words only: it recomputes those (N', J+1) entries from the
-    kept rows' hidden states and the saved log normalizers instead of keeping (N, J+1, V).
-    """
-
-    def __init__(self, model: AlignmentModel, chunk_floats: int = LEXICON_CHUNK_FLOATS):
-        super().__init__(model)
-        check_condition(chunk_floats >= 1, f"chunk_floats must be >= 1 (got {chunk_floats})")
-        self.order = model.order
-        self.embed = model.embed
-        self.layers = list(model.layers) + [model.output_layer]
-        self.chunk_floats = chunk_floats
-
-    def encode(self, src: torch.Tensor) -> State:
-        memory = self.model.encode(src)
-        if self.order == 0:
-            return {"memory": memory}
-        # hmm1's alignment keys (N, J+1, J, d) depend on the source only: computed once here
-        # and selected with the beam rows, not recomputed at every output position
-        return {"memory": memory,
-                "alignment_keys": self.model.output_layer.first_order.keys(memory)}
-
-    def _layer(self, index, x, history, state):
-        if index == len(self.layers) - 1 and self.order == 1:
-            return self.layers[index](x, state["memory"], None, state["src_pad_mask"], history,
-                                      state["alignment_keys"])
-        return self.layers[index](x, state["memory"], None, state["src_pad_mask"], history)
-
-    def _output(self, last, state, step):
-        log_alpha, source_hidden, target_hidden = last
-        if self.order == 0:
-            log_prior = log_alpha[:, -1]                                      # (N, J+1)
-        elif step == 0:
-            log_prior = log_alpha[:, -1, 0]                                   # α(j | 0, start)
-        else:                                                  # Σ_j' q(j') α(j | i, j')
-            log_prior = torch.logsumexp(state["forward"][:, :, None] + log_alpha[:, -1, 1:], 1)
-        rows = log_prior.size(0)
-        positions = max(1, self.chunk_floats // max(1, rows * self.vocab_size))
-        log_p, log_norm = mixture_log_probs(log_prior, source_hidden, target_hidden[:, -1],
-                                            self.model.lexicon.weight,
-                                            self.model.lexicon.bias, positions)
-        if self.order == 1:
-            state["pending"] = (log_prior, log_norm, source_hidden, target_hidden[:, -1])
-        return log_p
-
-    def choose(self, state, rows, words):
-        kept = super().choose(state, rows, words)
-        if self.order == 1:
-            # q_i(j) = π_i(j) p_lex(e|j) / p(e) for the chosen e, normalized over j (p(e) is
-            # that sum); log p_lex(e|j) = logit(e|j) − log norm(j), (N', J+1) entries only
-            log_prior, log_norm, source_hidden, target_hidden = (
-                _select(value, rows) for value in state["pending"])
-            hidden = F.relu(source_hidden + target_hidden[:, None, :])       # (N', J+1, k)
-            weight = self.model.lexicon.weight.index_select(0, words)          # (N', k)
-            logit = torch.einsum("njk,nk->nj", hidden, weight).float()
-            if self.model.lexicon.bias is not None:
-                logit = logit + self.model.lexicon.bias.index_select(0, words)[:, None].float()
-            kept["forward"] = torch.log_softmax(log_prior + logit - log_norm, dim=-1)
-        return kept
-
-
-def make_stepper(model: AlignmentModel) -> Stepper:
-    """The stepper of `model`'s kind: the direct HMMs' own, else a transformer's."""
-    if isinstance(model, DirectHMM):
-        return DirectHMMStepper(model)
-    return TransformerStepper(model)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,36 +93,44 @@ def max_output_length(source_length: int, max_len_a: float, max_len_b: int,
 
 
 @torch.no_grad()
-def beam_search(stepper: Stepper, src: torch.Tensor, max_lengths: Sequence[int],
+def beam_search(model: AlignmentModel, src: torch.Tensor, max_lengths: Sequence[int],
                 beam: int = DEFAULT_BEAM, len_penalty: float = DEFAULT_LEN_PENALTY,
-                min_lengths: Optional[Sequence[int]] = None) -> List[Hypothesis]:
+                min_lengths: Optional[Sequence[int]] = None,
+                decode_options: Optional[Dict[str, Any]] = None) -> List[Hypothesis]:
     """The best hypothesis per sentence of src (B, J+1) (ids + EOS, right-padded).
 
-    max_lengths[b]: most output subwords of sentence b (at that step only EOS is allowed);
-    min_lengths[b] (optional): fewest output subwords (EOS is banned before; min = max gives
-    outputs of a fixed length, e.g. to time decoding at equal output length).
+    model: anything with the decode contract of aligner/models/base.py (``init_decode_state``,
+    ``decode_step``, ``reorder_decode_state``); the vocabulary is the last dim of its
+    log-probabilities. max_lengths[b]: most output subwords of sentence b (at that step only
+    EOS is allowed); min_lengths[b] (optional): fewest output subwords (EOS is banned before;
+    min = max gives outputs of a fixed length, e.g. to time decoding at equal output length).
+    decode_options: the kind's options of ``init_decode_state`` (none by default).
     """
     check_condition(beam >= 1, f"--beam must be at least 1 (got {beam})")
     device = src.device
-    n_sentences, vocab = src.size(0), stepper.vocab_size
+    n_sentences = src.size(0)
     sentence_ids = torch.arange(n_sentences, device=device)       # sentence of each group
     limits = torch.as_tensor(list(max_lengths), device=device, dtype=torch.long)
     minimum = torch.as_tensor(list(min_lengths) if min_lengths is not None
                               else [0] * n_sentences, device=device, dtype=torch.long)
     # encode each sentence once, then copy its state to its K beam rows
-    state = {key: _select(value, torch.arange(n_sentences, device=device).repeat_interleave(
-        beam)) for key, value in stepper.start(src).items()}
+    state = model.reorder_decode_state(
+        model.init_decode_state(src, **(decode_options or {})),
+        torch.arange(n_sentences, device=device).repeat_interleave(beam))
     tokens = torch.full((n_sentences * beam, 1), C.BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((n_sentences, beam), -math.inf, device=device)
     scores[:, 0] = 0.0                              # identical beams: start from one of them
     finished: List[List[Hypothesis]] = [[] for _ in range(n_sentences)]
-    banned = torch.zeros(vocab, dtype=torch.bool, device=device)
-    banned[[C.PAD_ID, C.BOS_ID]] = True
-    not_eos = torch.arange(vocab, device=device).ne(C.EOS_ID)
     step = 0
     while sentence_ids.numel() > 0:
         n = sentence_ids.numel()
-        log_p = stepper.log_probs(state, tokens[:, -1], step).masked_fill(banned, -math.inf)
+        log_p, state = model.decode_step(state, tokens[:, -1])
+        if step == 0:
+            vocab = log_p.size(-1)
+            banned = torch.zeros(vocab, dtype=torch.bool, device=device)
+            banned[[C.PAD_ID, C.BOS_ID]] = True
+            not_eos = torch.arange(vocab, device=device).ne(C.EOS_ID)
+        log_p = log_p.masked_fill(banned, -math.inf)
         at_limit = (limits[sentence_ids] <= step).repeat_interleave(beam)   # (n*K,)
         log_p = log_p.masked_fill(at_limit[:, None] & not_eos[None, :], -math.inf)
         too_short = (minimum[sentence_ids] > step).repeat_interleave(beam) & ~at_limit
@@ -385,7 +162,7 @@ def beam_search(stepper: Stepper, src: torch.Tensor, max_lengths: Sequence[int],
         done |= limits[sentence_ids] <= step
         alive = (~done).nonzero().squeeze(1)
         rows, next_words = rows[alive].reshape(-1), next_words[alive].reshape(-1)
-        state = stepper.choose(state, rows, next_words)
+        state = model.reorder_decode_state(state, rows)
         tokens = torch.cat([tokens.index_select(0, rows), next_words[:, None]], dim=1)
         scores, sentence_ids = next_scores[alive], sentence_ids[alive]
         step += 1
@@ -509,7 +286,6 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
     """
     device = device or next(model.parameters()).device
     model.eval()
-    stepper = make_stepper(model)
     if alignment_method is not None:
         check_condition(alignment_method in model.METHODS,
                         f"unknown alignment method '{alignment_method}' for this model "
@@ -539,7 +315,7 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
         items = [inputs[usable[b]] for b in batch_indices]
         lengths = [max_output_length(len(item.ids), max_len_a, max_len_b, limit)
                    for item in items]
-        hypotheses = beam_search(stepper, _source_tensor(items, device), lengths, beam,
+        hypotheses = beam_search(model, _source_tensor(items, device), lengths, beam,
                                  len_penalty)
         translations = []
         for hypothesis in hypotheses:

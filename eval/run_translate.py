@@ -273,7 +273,7 @@ def speed(args: argparse.Namespace) -> None:
     from aligner.data import inference_batches
     from aligner.distributed import resolve_device
     from aligner.models import build_model
-    from aligner.translate import beam_search, make_stepper
+    from aligner.translate import beam_search
     from aligner.utils import atomic_output
 
     device = resolve_device(args.device)
@@ -285,7 +285,7 @@ def speed(args: argparse.Namespace) -> None:
                                 max(1, args.max_tokens // args.beam))
     models = [m for m in SPEED_MODELS if args.only is None or m[0] in args.only]
 
-    def decode(stepper) -> None:
+    def decode(model) -> None:
         for batch in batches:
             width = max(lengths[k] for k in batch) + 1
             src = torch.zeros(len(batch), width, dtype=torch.long)
@@ -293,25 +293,25 @@ def speed(args: argparse.Namespace) -> None:
                 src[row, :lengths[k]] = inputs[k]
                 src[row, lengths[k]] = 2                                  # EOS
             limits = [out_lengths[k] for k in batch]
-            beam_search(stepper, src.to(device), limits, args.beam, min_lengths=limits)
+            beam_search(model, src.to(device), limits, args.beam, min_lengths=limits)
 
-    steppers = {}
+    decoders = {}
     for name, kind, order in models:
         torch.manual_seed(args.seed)
         config = dict(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
                       d_model=args.d_model, n_heads=args.heads, enc_layers=args.layers,
                       dec_layers=args.layers, d_ff=args.ff_dim, dropout=0.0,
                       markov_order=order)
-        steppers[name] = make_stepper(build_model(kind, config).to(device).eval())
+        decoders[name] = build_model(kind, config).to(device).eval()
         # warm-up on one short input (allocators, CUDA kernels)
-        beam_search(steppers[name], torch.tensor([[5, 6, 2]], device=device), [2], args.beam)
+        beam_search(decoders[name], torch.tensor([[5, 6, 2]], device=device), [2], args.beam)
     best = {name: float("inf") for name, _, _ in models}
     for repeat in range(args.repeats):          # interleaved: drift hits every model alike
         for name, _, _ in models:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            decode(steppers[name])
+            decode(decoders[name])
             if device.type == "cuda":
                 torch.cuda.synchronize()
             best[name] = min(best[name], time.perf_counter() - start)

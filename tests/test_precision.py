@@ -1,5 +1,5 @@
 """Inference precision (aligner/precision.py: fp32 / bf16 autocast) and the hmm decoding
-lexicon chunked over source positions (aligner/translate.py: mixture_log_probs).
+lexicon chunked over source positions (aligner/models/direct_hmm.py: mixture_log_probs).
 
 bf16 is exercised with CPU autocast (torch.autocast("cpu", dtype=torch.bfloat16)); CUDA
 autocast differs only in which ops it casts (it also promotes softmax and layer norm to
@@ -43,8 +43,8 @@ from aligner.model_dir import LoadedModelDir
 from aligner.models import build_model
 from aligner.models.alignment_layer import AlignmentLayerConfig, AlignmentLayerModel
 from aligner.precision import PRECISIONS, autocast_context, resolve_precision
-from aligner.translate import (DirectHMMStepper, beam_search, make_stepper, mixture_log_probs,
-                               translate)
+from aligner.models.direct_hmm import mixture_log_probs
+from aligner.translate import beam_search, translate
 from aligner.utils import AlignerError
 
 from test_translate import SRC_TEXT, TGT_TEXT, full_log_prob, make_model_dir, sources, tiny
@@ -207,7 +207,7 @@ def test_bf16_extraction_is_close_to_fp32(trained, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bf16_beam_search_log_probs_are_float32_and_close_to_fp32(trained, kind):
-    """The stepper's log-probabilities stay float32 under autocast; each bf16 hypothesis'
+    """decode_step's log-probabilities stay float32 under autocast; each bf16 hypothesis'
     log-probability is within LOG_PROB_TOLERANCE_PER_TOKEN per token of the fp32 model's score
     of the same output. The trained hmm models find the same outputs in both precisions (all
     8 measured; one flip is allowed for CPUs with other bf16 kernels); the barely trained
@@ -217,17 +217,16 @@ def test_bf16_beam_search_log_probs_are_float32_and_close_to_fp32(trained, kind)
     pairs = reversal_pairs(random.Random(8), 8)
     src = sources(*[s for s, _ in pairs])
     limits = [len(s) + 3 for s, _ in pairs]
-    stepper = make_stepper(model)
-    fp32 = beam_search(stepper, src, limits, beam=3)
+    fp32 = beam_search(model, src, limits, beam=3)
     with autocast_context("bf16", CPU):
-        bf16 = beam_search(stepper, src, limits, beam=3)
-        state = stepper.start(src)
-        log_p = stepper.log_probs(state, torch.full((len(pairs),), C.BOS_ID), 0)
+        bf16 = beam_search(model, src, limits, beam=3)
+        state = model.init_decode_state(src)
+        log_p, state = model.decode_step(state, torch.full((len(pairs),), C.BOS_ID))
         assert log_p.dtype == torch.float32
         if kind == "hmm1":                    # the forward state q is float32 as well
             words = torch.full((len(pairs),), 14)
-            assert stepper.choose(state, torch.arange(len(pairs)), words)[
-                "forward"].dtype == torch.float32
+            state = model.reorder_decode_state(state, torch.arange(len(pairs)))
+            assert model.decode_step(state, words)[1]["forward"].dtype == torch.float32
     scorer = model.base if kind == "alignment-layer" else model
     tolerance = LOG_PROB_TOLERANCE_PER_TOKEN
     for row, (a, b) in enumerate(zip(fp32, bf16)):
@@ -244,7 +243,7 @@ def test_bf16_beam_search_log_probs_are_float32_and_close_to_fp32(trained, kind)
 # -- the hmm decoding lexicon, chunked over source positions -----------------------------------
 
 def mixture_by_brute_force(log_prior, source_hidden, target_hidden, weight, bias):
-    """The whole (N, J+1, V) lexicon at once (what DirectHMMStepper did before chunking)."""
+    """The whole (N, J+1, V) lexicon at once (what hmm decoding did before chunking)."""
     hidden = torch.relu(source_hidden + target_hidden[:, None, :])
     log_lex = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias), dim=-1)
     return (torch.logsumexp(log_prior[:, :, None] + log_lex, dim=1),
@@ -290,19 +289,20 @@ def test_mixture_log_probs_under_bf16_autocast_is_float32_and_close():
                                                    (10 ** 6, 10 ** 6 // 66)])
 def test_positions_per_chunk_follow_chunk_floats(monkeypatch, chunk_floats, expected):
     """positions = max(1, chunk_floats // (N · V)): N = 6 rows, V = 11 words."""
-    import aligner.translate as translate_module
+    import aligner.models.direct_hmm as direct_hmm_module
     seen = []
 
     def spy(*args):
         seen.append(args[-1])
         return mixture_log_probs(*args)
 
-    monkeypatch.setattr(translate_module, "mixture_log_probs", spy)
+    monkeypatch.setattr(direct_hmm_module, "mixture_log_probs", spy)
     model = tiny("hmm0")
-    stepper = DirectHMMStepper(model, chunk_floats)
-    state = stepper.start(sources([5, 6, 7], [8, 9, 10, 11, 12], [4], [5, 5], [6], [7, 8]))
+    state = model.init_decode_state(
+        sources([5, 6, 7], [8, 9, 10, 11, 12], [4], [5, 5], [6], [7, 8]),
+        lexicon_floats=chunk_floats)
     with torch.no_grad():
-        stepper.log_probs(state, torch.full((6,), C.BOS_ID), 0)
+        model.decode_step(state, torch.full((6,), C.BOS_ID))
     assert seen == [expected]
 
 
@@ -319,10 +319,11 @@ def test_chunked_decoding_equals_unchunked_decoding(trained):
         vocab = model.config.tgt_vocab_size
         src = sources([5, 6, 7, 8, 9], [10, 11], [4, 12, 5])
         limits = [8, 5, 6]
-        whole = beam_search(DirectHMMStepper(model), src, limits, beam=2)
-        assert DirectHMMStepper(model).chunk_floats >= 6 * src.size(1) * vocab
+        whole = beam_search(model, src, limits, beam=2)
+        assert model.init_decode_state(src)["lexicon_floats"] >= 6 * src.size(1) * vocab
         for chunk_floats in (1, 2 * 6 * vocab):
-            chunked = beam_search(DirectHMMStepper(model, chunk_floats), src, limits, beam=2)
+            chunked = beam_search(model, src, limits, beam=2,
+                                  decode_options={"lexicon_floats": chunk_floats})
             assert [h.tokens for h in chunked] == [h.tokens for h in whole]
             assert [h.log_prob for h in chunked] == pytest.approx(
                 [h.log_prob for h in whole], abs=1e-5)
@@ -331,33 +332,34 @@ def test_chunked_decoding_equals_unchunked_decoding(trained):
 @pytest.mark.parametrize("markov_order", [0, 2])
 def test_chunked_hmm1_decoding_sums_to_log_z(markov_order):
     """With one source position per chunk and the chosen words' lexicon entries recomputed in
-    `choose`, each hypothesis' log-probability is still log Z of the forward algorithm."""
+    the forward state update, each hypothesis' log-probability is still log Z of the forward
+    algorithm."""
     model = tiny("hmm1", markov_order, seed=4)
     src = sources([5, 6, 7, 8], [9, 10])
-    hypotheses = beam_search(DirectHMMStepper(model, chunk_floats=1), src, [7, 6], beam=3)
+    hypotheses = beam_search(model, src, [7, 6], beam=3, decode_options={"lexicon_floats": 1})
     for row, hypothesis in enumerate(hypotheses):
         assert hypothesis.log_prob == pytest.approx(
             full_log_prob(model, src[row], hypothesis.tokens, True), abs=1e-4)
 
 
 def test_hmm1_decoding_state_holds_no_lexicon_sized_tensor():
-    """Before: choose() read a pending (N, J+1, V) log-lexicon. Now no tensor of the state
-    has both a source-position and a vocabulary axis."""
+    """Before chunking, the state kept a pending (N, J+1, V) log-lexicon for the forward
+    update. Now no tensor of the state has both a source-position and a vocabulary axis."""
     torch.manual_seed(0)
     model = build_model("hmm1", dict(src_vocab_size=13, tgt_vocab_size=50, d_model=16,
                                      n_heads=2, enc_layers=1, dec_layers=1, d_ff=32,
                                      dropout=0.0, max_positions=40)).eval()
     src = sources([5, 6, 7, 8, 9, 10, 11])                  # J+1 = 8
-    stepper = DirectHMMStepper(model, chunk_floats=1)
-    state = stepper.start(src)
+    state = model.init_decode_state(src, lexicon_floats=1)
     with torch.no_grad():
-        stepper.log_probs(state, torch.tensor([C.BOS_ID]), 0)
+        _, state = model.decode_step(state, torch.tensor([C.BOS_ID]))
         shapes = [tuple(t.shape) for value in state.values()
                   for t in (value if isinstance(value, (list, tuple)) else [value])
                   if isinstance(t, torch.Tensor)]
         assert any(8 in shape for shape in shapes)
         assert not any(8 in shape and 50 in shape for shape in shapes), shapes
-        kept = stepper.choose(state, torch.tensor([0]), torch.tensor([7]))
+        _, kept = model.decode_step(model.reorder_decode_state(state, torch.tensor([0])),
+                                    torch.tensor([7]))
     assert kept["forward"].shape == (1, 8)
     assert float(kept["forward"].exp().sum()) == pytest.approx(1.0, abs=1e-5)
 

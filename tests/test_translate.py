@@ -17,8 +17,9 @@ from aligner.config import RunConfig
 from aligner.model_dir import LoadedModelDir, config_path, params_path, save_params
 from aligner.models import build_model
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.translate import (EncodedInput, Stepper, beam_search, join_subwords,
-                               make_stepper, max_output_length, translate, translate_inputs)
+from aligner.models.base import select_rows
+from aligner.translate import (EncodedInput, beam_search, join_subwords, max_output_length,
+                               translate, translate_inputs)
 from aligner.vocab import Vocabulary
 
 V_SRC, V_TGT = 13, 11
@@ -55,7 +56,7 @@ def full_log_prob(model, src_row: torch.Tensor, tokens: List[int], with_eos: boo
 
 
 def greedy_reference(model, src_row: torch.Tensor, max_len: int, vocab: int) -> List[int]:
-    """Greedy search by brute force: each next word scored by the full model (no stepper)."""
+    """Greedy search by brute force: each next word scored by the full model (no decode_step)."""
     tokens: List[int] = []
     for step in range(max_len + 1):
         if step == max_len:
@@ -78,11 +79,12 @@ def greedy_reference(model, src_row: torch.Tensor, max_len: int, vocab: int) -> 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("markov_order", [0, 2])
 def test_hypothesis_log_prob_equals_the_full_models_sequence_log_prob(kind, markov_order):
-    """The stepper (layer-input cache or Markov window, hmm1 forward state) computes exactly
-    what the full model computes; hmm1's sum is log Z of the forward algorithm."""
+    """The model's decode_step (layer-input cache or Markov window, hmm1 forward state)
+    computes exactly what the full model computes; hmm1's sum is log Z of the forward
+    algorithm."""
     model = tiny(kind, markov_order)
     src = sources([5, 6, 7, 8], [9, 10])
-    hypotheses = beam_search(make_stepper(model), src, [7, 6], beam=3, len_penalty=1.0)
+    hypotheses = beam_search(model, src, [7, 6], beam=3, len_penalty=1.0)
     scorer = model.base if kind == "alignment-layer" else model   # translation = the base
     for row, hypothesis in enumerate(hypotheses):
         expected = full_log_prob(scorer, src[row], hypothesis.tokens, True)
@@ -97,25 +99,28 @@ def test_beam_1_equals_greedy_search(kind, markov_order):
     model = tiny(kind, markov_order, seed=3)
     src = sources([5, 6, 7], [8, 9, 10, 11, 12])
     limits = [5, 6]
-    hypotheses = beam_search(make_stepper(model), src, limits, beam=1)
+    hypotheses = beam_search(model, src, limits, beam=1)
     for row, hypothesis in enumerate(hypotheses):
         assert hypothesis.tokens == greedy_reference(model, src[row], limits[row], V_TGT)
 
 
-class BigramStepper(Stepper):
-    """A fake model: p(next | previous token) from a fixed table (ids 4 = a, 5 = b)."""
+class BigramModel:
+    """A fake model with the decode contract (aligner/models/base.py): p(next | previous
+    token) from a fixed table (ids 4 = a, 5 = b)."""
 
     def __init__(self, table):
-        self.vocab_size = 6
         self.table = torch.full((6, 6), -math.inf)
         for (previous, word), p in table.items():
             self.table[previous, word] = math.log(p)
 
-    def start(self, src):
+    def init_decode_state(self, src):
         return {}
 
-    def log_probs(self, state, tokens, step):
-        return self.table[tokens]
+    def decode_step(self, state, prev_tokens):
+        return self.table[prev_tokens], state
+
+    def reorder_decode_state(self, state, rows):
+        return select_rows(state, rows)
 
 
 A, B, EOS, BOS = 4, 5, C.EOS_ID, C.BOS_ID
@@ -127,9 +132,9 @@ TABLE = {(BOS, A): 0.6, (BOS, B): 0.4,
 def test_beam_search_by_hand_beats_greedy():
     """Greedy: a (0.6) then EOS (0.4) = 0.24. Beam 2 also keeps b (0.4), and b EOS = 0.36."""
     src = sources([7])
-    greedy = beam_search(BigramStepper(TABLE), src, [5], beam=1, len_penalty=0.0)[0]
+    greedy = beam_search(BigramModel(TABLE), src, [5], beam=1, len_penalty=0.0)[0]
     assert greedy.tokens == [A] and greedy.log_prob == pytest.approx(math.log(0.24))
-    best = beam_search(BigramStepper(TABLE), src, [5], beam=2, len_penalty=0.0)[0]
+    best = beam_search(BigramModel(TABLE), src, [5], beam=2, len_penalty=0.0)[0]
     assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.36))
 
 
@@ -140,16 +145,16 @@ def test_length_normalization_and_the_stopping_rule_by_hand():
     length (EOS counted): -1.61/2 = -0.80 loses to -1.83/3 = -0.61."""
     table = {(BOS, A): 1.0, (A, EOS): 0.2, (A, A): 0.8}
     src = sources([7])
-    raw = beam_search(BigramStepper(table), src, [9], beam=2, len_penalty=0.0)[0]
+    raw = beam_search(BigramModel(table), src, [9], beam=2, len_penalty=0.0)[0]
     assert raw.tokens == [A] and raw.score == pytest.approx(math.log(0.2))
-    normalized = beam_search(BigramStepper(table), src, [9], beam=2, len_penalty=1.0)[0]
+    normalized = beam_search(BigramModel(table), src, [9], beam=2, len_penalty=1.0)[0]
     assert normalized.tokens == [A, A]
     assert normalized.score == pytest.approx((math.log(0.8) + math.log(0.2)) / 3)
 
 
 def test_the_length_limit_forces_eos():
     table = {(BOS, A): 1.0, (A, A): 0.999, (A, EOS): 0.001}
-    hypotheses = beam_search(BigramStepper(table), sources([7], [7, 7]), [3, 1], beam=1)
+    hypotheses = beam_search(BigramModel(table), sources([7], [7, 7]), [3, 1], beam=1)
     assert [h.tokens for h in hypotheses] == [[A, A, A], [A]]
     assert hypotheses[0].log_prob == pytest.approx(2 * math.log(0.999) + math.log(0.001))
     assert max_output_length(10, 1.5, 10, None) == 25
@@ -157,7 +162,7 @@ def test_the_length_limit_forces_eos():
 
 
 def test_the_minimum_length_bans_eos_before_it():
-    hypotheses = beam_search(BigramStepper(TABLE), sources([7], [7]), [6, 6], beam=2,
+    hypotheses = beam_search(BigramModel(TABLE), sources([7], [7]), [6, 6], beam=2,
                              len_penalty=0.0, min_lengths=[3, 6])
     assert [len(h.tokens) for h in hypotheses] == [3, 6]
     # brute force over the 8 three-word outputs: a a b EOS (.6 · .3 · .3 · .9) is the best
