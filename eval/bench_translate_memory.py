@@ -1,17 +1,25 @@
 """Benchmark: peak memory of one hmm0/hmm1 beam-search step, whole lexicon or chunked.
 
 One decoding step of the direct HMM computes log p_lex(v|j) for N beam rows × (J+1) source
-positions × V words. Before (``whole``, the stepper of commit 7b8823e, reproduced below as
-:class:`WholeLexiconStepper`) the step held that tensor whole, several times over (logits,
-log_softmax, + log prior, logsumexp), and hmm1 kept the log_softmax until ``choose``. Now
-(aligner/translate.py :func:`mixture_log_probs`) the logits exist for a chunk of source
-positions at a time (``chunk_floats`` // (N·V) positions, at least 1) and hmm1's ``choose``
-recomputes only the chosen words' (N', J+1) entries.
+positions × V words. Before (``whole``, the decoder of commit 7b8823e, reproduced below by
+:func:`whole_lexicon_model`) the step held that tensor whole, several times over (logits,
+log_softmax, + log prior, logsumexp), and hmm1 kept the log_softmax until the forward update
+of the chosen words. Now (aligner/models/direct_hmm.py :func:`mixture_log_probs`) the logits
+exist for a chunk of source positions at a time (``lexicon_floats`` // (N·V) positions, at
+least 1) and hmm1's forward update recomputes only the chosen words' (N', J+1) entries.
+
+Everything goes through the models' decode contract (aligner/models/base.py:
+``init_decode_state``, ``decode_step``, ``reorder_decode_state``): ``1-position`` is the
+option ``lexicon_floats=1``, ``whole`` a subclass of the model's kind that overrides
+``decode_step`` / ``reorder_decode_state``.
 
 Each cell runs in a fresh subprocess (``--one``): build a random model (memory does not depend
-on the weights), encode the sources, then measure ``log_probs`` at step 0 + ``choose`` of the
-beam's rows. On CPU the step's extra peak memory is the growth of the process's peak resident
-set (resource.getrusage ru_maxrss; tracemalloc does not see torch), with glibc's
+on the weights), encode the sources, then measure two steps of the search: ``decode_step`` at
+position 0, ``reorder_decode_state`` to the beam's rows and ``decode_step`` at position 1
+(hmm1's forward update for the words chosen at 0 happens there; eval/results/
+translate_memory.md was recorded before the decode contract, as one step + the update). On
+CPU the extra peak memory is the growth of the process's peak resident set
+(resource.getrusage ru_maxrss; tracemalloc does not see torch), with glibc's
 MALLOC_MMAP_THRESHOLD_ fixed so that every large tensor is its own mapping, returned when
 freed; on CUDA it is torch.cuda.max_memory_allocated. Writes a markdown table.
 
@@ -54,51 +62,55 @@ READING = """## Reading
 """
 
 
-def whole_lexicon_stepper(model):
-    """The DirectHMMStepper before chunking (commit 7b8823e): the whole (N, J+1, V) lexicon."""
+def whole_lexicon_model(model):
+    """`model` (hmm0/hmm1, same weights) decoding as before chunking (commit 7b8823e): each
+    step holds the whole (N, J+1, V) lexicon, several times over, and hmm1 keeps its
+    log_softmax for the forward update of the chosen words (gathered from the unselected rows,
+    as before). A subclass of the model's kind overriding the decode contract's methods."""
     import torch
-    import torch.nn.functional as F
 
-    from aligner.translate import DirectHMMStepper, Stepper
+    from aligner.models.base import select_rows
+    from aligner.models.direct_hmm import lexicon_logits
+    from aligner.models.transformer import next_decode_state
 
-    class WholeLexiconStepper(DirectHMMStepper):
-        def _output(self, last, state, step):
-            log_alpha, source_hidden, target_hidden = last
-            hidden = F.relu(source_hidden + target_hidden[:, -1][:, None, :])
-            logits = F.linear(hidden, self.model.lexicon.weight, self.model.lexicon.bias)
+    class WholeLexicon(type(model)):
+        def decode_step(self, state, prev_tokens):
+            # popped from the given state, so that the whole tensors die with this update
+            pending = state.pop("pending_whole", None)
+            state = next_decode_state(state)
+            if pending is not None:                    # hmm1: q of the words chosen before
+                rows, log_prior, log_lex, log_p = pending
+                state["forward"] = (log_prior[rows] + log_lex[rows, :, prev_tokens]
+                                    - log_p[rows, prev_tokens][:, None])
+                del pending, log_prior, log_lex, log_p
+            log_alpha, source_hidden, target_hidden = self.decode_position(state, prev_tokens)
+            log_prior = self.decode_prior(log_alpha, state, prev_tokens)
+            _, logits = lexicon_logits(source_hidden, target_hidden[:, None, :],
+                                       self.lexicon.weight, self.lexicon.bias)
             log_lex = torch.log_softmax(logits.float(), dim=-1)              # (N, J+1, V)
-            if self.order == 0:
-                log_prior = log_alpha[:, -1]
-            elif step == 0:
-                log_prior = log_alpha[:, -1, 0]
-            else:
-                log_prior = torch.logsumexp(state["forward"][:, :, None]
-                                            + log_alpha[:, -1, 1:], 1)
             log_p = torch.logsumexp(log_prior[:, :, None] + log_lex, dim=1)
             if self.order == 1:
-                state["pending_prior"], state["pending_lex"], state["pending_p"] = (
-                    log_prior, log_lex, log_p)
-            return log_p
+                state["pending_whole"] = (None, log_prior, log_lex, log_p)
+            return log_p, state
 
-        def choose(self, state, rows, words):
-            kept = Stepper.choose(self, state, rows, words)
-            if self.order == 1:
-                kept["forward"] = (state["pending_prior"][rows]
-                                   + state["pending_lex"][rows, :, words]
-                                   - state["pending_p"][rows, words][:, None])
+        def reorder_decode_state(self, state, rows):
+            kept = select_rows({k: v for k, v in state.items() if k != "pending_whole"}, rows)
+            if state.get("pending_whole") is not None:   # not copied: rows are read later
+                kept["pending_whole"] = (rows,) + tuple(state["pending_whole"][1:])
             return kept
 
-    return WholeLexiconStepper(model)
+    whole = WholeLexicon(model.config)
+    whole.load_state_dict(model.state_dict())
+    return whole.to(next(model.parameters()).device).eval()
 
 
 def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: str,
         device_name: str) -> dict:
-    """One decoding step in this process: peak extra memory (MiB), time (s), a checksum."""
+    """Two decoding steps in this process: peak extra memory (MiB), time (s), a checksum."""
     import torch
 
     from aligner import constants as C
     from aligner.models import build_model
-    from aligner.translate import DirectHMMStepper
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -107,20 +119,22 @@ def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: st
                   enc_layers=1, dec_layers=1, d_ff=2 * d_model, dropout=0.0,
                   max_positions=max(256, length + 2))
     model = build_model(kind, config).to(device).eval()
-    if setting == "whole":
-        stepper = whole_lexicon_stepper(model)
-    elif setting == "1-position":
-        stepper = DirectHMMStepper(model, chunk_floats=1)
-    else:
-        stepper = DirectHMMStepper(model)
     src = torch.randint(4, vocab, (rows, length + 1), device=device)
     src[:, -1] = C.EOS_ID
+    options = {"lexicon_floats": 1} if setting == "1-position" else {}
+    if setting == "whole":               # after drawing src: building it draws random weights
+        model = whole_lexicon_model(model)
     tokens = torch.full((rows,), C.BOS_ID, device=device)
+
+    def two_steps(state, n_rows):
+        log_p, state = model.decode_step(state, tokens[:n_rows])
+        words = log_p.argmax(-1)
+        state = model.reorder_decode_state(state, torch.arange(n_rows, device=device))
+        return model.decode_step(state, words)
+
     with torch.no_grad():
-        warm_up = stepper.start(src[:1, -2:])    # first calls allocate library buffers
-        stepper.choose(warm_up, torch.zeros(1, dtype=torch.long, device=device),
-                       stepper.log_probs(warm_up, tokens[:1], 0).argmax(-1))
-        state = stepper.start(src)
+        two_steps(model.init_decode_state(src[:1, -2:], **options), 1)   # allocates buffers
+        state = model.init_decode_state(src, **options)
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -128,9 +142,7 @@ def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: st
         else:
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         start = time.perf_counter()
-        log_p = stepper.log_probs(state, tokens, 0)
-        words = log_p.argmax(-1)
-        state = stepper.choose(state, torch.arange(rows, device=device), words)
+        log_p, state = two_steps(state, rows)
         if device.type == "cuda":
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - before
@@ -148,24 +160,22 @@ def compare(model_dir: str, input_path: str, n_lines: int, beam: int) -> str:
     whole lexicon vs chunked (default), 1 thread: a markdown row (times, identical outputs)."""
     import torch
 
-    import aligner.translate as translate_module
     from aligner.model_dir import LoadedModelDir
+    from aligner.translate import encode_inputs, translate_inputs
 
     torch.set_num_threads(1)
     with open(input_path, encoding="utf-8") as handle:
         lines = [line.rstrip("\n") for _, line in zip(range(n_lines), handle)]
     loaded = LoadedModelDir.load(model_dir, ("fwd",))
-    original = translate_module.make_stepper
+    model = loaded.models["fwd"]
+    models = {"chunked": model, "whole": whole_lexicon_model(model)}
     results, seconds = {}, {}
-    try:
-        for setting in ("chunked", "whole", "chunked"):     # chunked twice: warm-up, noise
-            translate_module.make_stepper = (whole_lexicon_stepper if setting == "whole"
-                                             else original)
-            start = time.perf_counter()
-            results[setting] = translate_module.translate(loaded, lines, "fwd", beam=beam)
-            seconds[setting] = min(seconds.get(setting, 1e9), time.perf_counter() - start)
-    finally:
-        translate_module.make_stepper = original
+    for setting in ("chunked", "whole", "chunked"):     # chunked twice: warm-up, noise
+        start = time.perf_counter()
+        results[setting] = translate_inputs(models[setting],
+                                            encode_inputs(loaded, lines, "fwd"),
+                                            loaded.tgt_vocab.tokens, beam=beam)
+        seconds[setting] = min(seconds.get(setting, 1e9), time.perf_counter() - start)
     pairs = list(zip(results["chunked"], results["whole"]))
     same = sum(a.subwords == b.subwords for a, b in pairs)
     delta = max((abs(a.log_prob - b.log_prob) for a, b in pairs if a.subwords == b.subwords),
@@ -202,7 +212,7 @@ def main() -> None:
                              args.device)))
         return
 
-    from aligner.translate import LEXICON_CHUNK_FLOATS
+    from aligner.models.direct_hmm import LEXICON_CHUNK_FLOATS
     from aligner.utils import atomic_output
 
     environment = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
@@ -229,12 +239,13 @@ def main() -> None:
                   f"{rows} beam rows (e.g. beam 5 × 8 sentences), vocabulary V = {vocab}, "
                   f"d_model = lexicon dim k = {args.d_model}, 1 encoder + 1 decoder layer, "
                   "random weights. One fresh process per cell; memory = growth of the peak "
-                  "resident set during one step (log_probs at step 0 + choose), glibc "
+                  "resident set during two steps (decode_step at positions 0 and 1, the "
+                  "second with hmm1's forward update of the words chosen at 0), glibc "
                   "MALLOC_MMAP_THRESHOLD_=131072 (CPU), or max_memory_allocated (CUDA).\n\n")
-        out.write(f"Settings: **whole** = the stepper before this change (the whole "
+        out.write(f"Settings: **whole** = the decoding step before chunking (the whole "
                   f"(N, J+1, V) lexicon); **default** = chunks of LEXICON_CHUNK_FLOATS = "
                   f"{LEXICON_CHUNK_FLOATS} floats, here {default_positions} source positions "
-                  f"per chunk; **1-position** = chunk_floats 1, one source position per chunk "
+                  f"per chunk; **1-position** = lexicon_floats 1, one source position per chunk "
                   f"(the floor: N·V floats).\n\n")
         for kind in args.kinds:
             out.write(f"## {kind}\n\n")
