@@ -41,6 +41,12 @@ class FixedScores(AlignmentModel):
     def loss(self, src, tgt_in, tgt_out, label_smoothing=0.0):
         raise NotImplementedError("extraction only")
 
+    def init_decode_state(self, src, **options):
+        raise NotImplementedError("extraction only")
+
+    def decode_step(self, state, prev_tokens):
+        raise NotImplementedError("extraction only")
+
     def alignment_scores(self, src, tgt_in, tgt_out, method, **options):
         rows, cols = tgt_out.size(1), src.size(1)
         return self.table[:rows, :cols].expand(src.size(0), rows, cols)
