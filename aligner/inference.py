@@ -22,14 +22,15 @@ no line is ever dropped or shifted. This module returns objects and never writes
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
+                    TypeVar, Union)
 
 import numpy as np
 import torch
 
 from aligner import constants as C
-from aligner.data import (EncodedPair, encode_pair, inference_batches, make_batch,
-                          restore_order, subword_to_word_links)
+from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, make_batch,
+                          subword_to_word_links)
 from aligner.formats import Bitext
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
@@ -40,6 +41,8 @@ from aligner.utils import check_condition
 logger = logging.getLogger(__name__)
 
 Link = Tuple[int, int]
+Item = TypeVar("Item")
+Collated = TypeVar("Collated")
 DEFAULT_MAX_TOKENS = 4000
 MAX_WARNINGS = 10
 
@@ -87,6 +90,51 @@ def model_max_positions(model: AlignmentModel) -> Optional[int]:
     return model.config.max_positions
 
 
+def batched(items: Sequence[Item], indices: Sequence[int], widths: Sequence[int],
+            max_tokens: int, collate: Callable[[List[Item]], Collated],
+            description: str = "", progress: bool = False
+            ) -> Iterator[Tuple[List[int], Collated]]:
+    """The batch pipeline of inference, written once: the items ``items[k]`` for k in `indices`
+    (those a model can take; widths[n]: the positions item indices[n] occupies) in batches of
+    similar length, longest first, of at most `max_tokens` positions
+    (:func:`aligner.data.inference_batches`); yields (the batch's indices into `items`,
+    ``collate(its items)``).
+
+    The indices are positions in `items`, so putting results back into input order is
+    ``results[k] = result`` for each k of a batch (callers start from a list of defaults for
+    the items left out). ``progress``: a tqdm bar (`description`) over the items, advanced
+    when the caller asks for the next batch (none when there is nothing to batch).
+    """
+    if not indices:
+        return
+    batches = inference_batches(len(indices), widths, max_tokens)
+    with progress_bar(len(indices), description, progress) as bar:
+        for batch in batches:
+            chosen = [indices[b] for b in batch]
+            yield chosen, collate([items[k] for k in chosen])
+            bar.update(len(chosen))
+
+
+def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
+                 description: str = "", progress: bool = False
+                 ) -> Iterator[Tuple[List[int], Batch]]:
+    """(indices into `pairs`, :class:`aligner.data.Batch` of `direction` on `device`) for the
+    pairs `model` can take (:func:`usable`; the others are in no batch), in length-sorted
+    batches of at most `max_tokens` positions (see :func:`batched`). `device`: the model's
+    by default."""
+    device = device or next(model.parameters()).device
+    limit = model_max_positions(model)
+    ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
+
+    def collate(items: List[EncodedPair]) -> Batch:
+        return make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
+                          direction).to(device)
+
+    return batched(pairs, ok, [pairs[k].width for k in ok], max_tokens, collate, description,
+                   progress)
+
+
 @torch.no_grad()
 def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
                 method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -105,27 +153,14 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
                     f"unknown method '{method}' for this model (choose from "
                     f"{', '.join(model.METHODS)})")
     options = options or {}
-    device = device or next(model.parameters()).device
     model.eval()
-    limit = model_max_positions(model)
-    ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
     results: List[Set[Link]] = [set() for _ in pairs]
-    if not ok:
-        return results
-    batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
-    batch_results = []
-    with progress_bar(len(ok), f"align {direction}", progress) as bar:
-        for batch_indices in batches:
-            items = [pairs[ok[b]] for b in batch_indices]
-            batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
-                               direction).to(device)
-            path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
-                                  **options).cpu().numpy()
-            batch_results.append([_pair_links(path[row], item, direction)
-                                  for row, item in enumerate(items)])
-            bar.update(len(items))
-    for k, links in zip(ok, restore_order(batches, batch_results)):
-        results[k] = links
+    for indices, batch in pair_batches(model, pairs, direction, max_tokens, device,
+                                       f"align {direction}", progress):
+        path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
+                              **options).cpu().numpy()
+        for row, k in enumerate(indices):
+            results[k] = _pair_links(path[row], pairs[k], direction)
     return results
 
 
@@ -165,26 +200,16 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     bar on stderr.
     """
     options = options or {}
-    device = device or next(model.parameters()).device
     model.eval()
-    limit = model_max_positions(model)
     results = [np.zeros((max(p.src_word_index, default=-1) + 1,
                          max(p.tgt_word_index, default=-1) + 1), dtype=np.float32)
                for p in pairs]
-    ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
-    if not ok:
-        return results
-    batches = inference_batches(len(ok), [pairs[k].width for k in ok], max_tokens)
-    with progress_bar(len(ok), f"soft {direction}", progress) as bar:
-        for batch_indices in batches:
-            items = [pairs[ok[b]] for b in batch_indices]
-            batch = make_batch([p.src_ids for p in items], [p.tgt_ids for p in items],
-                               direction).to(device)
-            scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
-                                            **options).float().cpu().numpy()
-            for row, b in enumerate(batch_indices):
-                results[ok[b]] = _word_matrix(scores[row], pairs[ok[b]], direction)
-            bar.update(len(items))
+    for indices, batch in pair_batches(model, pairs, direction, max_tokens, device,
+                                       f"soft {direction}", progress):
+        scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
+                                        **options).float().cpu().numpy()
+        for row, k in enumerate(indices):
+            results[k] = _word_matrix(scores[row], pairs[k], direction)
     return results
 
 

@@ -37,10 +37,10 @@ from torch import nn
 
 from aligner import constants as C
 from aligner.config import DataConfig, RunConfig, TrainConfig
-from aligner.data import EncodedCorpus, EncodedPair, TokenBatcher, inference_batches, make_batch
+from aligner.data import EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
 from aligner.formats import Bitext, GoldAlignment
-from aligner.inference import align_pairs, model_max_positions, usable
+from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
 from aligner.model_dir import (CORPUS_DIR, load_checkpoint_file, load_params,
                                save_checkpoint_file, save_params)
@@ -109,18 +109,15 @@ class Validation:
     def perplexity(self, model: AlignmentModel, direction: str, device: torch.device) -> float:
         """exp(mean NLL per target token, EOS included), no label smoothing, eval mode."""
         model.eval()
-        limit = model_max_positions(model)
-        ok = [pair for pair in self.pairs if usable(pair, limit)]
-        if not ok:
-            return float("nan")
-        total, tokens = 0.0, 0
-        for indices in inference_batches(len(ok), [p.width for p in ok], self.max_tokens):
-            batch = make_batch([ok[k].src_ids for k in indices], [ok[k].tgt_ids for k in indices],
-                               direction).to(device)
+        total, tokens, batches = 0.0, 0, 0
+        for _, batch in pair_batches(model, self.pairs, direction, self.max_tokens, device):
             with autocast_context(device):
                 loss, n_tokens = model.loss(batch.src, batch.tgt_in, batch.tgt_out, 0.0)
             total += float(loss)
             tokens += int(n_tokens)
+            batches += 1
+        if not batches:   # no pair the model can take
+            return float("nan")
         return math.exp(min(total / max(tokens, 1), 100.0))
 
     def aer(self, model: AlignmentModel, direction: str, device: torch.device) -> Optional[float]:

@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 from aligner import constants as C
-from aligner.data import inference_batches, make_batch, restore_order, subword_to_word_links
-from aligner.inference import hard_alignment, model_max_positions
+from aligner.data import make_batch, subword_to_word_links
+from aligner.inference import batched, hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
 from aligner.models import MODELS
 from aligner.models.base import AlignmentModel
@@ -306,17 +306,13 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
     if n_skipped > MAX_WARNINGS:
         logger.warning("%d lines in all get an empty translation (only the first %d are "
                        "listed)", n_skipped, MAX_WARNINGS)
-    if not usable:
-        return results
     widths = [len(inputs[k].ids) + 1 for k in usable]
-    batches = inference_batches(len(usable), widths, max(1, max_tokens // beam))
-    batch_results = []
-    for batch_indices in batches:
-        items = [inputs[usable[b]] for b in batch_indices]
+    for indices, src in batched(inputs, usable, widths, max(1, max_tokens // beam),
+                                lambda items: _source_tensor(items, device)):
+        items = [inputs[k] for k in indices]
         lengths = [max_output_length(len(item.ids), max_len_a, max_len_b, limit)
                    for item in items]
-        hypotheses = beam_search(model, _source_tensor(items, device), lengths, beam,
-                                 len_penalty)
+        hypotheses = beam_search(model, src, lengths, beam, len_penalty)
         translations = []
         for hypothesis in hypotheses:
             subwords = [output_tokens[t] for t in hypothesis.tokens]
@@ -324,14 +320,13 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
             translations.append(Translation(words, subwords, hypothesis.score,
                                             hypothesis.log_prob))
         if alignment_method is not None:
-            indices = [join_subwords(t.subwords)[1] for t in translations]
-            links = align_outputs(model, items, [h.tokens for h in hypotheses], indices,
+            word_indices = [join_subwords(t.subwords)[1] for t in translations]
+            links = align_outputs(model, items, [h.tokens for h in hypotheses], word_indices,
                                   alignment_method, device)
             for translation, pair_links in zip(translations, links):
                 translation.links = pair_links
-        batch_results.append(translations)
-    for k, translation in zip(usable, restore_order(batches, batch_results)):
-        results[k] = translation
+        for k, translation in zip(indices, translations):
+            results[k] = translation
     return results
 
 
