@@ -356,6 +356,18 @@ def load_vocabularies(model_dir: str, config: RunConfig) -> Tuple[Vocabulary, Vo
     return vocabs["src"], vocabs["tgt"]
 
 
+def load_preprocessing(model_dir: str, config: Optional[RunConfig] = None
+                       ) -> Tuple[Preprocessor, Vocabulary, Vocabulary]:
+    """The preprocessor (prep.json, BPE codes) and the source and target vocabularies of
+    `model_dir`; given its `config`, the vocabularies are checked against it
+    (:func:`load_vocabularies`)."""
+    preprocessor = Preprocessor.load(model_dir)
+    if config is not None:
+        return (preprocessor, *load_vocabularies(model_dir, config))
+    return (preprocessor, Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC)),
+            Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT)))
+
+
 @dataclass
 class LoadedModelDir:
     """Everything extraction needs from a model directory.
@@ -380,8 +392,7 @@ class LoadedModelDir:
         check_condition(not missing, f"{model_dir}: the model was trained for "
                                      f"{', '.join(config.directions)} only, not "
                                      f"{', '.join(missing)}")
-        preprocessor = Preprocessor.load(model_dir)
-        src_vocab, tgt_vocab = load_vocabularies(model_dir, config)
+        preprocessor, src_vocab, tgt_vocab = load_preprocessing(model_dir, config)
         models = {d: _load_direction(model_dir, config, d, checkpoint, device)
                   for d in directions}
         return cls(model_dir, config, preprocessor, src_vocab, tgt_vocab, models)

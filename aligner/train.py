@@ -43,7 +43,7 @@ from aligner.formats import Bitext, GoldAlignment
 from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
 from aligner.model_dir import (CORPUS_DIR, load_checkpoint_file, load_params,
-                               save_checkpoint_file, save_params)
+                               load_preprocessing, save_checkpoint_file, save_params)
 from aligner.models import model_class
 from aligner.models.base import AlignmentModel
 from aligner.utils import AlignerError, atomic_output, check_condition
@@ -902,7 +902,6 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     from aligner.log import log_run_info, setup_logging
     from aligner.model_dir import (acquire_lock, config_path, direction_dir, prepare_output_dir,
                                    release_lock, write_version)
-    from aligner.prep import Preprocessor
 
     base_kind = model_class(model_kind).BASE_KIND
     check_condition(base_dir is None or base_kind is not None,
@@ -952,9 +951,7 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                         context.world_size, len(bitext))
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
-            pre = Preprocessor.load(model_dir)
-            src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-            tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+            pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
         elif context.is_main and base_dir is not None:
             pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext,
                                                            data_config)
@@ -963,9 +960,7 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                                                       data_config, train_config.seed)
         context.barrier()
         if not resumed and not context.is_main:
-            pre = Preprocessor.load(model_dir)
-            src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-            tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+            pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
         models = direction_model_configs(model_options, directions, len(src_vocab),
                                          len(tgt_vocab))
         if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
@@ -1059,11 +1054,7 @@ def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_confi
                        ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
     """Stage 2: the base's preprocessing and vocabularies (copied into `model_dir`) and the
     training corpus encoded with them into MODEL_DIR/corpus (rank 0 only)."""
-    from aligner.prep import Preprocessor
-
-    pre = Preprocessor.load(base_dir)
-    src_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_SRC))
-    tgt_vocab = Vocabulary.load(os.path.join(base_dir, C.VOCAB_TGT))
+    pre, src_vocab, tgt_vocab = load_preprocessing(base_dir)
     source, target = tokenize_bitext(pre, bitext)
     _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
                      bitext)

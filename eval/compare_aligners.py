@@ -697,10 +697,8 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
     from aligner.config import RunConfig
     from aligner.data import EncodedCorpus, encode_corpus
     from aligner.formats import Bitext
-    from aligner.model_dir import config_path
-    from aligner.prep import Preprocessor
+    from aligner.model_dir import config_path, load_preprocessing
     from aligner.train import tokenize_bitext
-    from aligner.vocab import Vocabulary
 
     trained = EncodedCorpus.open(folder)
     n_input = trained.stats.n_input if trained.stats else -1
@@ -708,9 +706,7 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
         return (f"{folder}: the model was trained on {n_input} lines, the benchmark corpus has "
                 f"{_corpus_size(corpus)}"), ""
     config = RunConfig.load(config_path(model_dir))
-    pre = Preprocessor.load(model_dir)
-    src_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_SRC))
-    tgt_vocab = Vocabulary.load(os.path.join(model_dir, C.VOCAB_TGT))
+    pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
     source, target = tokenize_bitext(pre, Bitext(corpus.sources, corpus.targets,
                                                  corpus.source, corpus.target))
     with tempfile.TemporaryDirectory(prefix="training-text-check.", dir=scratch) as tmp:
