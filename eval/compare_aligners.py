@@ -698,7 +698,7 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
     from aligner.data import EncodedCorpus, encode_corpus
     from aligner.formats import Bitext
     from aligner.model_dir import config_path, load_preprocessing
-    from aligner.train import tokenize_bitext
+    from aligner.train_run import tokenize_bitext
 
     trained = EncodedCorpus.open(folder)
     n_input = trained.stats.n_input if trained.stats else -1

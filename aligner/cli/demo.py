@@ -78,7 +78,7 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     from aligner.metrics import score_aer
     from aligner.model_dir import LoadedModelDir
     from aligner.prep import PrepConfig
-    from aligner.train import train_model_dir
+    from aligner.train_run import train_model_dir
 
     set_threads(threads)
     start = time.time()

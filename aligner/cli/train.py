@@ -1,6 +1,6 @@
 """`align train`: preprocess a bitext and train an alignment model in both directions.
 
-The command only parses options; the work is aligner.train.train_model_dir. torch is imported
+The command only parses options; the work is aligner.train_run.train_model_dir. torch is imported
 inside the command function so that other commands start fast.
 """
 from __future__ import annotations
@@ -227,7 +227,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.formats import read_bitext, read_gold
     from aligner.models import MODELS, model_class
     from aligner.prep import PrepConfig
-    from aligner.train import train_model_dir
+    from aligner.train_run import train_model_dir
 
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind

@@ -1,0 +1,583 @@
+"""A whole `align train` run around the training loop of aligner/train.py.
+
+:func:`train_model_dir` prepares the model directory (lock, --resume/--overwrite, BPE,
+vocabularies, the encoded corpus and the record of the data it came from, config.json), then
+trains every direction: one after the other in this process (:func:`train_direction`), each in a
+process of its own (:func:`train_directions_in_parallel`, --parallel-directions), or both in one
+loop (:func:`train_agreement`, --agreement-weight). Kinds trained on a frozen base run two stages
+(:func:`_base_stage`). The loop itself, checkpoints and resuming are :class:`aligner.train.Trainer`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from aligner import constants as C
+from aligner.config import DataConfig, RunConfig, TrainConfig
+from aligner.data import EncodedCorpus
+from aligner.distributed import DistributedContext
+from aligner.formats import Bitext, GoldAlignment
+from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_preprocessing
+from aligner.models import model_class
+from aligner.train import (TrainSummary, Trainer, Validation, check_resumable,
+                           seed_everything)
+from aligner.utils import AlignerError, atomic_output, check_condition
+from aligner.vocab import Vocabulary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.prep import Preprocessor, PrepConfig
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# One direction's training, in this process or in a process of its own
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DirectionRun:
+    """Everything training one direction needs beyond the files in `model_dir` (picklable, so
+    that a --parallel-directions process can receive it).
+
+    base_dir: the frozen base of a stage-2 run (alignment layer), else None; position: the row
+    of this direction's progress bar when several are shown at once.
+    """
+
+    model_dir: str
+    config: RunConfig
+    direction: str
+    resume: bool
+    base_dir: Optional[str] = None
+    validation: Optional[Validation] = None
+    progress: bool = True
+    position: int = 0
+
+
+def train_direction(run: DirectionRun, device: torch.device,
+                    context: Optional[DistributedContext] = None) -> TrainSummary:
+    """Build the direction's model (seeded with the run's seed) and train it into
+    MODEL_DIR/DIRECTION from the encoded corpus in MODEL_DIR/corpus."""
+    from aligner.model_dir import build_direction_model, direction_dir, params_path
+
+    context = context or DistributedContext()
+    seed_everything(run.config.training.seed)
+    model = build_direction_model(run.config, run.direction)
+    if run.base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
+        base_weights = load_checkpoint_file(params_path(run.base_dir, run.direction, "best"))
+        model.load_base(base_weights["state_dict"])
+    if context.is_main:
+        n_params = sum(p.numel() for p in model.parameters())
+        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info("[%s] %s model: %d parameters (%d trained)", run.direction,
+                    run.config.model_kind, n_params, n_train)
+    corpus = EncodedCorpus.open(os.path.join(run.model_dir, CORPUS_DIR))
+    sizes = run.config.models[run.direction]
+    vocab_sizes = (sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+    corpus.check_ids(*(vocab_sizes if run.direction == "fwd" else vocab_sizes[::-1]))
+    trainer = Trainer(model, corpus, run.direction, run.config.training,
+                      direction_dir(run.model_dir, run.direction), device, context,
+                      run.validation, progress=run.progress, progress_position=run.position)
+    return trainer.run(resume=run.resume)
+
+
+def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: bool,
+                       verbose: bool) -> None:
+    """Body of one --parallel-directions process: log like the parent, train on the CPU, send
+    ("done", TrainSummary), ("error", AlignerError) or ("crash", traceback text) back."""
+    import signal
+    import sys
+    import traceback
+
+    from aligner.log import setup_logging
+
+    training = True
+
+    def stop(signum: int, frame: Any) -> None:
+        """The parent's terminate() while training: exit normally, so that multiprocessing
+        cleans up (tqdm's lock); once training is over the process is already on its way out,
+        and an exception raised in its interpreter shutdown would only print noise."""
+        if training:
+            sys.exit(1)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent stops us
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        torch.set_num_threads(threads)
+        setup_logging(quiet=quiet, verbose=verbose,
+                      logfile=os.path.join(run.model_dir, C.LOG_NAME))
+        connection.send(("done", train_direction(run, torch.device("cpu"))))
+    except AlignerError as error:
+        connection.send(("error", error))
+    except Exception:  # a bug: its traceback goes to the parent
+        connection.send(("crash", traceback.format_exc()))
+    finally:
+        training = False
+        connection.close()
+
+
+def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = False,
+                                 verbose: bool = False) -> Dict[str, TrainSummary]:
+    """Train each run's direction at the same time in its own ("spawn") process on the CPU.
+
+    Each process gets ``torch.get_num_threads() // len(runs)`` threads (at least 1); with that
+    many threads per direction the weights are the same as when the directions train one after
+    the other (the directions share nothing but the read-only corpus). The first process to
+    fail stops the others and its error is raised here; so does Ctrl-C (checkpoints are written
+    atomically, so ``--resume`` continues from the last one of each direction).
+    """
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    threads = max(1, torch.get_num_threads() // len(runs))
+    logger.info("training %s in parallel: %d processes with %d thread(s) each",
+                ", ".join(run.direction for run in runs), len(runs), threads)
+    context = multiprocessing.get_context("spawn")
+    processes, waiting = [], {}
+    summaries: Dict[str, TrainSummary] = {}
+    try:
+        for run in runs:
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_direction_process, name=f"train-{run.direction}",
+                                      args=(sender, run, threads, quiet, verbose))
+            process.start()
+            sender.close()
+            processes.append(process)
+            waiting[receiver] = (run.direction, process)
+        while waiting:
+            for receiver in wait(list(waiting)):
+                direction, process = waiting.pop(receiver)
+                try:
+                    status, value = receiver.recv()
+                except EOFError:
+                    process.join()
+                    raise AlignerError(f"[{direction}] the training process ended without a "
+                                       f"result (exit code {process.exitcode})") from None
+                if status == "error":
+                    raise value
+                if status == "crash":
+                    raise RuntimeError(f"[{direction}] training failed:\n{value}")
+                summaries[direction] = value
+        for process in processes:  # each has sent its result: let it end on its own
+            process.join()
+    finally:  # after an error or Ctrl-C: stop the processes still training
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+    return {run.direction: summaries[run.direction] for run in runs}
+
+
+# ---------------------------------------------------------------------------------------------
+# A whole run: prepare the model directory, then train every direction
+# ---------------------------------------------------------------------------------------------
+
+def tokenize_bitext(pre: "Preprocessor", bitext: Bitext) -> Tuple[List[List[str]], List[List[str]]]:
+    """Words of both sides after the preprocessor's tokenization/lowercasing (if any)."""
+    if not (pre.config.tokenize or pre.config.lowercase):
+        return bitext.source, bitext.target
+    return ([pre.tokenize_line(" ".join(words), "src") for words in bitext.source],
+            [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
+
+
+#: in MODEL_DIR/corpus: which bitext the cached corpus was encoded from (see record_inputs)
+INPUTS_NAME = "inputs.json"
+
+
+def bitext_fingerprint(bitext: Bitext) -> str:
+    """sha256 of the bitext's words, pair by pair (the same for the same text however its
+    files are named, spaced or stored)."""
+    digest = hashlib.sha256()
+    for source, target in zip(bitext.source, bitext.target):
+        digest.update(f"{' '.join(source)}\t{' '.join(target)}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _bitext_names(bitext: Bitext) -> str:
+    """'train.src + train.tgt', or the one file of a joint bitext."""
+    if bitext.source_name == bitext.target_name:
+        return bitext.source_name
+    return f"{bitext.source_name} + {bitext.target_name}"
+
+
+def record_inputs(model_dir: str, bitext: Bitext) -> None:
+    """Write MODEL_DIR/corpus/inputs.json: the files, pair count and fingerprint of the bitext
+    the cached corpus is encoded from (:func:`check_inputs` compares them on --resume)."""
+    record = {"files": _bitext_names(bitext), "pairs": len(bitext),
+              "sha256": bitext_fingerprint(bitext)}
+    with atomic_output(os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)) as out:
+        json.dump(record, out, indent=2, sort_keys=True)
+        out.write("\n")
+
+
+def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False) -> None:
+    """On --resume: refuse (one line) when `bitext` is not the bitext the cached corpus of
+    `model_dir` was encoded from, unless `ignore_change` (then training continues on the cached
+    corpus and `bitext` is not used). A corpus without a record (written by an older version)
+    cannot be checked: a warning says so."""
+    path = os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+        recorded = (str(record["files"]), int(record["pairs"]), str(record["sha256"]))
+    except FileNotFoundError:
+        logger.warning("%s: missing (written by an older version): cannot check that %s is the "
+                       "data the cached corpus was built from", path, _bitext_names(bitext))
+        return
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise AlignerError(f"{path}: not a record of the training data ({error})") from None
+    files, pairs, fingerprint = recorded
+    if fingerprint == bitext_fingerprint(bitext):
+        return
+    if ignore_change:
+        logger.warning("%s differs from the data of the cached corpus (%s, %d pairs): "
+                       "continuing on the cached corpus (--resume-ignore-data-change)",
+                       _bitext_names(bitext), files, pairs)
+        return
+    what = ("changed since the run's corpus was built from it" if files == _bitext_names(bitext)
+            else f"not the data the run's corpus was built from ({files})")
+    raise AlignerError(f"{_bitext_names(bitext)}: {what}: {pairs} pairs then, {len(bitext)} "
+                       f"now, different text; --resume would go on training on the old corpus "
+                       f"(use --overwrite to train on the new data, or "
+                       f"--resume-ignore-data-change to continue on the old corpus)")
+
+
+def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
+                     data_config, bitext: Bitext) -> None:
+    """Encode the training corpus into MODEL_DIR/corpus (with the record of the bitext it came
+    from, `bitext`) and save prep, BPE and vocabularies."""
+    from aligner.data import encode_corpus
+
+    corpus_dir = os.path.join(model_dir, CORPUS_DIR)
+    encode_corpus(pre, src_vocab, tgt_vocab, source, target, corpus_dir,
+                  max_len=data_config.max_len, max_ratio=data_config.max_ratio)
+    if data_config.guide:
+        _encode_guide(pre, data_config.guide, source, target, corpus_dir)
+    record_inputs(model_dir, bitext)
+    pre.save(model_dir)
+    src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
+    tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
+
+
+def _encode_guide(pre, path: str, source, target, corpus_dir: str) -> None:
+    """Read the --guide file (Pharaoh word links of the training lines as training sees their
+    words), check it against the bitext (one error line) and store its subword links beside
+    the encoded corpus (aligner/guide.py)."""
+    from aligner.formats import read_pharaoh
+    from aligner.guide import check_guides, encode_guides
+
+    alignments = read_pharaoh(path)
+    check_guides(alignments, source, target, path)
+    line_numbers = EncodedCorpus.open(corpus_dir).line_numbers
+    n_links = encode_guides(pre, alignments, source, target, line_numbers, corpus_dir)
+    logger.info("guide %s: %d word links, %d subword links over %d training pairs", path,
+                sum(map(len, alignments)), n_links, len(line_numbers))
+
+
+def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
+                  data_config: DataConfig, seed: int
+                  ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
+    """Learn BPE, build vocabularies, encode the corpus into MODEL_DIR/corpus (rank 0 only)."""
+    from aligner.prep import Preprocessor
+
+    start = time.time()
+    source, target = tokenize_bitext(Preprocessor(prep_config), bitext)
+    pre = Preprocessor.learn(prep_config, source, target, seed=seed)
+    src_vocab = Vocabulary.build(pre.segment(words, "src").subwords for words in source if words)
+    tgt_vocab = Vocabulary.build(pre.segment(words, "tgt").subwords for words in target if words)
+    logger.info("vocabularies: %d source and %d target subwords (with 4 specials)",
+                len(src_vocab), len(tgt_vocab))
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
+                     bitext)
+    logger.info("preparation took %.1fs", time.time() - start)
+    return pre, src_vocab, tgt_vocab
+
+
+def check_model_options(model_kind: str, model_options: Dict[str, Any],
+                        valid_method: str = "") -> None:
+    """Refuse (one line) model options that `model_kind`'s config does not accept and a
+    validation method the kind does not have: checked before a run writes anything."""
+    cls = model_class(model_kind)
+    known = sorted(name for name in cls.config_class.__dataclass_fields__
+                   if name not in ("src_vocab_size", "tgt_vocab_size"))
+    unknown = sorted(set(model_options) - set(known))
+    check_condition(not unknown, f"--model-option: unknown setting {', '.join(unknown)} for "
+                                 f"--model {model_kind} (known: {', '.join(known)})")
+    try:  # the config's own checks (placeholder vocabulary sizes: those come from the data)
+        cls.config_class.from_dict({**model_options, "src_vocab_size": 8, "tgt_vocab_size": 8})
+    except (TypeError, ValueError) as error:  # e.g. a text where a number belongs
+        raise AlignerError(f"--model-option: invalid value for --model {model_kind} "
+                           f"({error})") from None
+    check_condition(not valid_method or valid_method in cls.METHODS,
+                    f"--valid-method: unknown method '{valid_method}' for --model {model_kind} "
+                    f"(choose from {', '.join(cls.METHODS)})")
+
+
+def supports_agreement(model_kind: str) -> bool:
+    """Whether `model_kind` gives the differentiable posteriors agreement training compares."""
+    return hasattr(model_class(model_kind), "training_terms")
+
+
+def check_agreement_options(model_kind: str, directions: Sequence[str],
+                            parallel_directions: bool) -> None:
+    """One error line for an --agreement-weight run that cannot be: a kind without
+    posteriors, one direction only, or each direction in its own process."""
+    check_condition(supports_agreement(model_kind),
+                    f"--agreement-weight: agreement training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{model_kind}'")
+    check_condition(sorted(directions) == sorted(C.DIRECTIONS),
+                    "--agreement-weight trains both directions together: it needs both "
+                    "(not --directions " + ",".join(directions) + ")")
+    check_condition(not parallel_directions,
+                    "--agreement-weight trains both directions in one loop: it cannot be "
+                    "combined with --parallel-directions")
+
+
+def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: torch.device,
+                    context: Optional[DistributedContext] = None,
+                    validation: Optional[Validation] = None,
+                    progress: bool = True) -> TrainSummary:
+    """Build both directions' models (seeded) and train them together with the agreement term
+    (aligner/agreement.py) from the encoded corpus in MODEL_DIR/corpus."""
+    from aligner.agreement import AgreementPair, AgreementTrainer
+    from aligner.model_dir import build_direction_model
+
+    context = context or DistributedContext()
+    seed_everything(config.training.seed)
+    models = {direction: build_direction_model(config, direction)
+              for direction in C.DIRECTIONS}
+    pair = AgreementPair(models["fwd"], models["rev"], config.training.agreement_weight)
+    if context.is_main:
+        logger.info("[fwd+rev] %s models trained together, agreement weight %g: %d parameters",
+                    config.model_kind, config.training.agreement_weight,
+                    sum(p.numel() for p in pair.parameters()))
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    sizes = config.models["fwd"]
+    corpus.check_ids(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+    trainer = AgreementTrainer(pair, corpus, config.training, model_dir, device, context,
+                               validation, progress)
+    return trainer.run(resume=resume)
+
+
+def supports_guide(model_kind: str) -> bool:
+    """Whether `model_kind`'s loss takes a guide (aligner/guide.py)."""
+    import inspect
+
+    return "guide" in inspect.signature(model_class(model_kind).loss).parameters
+
+
+def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[str],
+                            n_src: int, n_tgt: int) -> Dict[str, Dict[str, Any]]:
+    """Model config dict per direction: the options plus vocabulary sizes (swapped for rev)."""
+    configs = {}
+    for direction in directions:
+        sizes = (n_src, n_tgt) if direction == "fwd" else (n_tgt, n_src)
+        configs[direction] = {**model_options, "src_vocab_size": sizes[0],
+                              "tgt_vocab_size": sizes[1]}
+    return configs
+
+
+def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
+                    model_options: Dict[str, Any], prep_config: "PrepConfig",
+                    data_config: DataConfig, train_config: TrainConfig,
+                    directions: Sequence[str] = C.DIRECTIONS,
+                    valid_bitext: Optional[Bitext] = None,
+                    valid_gold: Optional[List[GoldAlignment]] = None,
+                    resume: bool = False, overwrite: bool = False, quiet: bool = False,
+                    verbose: bool = False, argv: Sequence[str] = (),
+                    extra: Optional[Dict[str, Any]] = None,
+                    base_dir: Optional[str] = None,
+                    parallel_directions: bool = False,
+                    ignore_data_change: bool = False) -> Dict[str, TrainSummary]:
+    """`align train`: prepare `model_dir` and train `model_kind` in every direction.
+
+    model_options: the model config without vocabulary sizes (those come from the data).
+    valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
+    gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
+    Returns the training summary per direction.
+
+    The model options and validation method are checked before anything is written. With
+    `resume`, `bitext` must be the bitext the cached corpus was encoded from (unless
+    `ignore_data_change`: training continues on the cached corpus, see :func:`check_inputs`),
+    and no direction may have weights without a training state (:func:`check_resumable`).
+
+    parallel_directions (CPU only, not under torchrun): train the directions at the same time,
+    each in its own process with an equal share of torch's threads (see
+    :func:`train_directions_in_parallel`); otherwise one after the other.
+
+    Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
+    alignment layer on a transformer) train in two stages: stage 1 is an ordinary run of
+    ``BASE_KIND`` into ``MODEL_DIR/base`` (skipped when `base_dir` names a trained model
+    directory of that kind, ``align train --base``); stage 2 reuses the base's preprocessing
+    and vocabularies, copies the base's weights into the new model (``load_base``) and trains
+    what is not frozen. Model size comes from the base; of `model_options` only the kind's own
+    options (``split_options``) apply in stage 2.
+    """
+    from aligner.data import encode_pair
+    from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
+    from aligner.log import log_run_info, setup_logging
+    from aligner.model_dir import (acquire_lock, config_path, direction_dir, prepare_output_dir,
+                                   release_lock, write_version)
+
+    base_kind = model_class(model_kind).BASE_KIND
+    check_condition(base_dir is None or base_kind is not None,
+                    f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
+    check_model_options(model_kind, model_options, train_config.valid_method)
+    check_condition(not data_config.guide or supports_guide(model_kind),
+                    f"--guide: guided alignment training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{model_kind}'")
+    check_condition(train_config.guide_weight == 0 or bool(data_config.guide),
+                    "--guide-weight needs --guide")
+    agreement = train_config.agreement_weight > 0
+    if agreement:
+        check_agreement_options(model_kind, directions, parallel_directions)
+    if base_kind is not None:
+        model_options, base_dir, resume = _base_stage(
+            model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
+            directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir,
+            parallel_directions, ignore_data_change)
+        extra = {**(extra or {}), "base": os.path.abspath(base_dir)}
+    context = init_distributed(train_config.device)
+    device = resolve_device(train_config.device, context.local_rank)
+    resumed = resume
+    lock = None
+    try:
+        if context.is_main:
+            check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
+                            f"{model_dir}: exists and is not a directory")
+            os.makedirs(model_dir, exist_ok=True)
+            lock = acquire_lock(model_dir)  # before anything is removed or written
+            resumed = prepare_output_dir(model_dir, resume, overwrite)
+            if resumed:  # before anything is trained: the cached corpus, every direction
+                check_inputs(model_dir, bitext, ignore_data_change)
+                if agreement:
+                    from aligner.agreement import check_agreement_resumable
+
+                    check_agreement_resumable(model_dir)
+                else:
+                    for direction in directions:
+                        check_resumable(direction_dir(model_dir, direction))
+        context.barrier()
+        logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
+        log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
+                            logfile=logfile)
+        if context.is_main:
+            log_run_info(log, argv)
+            logger.info("device %s, %d process(es); %d training pairs", device,
+                        context.world_size, len(bitext))
+        if resumed:
+            saved = RunConfig.load(config_path(model_dir))
+            pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
+        elif context.is_main and base_dir is not None:
+            pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext,
+                                                           data_config)
+        elif context.is_main:
+            pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config,
+                                                      data_config, train_config.seed)
+        context.barrier()
+        if not resumed and not context.is_main:
+            pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
+        models = direction_model_configs(model_options, directions, len(src_vocab),
+                                         len(tgt_vocab))
+        if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
+            base_config = RunConfig.load(config_path(base_dir))
+            models = {d: {**base_config.models[d], **model_options} for d in directions}
+            prep_config = pre.config
+        config = RunConfig(model_kind=model_kind, directions=list(directions), models=models,
+                           prep=prep_config.to_dict(), data=data_config, training=train_config,
+                           extra=dict(extra or {}))
+        if resumed:
+            differences = saved.differences(config)
+            check_condition(not differences,
+                            f"{model_dir}: cannot resume, these settings differ from the saved "
+                            f"run: {', '.join(differences)} (use --overwrite to start a new run)")
+        if context.is_main:
+            config.save(config_path(model_dir))
+            write_version(model_dir)
+        validation = None
+        if valid_bitext is not None:
+            source, target = tokenize_bitext(pre, valid_bitext)
+            validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
+                                     for s, t in zip(source, target)], valid_gold,
+                                    train_config.valid_method)
+        runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
+                             progress=not quiet, position=position)
+                for position, direction in enumerate(directions)]
+        if agreement:
+            summary = train_agreement(model_dir, config, resumed, device, context, validation,
+                                      progress=not quiet)
+            summaries = {direction: summary for direction in directions}
+        elif parallel_directions and len(runs) > 1:
+            check_condition(not context.enabled,
+                            "--parallel-directions cannot be combined with torchrun (DDP trains "
+                            "one direction at a time on all processes)")
+            check_condition(device.type == "cpu",
+                            f"--parallel-directions trains each direction in its own CPU "
+                            f"process; on {device} train them one after the other (the default)")
+            summaries = train_directions_in_parallel(runs, quiet=quiet, verbose=verbose)
+        else:
+            summaries = {run.direction: train_direction(run, device, context) for run in runs}
+        context.barrier()
+    finally:
+        if lock is not None:
+            release_lock(lock)
+    shutdown_distributed(context)
+    return summaries
+
+
+def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: Dict[str, Any],
+                prep_config: "PrepConfig", data_config: DataConfig, train_config: TrainConfig,
+                directions: Sequence[str], valid_bitext: Optional[Bitext],
+                valid_gold: Optional[List[GoldAlignment]], resume: bool, overwrite: bool,
+                quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str],
+                parallel_directions: bool = False, ignore_data_change: bool = False
+                ) -> Tuple[Dict[str, Any], str, bool]:
+    """Stage 1 of a kind trained on a frozen base: train the base (unless `base_dir` is given),
+    check it. Returns (the kind's own model options, base directory, resume flag of stage 2)."""
+    import dataclasses
+
+    from aligner.model_dir import BASE_DIR, config_path
+
+    cls = model_class(model_kind)
+    base_kind = cls.BASE_KIND
+    base_options, own_options = cls.split_options(model_options)
+    if base_dir is None:
+        base_dir = os.path.join(model_dir, BASE_DIR)
+        base_methods = model_class(base_kind).METHODS
+        stage1 = train_config
+        if train_config.valid_method and train_config.valid_method not in base_methods:
+            stage1 = dataclasses.replace(train_config, valid_method="")
+        logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
+        train_model_dir(base_dir, bitext, base_kind, base_options, prep_config, data_config,
+                        stage1, directions, valid_bitext, valid_gold, resume=resume,
+                        overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv,
+                        parallel_directions=parallel_directions,
+                        ignore_data_change=ignore_data_change)
+        # stage 2 resumes only when it had started (it writes config.json first)
+        resume = resume and os.path.isfile(config_path(model_dir))
+    check_condition(os.path.isfile(config_path(base_dir)),
+                    f"{base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
+    base_config = RunConfig.load(config_path(base_dir))
+    check_condition(base_config.model_kind == base_kind,
+                    f"{base_dir}: the base of '{model_kind}' must be a '{base_kind}' model "
+                    f"directory, this one holds '{base_config.model_kind}'")
+    missing = [d for d in directions if d not in base_config.directions]
+    check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
+    return own_options, base_dir, resume
+
+
+def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_config: DataConfig
+                       ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
+    """Stage 2: the base's preprocessing and vocabularies (copied into `model_dir`) and the
+    training corpus encoded with them into MODEL_DIR/corpus (rank 0 only)."""
+    pre, src_vocab, tgt_vocab = load_preprocessing(base_dir)
+    source, target = tokenize_bitext(pre, bitext)
+    _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
+                     bitext)
+    logger.info("preprocessing and vocabularies of the base %s", base_dir)
+    return pre, src_vocab, tgt_vocab
