@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 CORPUS_DIR = "corpus"
 LOCK_NAME = ".lock"
-#: stage-1 base model directory inside an alignment-layer model directory (see train_model_dir)
+#: stage-1 base model directory inside an alignment-layer model directory (see aligner.train_run)
 BASE_DIR = "base"
 #: the joint training state of an agreement run (aligner/agreement.py): both directions train
 #: in one loop, their weights in fwd/ and rev/

@@ -1,11 +1,14 @@
 """A whole `align train` run around the training loop of aligner/train.py.
 
-:func:`train_model_dir` prepares the model directory (lock, --resume/--overwrite, BPE,
-vocabularies, the encoded corpus and the record of the data it came from, config.json), then
-trains every direction: one after the other in this process (:func:`train_direction`), each in a
-process of its own (:func:`train_directions_in_parallel`, --parallel-directions), or both in one
-loop (:func:`train_agreement`, --agreement-weight). Kinds trained on a frozen base run two stages
-(:func:`_base_stage`). The loop itself, checkpoints and resuming are :class:`aligner.train.Trainer`.
+:func:`train` takes a :class:`TrainRequest` (what to train, on which data, how; passed on as
+one object, e.g. to stage 1 of a two-stage kind), prepares the model directory (lock,
+--resume/--overwrite, BPE, vocabularies, the encoded corpus and the record of the data it came
+from, config.json), then trains every direction: one after the other in this process
+(:func:`train_direction`), each in a process of its own (:func:`train_directions_in_parallel`,
+--parallel-directions), or both in one loop (:func:`train_agreement`, --agreement-weight).
+Kinds trained on a frozen base run two stages (:func:`_base_stage`). :func:`train_model_dir`
+is the same as a call with the settings as arguments. The loop itself, checkpoints and
+resuming are :class:`aligner.train.Trainer`.
 """
 from __future__ import annotations
 
@@ -382,24 +385,63 @@ def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[
     return configs
 
 
+@dataclass(frozen=True)
+class TrainRequest:
+    """One `align train` run as :func:`train` takes it (and passes on, e.g. to stage 1).
+
+    model_dir: where the run goes; bitext: the training pairs; model_kind / model_options: the
+    model config without vocabulary sizes (those come from the data); prep_config, data_config,
+    train_config: preprocessing, corpus filtering / guide, training. directions: the models to
+    train. valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and
+    their gold alignments. resume / overwrite: continue or replace an earlier run in
+    `model_dir`; ignore_data_change: with `resume`, continue on the cached corpus even if
+    `bitext` differs (:func:`check_inputs`). quiet / verbose: console logging; argv: the
+    command line, logged. extra: more settings for config.json's ``extra``. base_dir: a
+    trained base model directory for a kind trained on a frozen base (``align train --base``).
+    parallel_directions: each direction in a process of its own (see :func:`train`).
+    """
+
+    model_dir: str
+    bitext: Bitext
+    model_kind: str
+    model_options: Dict[str, Any]
+    prep_config: "PrepConfig"
+    data_config: DataConfig
+    train_config: TrainConfig
+    directions: Sequence[str] = C.DIRECTIONS
+    valid_bitext: Optional[Bitext] = None
+    valid_gold: Optional[List[GoldAlignment]] = None
+    resume: bool = False
+    overwrite: bool = False
+    quiet: bool = False
+    verbose: bool = False
+    argv: Sequence[str] = ()
+    extra: Optional[Dict[str, Any]] = None
+    base_dir: Optional[str] = None
+    parallel_directions: bool = False
+    ignore_data_change: bool = False
+
+    @property
+    def agreement(self) -> bool:
+        """Both directions trained together (--agreement-weight)."""
+        return self.train_config.agreement_weight > 0
+
+
 def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     model_options: Dict[str, Any], prep_config: "PrepConfig",
                     data_config: DataConfig, train_config: TrainConfig,
-                    directions: Sequence[str] = C.DIRECTIONS,
-                    valid_bitext: Optional[Bitext] = None,
-                    valid_gold: Optional[List[GoldAlignment]] = None,
-                    resume: bool = False, overwrite: bool = False, quiet: bool = False,
-                    verbose: bool = False, argv: Sequence[str] = (),
-                    extra: Optional[Dict[str, Any]] = None,
-                    base_dir: Optional[str] = None,
-                    parallel_directions: bool = False,
-                    ignore_data_change: bool = False) -> Dict[str, TrainSummary]:
-    """`align train`: prepare `model_dir` and train `model_kind` in every direction.
+                    **settings: Any) -> Dict[str, TrainSummary]:
+    """:func:`train` of ``TrainRequest(model_dir, bitext, ..., train_config, **settings)``;
+    `settings`: the request's other fields by name (directions, valid_bitext, resume, ...)."""
+    return train(TrainRequest(model_dir, bitext, model_kind, model_options, prep_config,
+                              data_config, train_config, **settings))
 
-    model_options: the model config without vocabulary sizes (those come from the data).
-    valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and their
-    gold alignments. Under torchrun every rank calls this; rank 0 prepares and writes.
-    Returns the training summary per direction.
+
+def train(request: TrainRequest) -> Dict[str, TrainSummary]:
+    """`align train`: prepare ``request.model_dir`` and train the model kind in every direction.
+
+    Under torchrun every rank calls this; rank 0 prepares and writes. Returns the training
+    summary per direction.
 
     The model options and validation method are checked before anything is written. With
     `resume`, `bitext` must be the bitext the cached corpus was encoded from (unless
@@ -418,33 +460,17 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     what is not frozen. Model size comes from the base; of `model_options` only the kind's own
     options (``split_options``) apply in stage 2.
     """
-    from aligner.data import encode_pair
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import (acquire_lock, config_path, direction_dir, prepare_output_dir,
-                                   release_lock, write_version)
+    from aligner.model_dir import acquire_lock, config_path, release_lock, write_version
 
-    base_kind = model_class(model_kind).BASE_KIND
-    check_condition(base_dir is None or base_kind is not None,
-                    f"--base is only for model kinds trained on a frozen base, not '{model_kind}'")
-    check_model_options(model_kind, model_options, train_config.valid_method)
-    check_condition(not data_config.guide or supports_guide(model_kind),
-                    f"--guide: guided alignment training is implemented for the direct HMMs "
-                    f"(hmm0, hmm1), not '{model_kind}'")
-    check_condition(train_config.guide_weight == 0 or bool(data_config.guide),
-                    "--guide-weight needs --guide")
-    agreement = train_config.agreement_weight > 0
-    if agreement:
-        check_agreement_options(model_kind, directions, parallel_directions)
-    if base_kind is not None:
-        model_options, base_dir, resume = _base_stage(
-            model_dir, bitext, model_kind, model_options, prep_config, data_config, train_config,
-            directions, valid_bitext, valid_gold, resume, overwrite, quiet, verbose, argv, base_dir,
-            parallel_directions, ignore_data_change)
-        extra = {**(extra or {}), "base": os.path.abspath(base_dir)}
-    context = init_distributed(train_config.device)
-    device = resolve_device(train_config.device, context.local_rank)
-    resumed = resume
+    _check_request(request)
+    if model_class(request.model_kind).BASE_KIND is not None:
+        request = _base_stage(request)
+    model_dir = request.model_dir
+    context = init_distributed(request.train_config.device)
+    device = resolve_device(request.train_config.device, context.local_rank)
+    resumed = request.resume
     lock = None
     try:
         if context.is_main:
@@ -452,45 +478,29 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                             f"{model_dir}: exists and is not a directory")
             os.makedirs(model_dir, exist_ok=True)
             lock = acquire_lock(model_dir)  # before anything is removed or written
-            resumed = prepare_output_dir(model_dir, resume, overwrite)
-            if resumed:  # before anything is trained: the cached corpus, every direction
-                check_inputs(model_dir, bitext, ignore_data_change)
-                if agreement:
-                    from aligner.agreement import check_agreement_resumable
-
-                    check_agreement_resumable(model_dir)
-                else:
-                    for direction in directions:
-                        check_resumable(direction_dir(model_dir, direction))
+            resumed = _open_model_dir(request)
         context.barrier()
         logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
-        log = setup_logging(quiet=quiet, verbose=verbose, console=context.is_main,
-                            logfile=logfile)
+        log = setup_logging(quiet=request.quiet, verbose=request.verbose,
+                            console=context.is_main, logfile=logfile)
         if context.is_main:
-            log_run_info(log, argv)
+            log_run_info(log, request.argv)
             logger.info("device %s, %d process(es); %d training pairs", device,
-                        context.world_size, len(bitext))
+                        context.world_size, len(request.bitext))
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
-        elif context.is_main and base_dir is not None:
-            pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, base_dir, bitext,
-                                                           data_config)
+        elif context.is_main and request.base_dir is not None:
+            pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, request.base_dir,
+                                                           request.bitext, request.data_config)
         elif context.is_main:
-            pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config,
-                                                      data_config, train_config.seed)
+            pre, src_vocab, tgt_vocab = _prepare_data(model_dir, request.bitext,
+                                                      request.prep_config, request.data_config,
+                                                      request.train_config.seed)
         context.barrier()
         if not resumed and not context.is_main:
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
-        models = direction_model_configs(model_options, directions, len(src_vocab),
-                                         len(tgt_vocab))
-        if base_dir is not None:  # stage 2: the base's model configs plus the kind's own options
-            base_config = RunConfig.load(config_path(base_dir))
-            models = {d: {**base_config.models[d], **model_options} for d in directions}
-            prep_config = pre.config
-        config = RunConfig(model_kind=model_kind, directions=list(directions), models=models,
-                           prep=prep_config.to_dict(), data=data_config, training=train_config,
-                           extra=dict(extra or {}))
+        config = _run_config(request, pre, len(src_vocab), len(tgt_vocab))
         if resumed:
             differences = saved.differences(config)
             check_condition(not differences,
@@ -499,29 +509,8 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
         if context.is_main:
             config.save(config_path(model_dir))
             write_version(model_dir)
-        validation = None
-        if valid_bitext is not None:
-            source, target = tokenize_bitext(pre, valid_bitext)
-            validation = Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
-                                     for s, t in zip(source, target)], valid_gold,
-                                    train_config.valid_method)
-        runs = [DirectionRun(model_dir, config, direction, resumed, base_dir, validation,
-                             progress=not quiet, position=position)
-                for position, direction in enumerate(directions)]
-        if agreement:
-            summary = train_agreement(model_dir, config, resumed, device, context, validation,
-                                      progress=not quiet)
-            summaries = {direction: summary for direction in directions}
-        elif parallel_directions and len(runs) > 1:
-            check_condition(not context.enabled,
-                            "--parallel-directions cannot be combined with torchrun (DDP trains "
-                            "one direction at a time on all processes)")
-            check_condition(device.type == "cpu",
-                            f"--parallel-directions trains each direction in its own CPU "
-                            f"process; on {device} train them one after the other (the default)")
-            summaries = train_directions_in_parallel(runs, quiet=quiet, verbose=verbose)
-        else:
-            summaries = {run.direction: train_direction(run, device, context) for run in runs}
+        validation = _validation(request, pre, src_vocab, tgt_vocab)
+        summaries = _train_directions(request, config, resumed, device, context, validation)
         context.barrier()
     finally:
         if lock is not None:
@@ -530,45 +519,133 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
     return summaries
 
 
-def _base_stage(model_dir: str, bitext: Bitext, model_kind: str, model_options: Dict[str, Any],
-                prep_config: "PrepConfig", data_config: DataConfig, train_config: TrainConfig,
-                directions: Sequence[str], valid_bitext: Optional[Bitext],
-                valid_gold: Optional[List[GoldAlignment]], resume: bool, overwrite: bool,
-                quiet: bool, verbose: bool, argv: Sequence[str], base_dir: Optional[str],
-                parallel_directions: bool = False, ignore_data_change: bool = False
-                ) -> Tuple[Dict[str, Any], str, bool]:
-    """Stage 1 of a kind trained on a frozen base: train the base (unless `base_dir` is given),
-    check it. Returns (the kind's own model options, base directory, resume flag of stage 2)."""
+def _check_request(request: TrainRequest) -> None:
+    """Refuse (one line) what the run cannot do, before anything is written."""
+    kind = request.model_kind
+    check_condition(request.base_dir is None or model_class(kind).BASE_KIND is not None,
+                    f"--base is only for model kinds trained on a frozen base, not '{kind}'")
+    check_model_options(kind, request.model_options, request.train_config.valid_method)
+    check_condition(not request.data_config.guide or supports_guide(kind),
+                    f"--guide: guided alignment training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{kind}'")
+    check_condition(request.train_config.guide_weight == 0 or bool(request.data_config.guide),
+                    "--guide-weight needs --guide")
+    if request.agreement:
+        check_agreement_options(kind, request.directions, request.parallel_directions)
+
+
+def _open_model_dir(request: TrainRequest) -> bool:
+    """Rank 0, holding the lock: make the model directory ready (:func:`prepare_output_dir`);
+    when an earlier run is resumed, check its cached corpus and every direction before anything
+    is trained. Returns whether the run is resumed."""
+    from aligner.model_dir import direction_dir, prepare_output_dir
+
+    model_dir = request.model_dir
+    resumed = prepare_output_dir(model_dir, request.resume, request.overwrite)
+    if resumed:
+        check_inputs(model_dir, request.bitext, request.ignore_data_change)
+        if request.agreement:
+            from aligner.agreement import check_agreement_resumable
+
+            check_agreement_resumable(model_dir)
+        else:
+            for direction in request.directions:
+                check_resumable(direction_dir(model_dir, direction))
+    return resumed
+
+
+def _run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: int
+                ) -> RunConfig:
+    """The run's config.json: the model configs per direction (vocabulary sizes from the data;
+    in stage 2 the base's configs plus the kind's own options) and every setting."""
+    from aligner.model_dir import config_path
+
+    directions = request.directions
+    models = direction_model_configs(request.model_options, directions, n_src, n_tgt)
+    prep_config = request.prep_config
+    if request.base_dir is not None:  # stage 2: the base's model configs plus its own options
+        base_config = RunConfig.load(config_path(request.base_dir))
+        models = {d: {**base_config.models[d], **request.model_options} for d in directions}
+        prep_config = pre.config
+    return RunConfig(model_kind=request.model_kind, directions=list(directions), models=models,
+                     prep=prep_config.to_dict(), data=request.data_config,
+                     training=request.train_config, extra=dict(request.extra or {}))
+
+
+def _validation(request: TrainRequest, pre: "Preprocessor", src_vocab: Vocabulary,
+                tgt_vocab: Vocabulary) -> Optional[Validation]:
+    """The validation pairs encoded like the training data (None without them)."""
+    from aligner.data import encode_pair
+
+    if request.valid_bitext is None:
+        return None
+    source, target = tokenize_bitext(pre, request.valid_bitext)
+    return Validation([encode_pair(pre, src_vocab, tgt_vocab, s, t)
+                       for s, t in zip(source, target)], request.valid_gold,
+                      request.train_config.valid_method)
+
+
+def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
+                      device: torch.device, context: DistributedContext,
+                      validation: Optional[Validation]) -> Dict[str, TrainSummary]:
+    """Train every direction of the prepared model directory: together (agreement), each in
+    a process of its own (parallel_directions) or one after the other."""
+    model_dir, directions, quiet = request.model_dir, request.directions, request.quiet
+    runs = [DirectionRun(model_dir, config, direction, resumed, request.base_dir, validation,
+                         progress=not quiet, position=position)
+            for position, direction in enumerate(directions)]
+    if request.agreement:
+        summary = train_agreement(model_dir, config, resumed, device, context, validation,
+                                  progress=not quiet)
+        return {direction: summary for direction in directions}
+    if request.parallel_directions and len(runs) > 1:
+        check_condition(not context.enabled,
+                        "--parallel-directions cannot be combined with torchrun (DDP trains "
+                        "one direction at a time on all processes)")
+        check_condition(device.type == "cpu",
+                        f"--parallel-directions trains each direction in its own CPU "
+                        f"process; on {device} train them one after the other (the default)")
+        return train_directions_in_parallel(runs, quiet=quiet, verbose=request.verbose)
+    return {run.direction: train_direction(run, device, context) for run in runs}
+
+
+def _base_stage(request: TrainRequest) -> TrainRequest:
+    """Stage 1 of a kind trained on a frozen base: train the base into MODEL_DIR/base (unless
+    `base_dir` is given), check it. Returns the request of stage 2: the kind's own model
+    options, the base directory (also recorded in config.json's ``extra``), and resume only
+    when stage 2 had started."""
     import dataclasses
 
     from aligner.model_dir import BASE_DIR, config_path
 
+    model_kind, train_config = request.model_kind, request.train_config
     cls = model_class(model_kind)
     base_kind = cls.BASE_KIND
-    base_options, own_options = cls.split_options(model_options)
+    base_options, own_options = cls.split_options(request.model_options)
+    base_dir, resume = request.base_dir, request.resume
     if base_dir is None:
-        base_dir = os.path.join(model_dir, BASE_DIR)
+        base_dir = os.path.join(request.model_dir, BASE_DIR)
         base_methods = model_class(base_kind).METHODS
         stage1 = train_config
         if train_config.valid_method and train_config.valid_method not in base_methods:
             stage1 = dataclasses.replace(train_config, valid_method="")
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
-        train_model_dir(base_dir, bitext, base_kind, base_options, prep_config, data_config,
-                        stage1, directions, valid_bitext, valid_gold, resume=resume,
-                        overwrite=overwrite, quiet=quiet, verbose=verbose, argv=argv,
-                        parallel_directions=parallel_directions,
-                        ignore_data_change=ignore_data_change)
+        train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
+                                  model_options=base_options, train_config=stage1, extra=None,
+                                  base_dir=None))
         # stage 2 resumes only when it had started (it writes config.json first)
-        resume = resume and os.path.isfile(config_path(model_dir))
+        resume = resume and os.path.isfile(config_path(request.model_dir))
     check_condition(os.path.isfile(config_path(base_dir)),
                     f"{base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
     base_config = RunConfig.load(config_path(base_dir))
     check_condition(base_config.model_kind == base_kind,
                     f"{base_dir}: the base of '{model_kind}' must be a '{base_kind}' model "
                     f"directory, this one holds '{base_config.model_kind}'")
-    missing = [d for d in directions if d not in base_config.directions]
+    missing = [d for d in request.directions if d not in base_config.directions]
     check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
-    return own_options, base_dir, resume
+    return dataclasses.replace(request, model_options=own_options, base_dir=base_dir,
+                               resume=resume,
+                               extra={**(request.extra or {}), "base": os.path.abspath(base_dir)})
 
 
 def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_config: DataConfig

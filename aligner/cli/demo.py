@@ -78,7 +78,7 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     from aligner.metrics import score_aer
     from aligner.model_dir import LoadedModelDir
     from aligner.prep import PrepConfig
-    from aligner.train_run import train_model_dir
+    from aligner import train_run
 
     set_threads(threads)
     start = time.time()
@@ -105,11 +105,10 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
                                checkpoint_interval=10 ** 9, device=device, seed=seed)
     parallel = resolve_device(device).type == "cpu" and (os.cpu_count() or 1) >= 2
     try:
-        train_model_dir(model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL),
-                        PrepConfig(bpe_merges=bpe_merges), DataConfig(max_len=200), train_config,
-                        overwrite=True, quiet=quiet,
-                        argv=["align", "demo", "--sample-dir", sample_dir],
-                        parallel_directions=parallel)
+        train_run.train(train_run.TrainRequest(
+            model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
+            DataConfig(max_len=200), train_config, overwrite=True, quiet=quiet,
+            argv=["align", "demo", "--sample-dir", sample_dir], parallel_directions=parallel))
         loaded = LoadedModelDir.load(model_dir, device=resolve_device(device))
         rows = []
         for method in DEMO_METHODS:

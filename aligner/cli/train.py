@@ -1,6 +1,6 @@
 """`align train`: preprocess a bitext and train an alignment model in both directions.
 
-The command only parses options; the work is aligner.train_run.train_model_dir. torch is imported
+The command only parses options; the work is aligner.train_run.train. torch is imported
 inside the command function so that other commands start fast.
 """
 from __future__ import annotations
@@ -227,7 +227,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.formats import read_bitext, read_gold
     from aligner.models import MODELS, model_class
     from aligner.prep import PrepConfig
-    from aligner.train_run import train_model_dir
+    from aligner.train_run import TrainRequest, train
 
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
@@ -280,15 +280,14 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"validation pairs")
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
     try:
-        summaries = train_model_dir(model_dir, bitext, model_kind, model_options, prep_config,
-                                    DataConfig(max_len=max_len, max_ratio=max_ratio,
-                                               guide=guide or ""),
-                                    train_config, direction_list, valid_bitext, gold,
-                                    resume=resume, overwrite=overwrite, quiet=quiet,
-                                    verbose=verbose, argv=["align"] + sys.argv[1:],
-                                    base_dir=base_dir,
-                                    parallel_directions=parallel_directions,
-                                    ignore_data_change=ignore_data_change)
+        summaries = train(TrainRequest(
+            model_dir=model_dir, bitext=bitext, model_kind=model_kind,
+            model_options=model_options, prep_config=prep_config,
+            data_config=DataConfig(max_len=max_len, max_ratio=max_ratio, guide=guide or ""),
+            train_config=train_config, directions=direction_list, valid_bitext=valid_bitext,
+            valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
+            argv=["align"] + sys.argv[1:], base_dir=base_dir,
+            parallel_directions=parallel_directions, ignore_data_change=ignore_data_change))
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None

@@ -80,7 +80,7 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
     #: the kind of the frozen base this kind is trained on (two-stage training, see
-    #: aligner.train_run.train_model_dir); None: an ordinary one-stage kind
+    #: aligner.train_run.train); None: an ordinary one-stage kind
     BASE_KIND: Optional[str] = None
 
     @property
