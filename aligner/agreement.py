@@ -90,7 +90,7 @@ class AgreementPair(nn.Module):
     def __init__(self, fwd: AlignmentModel, rev: AlignmentModel, weight: float):
         super().__init__()
         for model in (fwd, rev):
-            check_condition(hasattr(model, "training_terms"),
+            check_condition(model.TRAINS_POSTERIOR,
                             f"agreement training needs both directions' posteriors: "
                             f"{type(model).__name__} does not provide them")
         self.fwd = fwd

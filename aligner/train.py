@@ -509,23 +509,3 @@ def _progress_bar(total: int, initial: int, direction: str, enabled: bool, posit
 
     return tqdm(total=total, initial=initial, desc=f"train {direction}", unit="upd",
                 disable=not enabled, dynamic_ncols=True, leave=False, position=position)
-
-
-#: the orchestration of a run that lived here before aligner/train_run.py held it
-_MOVED_TO_TRAIN_RUN = (
-    "DirectionRun", "train_direction", "train_directions_in_parallel", "tokenize_bitext",
-    "INPUTS_NAME", "bitext_fingerprint", "record_inputs", "check_inputs", "_prepare_data",
-    "_prepare_from_base", "_encode_and_save", "_encode_guide", "check_model_options",
-    "supports_agreement", "supports_guide", "check_agreement_options", "train_agreement",
-    "direction_model_configs", "train_model_dir", "_base_stage")
-
-
-def __getattr__(name: str) -> Any:
-    """``from aligner.train import train_model_dir`` (and the other names of a whole run that
-    moved to :mod:`aligner.train_run`) keeps working; imported on first use, as train_run
-    imports this module."""
-    if name in _MOVED_TO_TRAIN_RUN:
-        from aligner import train_run
-
-        return getattr(train_run, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -323,7 +323,7 @@ def check_model_options(model_kind: str, model_options: Dict[str, Any],
 
 def supports_agreement(model_kind: str) -> bool:
     """Whether `model_kind` gives the differentiable posteriors agreement training compares."""
-    return hasattr(model_class(model_kind), "training_terms")
+    return model_class(model_kind).TRAINS_POSTERIOR
 
 
 def check_agreement_options(model_kind: str, directions: Sequence[str],
@@ -369,9 +369,7 @@ def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: tor
 
 def supports_guide(model_kind: str) -> bool:
     """Whether `model_kind`'s loss takes a guide (aligner/guide.py)."""
-    import inspect
-
-    return "guide" in inspect.signature(model_class(model_kind).loss).parameters
+    return model_class(model_kind).TRAINS_POSTERIOR
 
 
 def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[str],

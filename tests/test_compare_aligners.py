@@ -446,11 +446,11 @@ def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_pre
 
 def prepare_model_dir(model_dir: Path, source: str, target: str, max_len: int = 200) -> None:
     """What `align train` writes before training (prep, BPE, vocabularies, corpus/, config),
-    by its own code (aligner.train._prepare_data); no weights: the guard does not read them."""
+    by its own code (aligner.train_run._prepare_data); no weights: the guard does not read them."""
     from aligner.config import DataConfig, RunConfig, TrainConfig
     from aligner.formats import read_bitext
     from aligner.prep import PrepConfig
-    from aligner.train import _prepare_data
+    from aligner.train_run import _prepare_data
 
     model_dir.mkdir(parents=True)
     prep = PrepConfig(bpe_merges=20)

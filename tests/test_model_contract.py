@@ -55,10 +55,31 @@ def test_class_attributes_of_the_contract(kind):
     assert cls.BEST_HEURISTIC in HEURISTICS or cls.BEST_HEURISTIC in SOFT_HEURISTICS
     assert cls.TRANSLATE_ALIGNMENT_METHOD is None or cls.TRANSLATE_ALIGNMENT_METHOD in cls.METHODS
     assert cls.BASE_KIND is None or cls.BASE_KIND in MODELS
+    assert isinstance(cls.TRAINS_POSTERIOR, bool)
     base, own = cls.split_options({"d_model": 16})
     assert isinstance(base, dict) and isinstance(own, dict)
     if cls.BASE_KIND is None:
         assert (base, own) == ({}, {"d_model": 16})
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_training_terms_give_the_loss_and_a_posterior_where_declared(kind):
+    """TRAINS_POSTERIOR kinds: training_terms' NLL is the loss and its posterior is the
+    ``hmm-posterior`` alignment distribution (rows of real target words sum to 1); the other
+    kinds refuse training_terms."""
+    model = tiny_model(kind)
+    src, tgt_in, tgt_out = tiny_batch()
+    if not MODELS[kind].TRAINS_POSTERIOR:
+        with pytest.raises(NotImplementedError, match="TRAINS_POSTERIOR is False"):
+            model.training_terms(src, tgt_in, tgt_out, posterior=True)
+        return
+    nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, posterior=True)
+    loss, loss_tokens = model.loss(src, tgt_in, tgt_out)
+    assert torch.allclose(nll, loss) and int(tokens) == int(loss_tokens)
+    expected = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    real = tgt_out.ne(0)
+    assert torch.allclose(log_posterior.exp()[real], expected[real], atol=1e-5)
+    assert model.training_terms(src, tgt_in, tgt_out)[2] is None
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))

@@ -16,7 +16,7 @@ from aligner.inference import extract_all
 from aligner.metrics import score_aer
 from aligner.model_dir import LoadedModelDir
 from aligner.prep import PrepConfig
-from aligner.train import train_model_dir
+from aligner.train_run import train_model_dir
 from synthetic import monotone_corpus
 
 #: the AER each attention method must beat on the held-in test pairs (grow-diag)

@@ -2,7 +2,7 @@
 
 Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, then
 writes the symmetrized word alignments of every input line. Only parses options and wires
-train_model_dir (aligner.train) to extract_all (aligner.inference); torch is imported inside.
+train_model_dir (aligner.train_run) to extract_all (aligner.inference); torch is imported inside.
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
     from aligner.prep import PrepConfig
-    from aligner.train import train_model_dir
+    from aligner.train_run import train_model_dir
 
     start = time.time()
     logger = setup_logging(quiet=quiet)

@@ -68,7 +68,9 @@ class AlignmentModel(nn.Module, abc.ABC):
       the first of :attr:`METHODS`), :attr:`BASE_KIND` (None: trained in one stage);
     * :meth:`alignment_path` (None: extraction takes the argmax of the scores);
     * :meth:`extra_state` / :meth:`load_extra_state` (nothing beyond the parameters);
-    * :meth:`split_options` and :meth:`load_base` (two-stage kinds with a ``BASE_KIND``).
+    * :meth:`split_options` and :meth:`load_base` (two-stage kinds with a ``BASE_KIND``);
+    * :attr:`TRAINS_POSTERIOR` (False) with :meth:`training_terms`: a kind whose training
+      can use its differentiable alignment posterior (guided and agreement training).
     """
 
     #: every instance keeps the config it was built from (an instance of `config_class`)
@@ -77,6 +79,9 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: the symmetrization that combines this kind's two directions best (eval/results):
     #: `align extract`'s default -H for the kind
     BEST_HEURISTIC: str = "grow-diag"
+    #: whether :meth:`training_terms` gives a differentiable alignment posterior and
+    #: :meth:`loss` takes a guide (aligner/guide.py, aligner/agreement.py)
+    TRAINS_POSTERIOR: bool = False
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
     #: the kind of the frozen base this kind is trained on (two-stage training, see
@@ -148,6 +153,16 @@ class AlignmentModel(nn.Module, abc.ABC):
         "not aligned". None: extraction takes the argmax of :meth:`alignment_scores`.
         """
         return None
+
+    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       label_smoothing: float = 0.0, posterior: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(NLL summed over the batch, target token count, log posterior (B, I+1, J+1) over
+        source positions, differentiable, when ``posterior``, else None): the terms guided
+        and agreement training are made of. Kinds with :attr:`TRAINS_POSTERIOR` implement
+        it; the default refuses."""
+        raise NotImplementedError(f"{type(self).__name__} has no differentiable alignment "
+                                  f"posterior (TRAINS_POSTERIOR is False)")
 
     def extra_state(self) -> Dict:
         """Anything beyond parameters that must be saved with the weights (default: nothing)."""

@@ -598,6 +598,8 @@ class DirectHMM(AlignmentModel):
     #: averaging the directions' posteriors beats every Moses heuristic (enfr_hmm1.md: 8.0 vs
     #: grow-diag 15.9 on en-fr dev; enfr_hmm0.md)
     BEST_HEURISTIC = "soft-average"
+    #: hmm0 and hmm1 implement training_terms (guided and agreement training)
+    TRAINS_POSTERIOR = True
 
     def __init__(self, config: DirectHMMConfig):
         super().__init__()
@@ -747,15 +749,6 @@ class DirectHMM(AlignmentModel):
         log_alpha, source_hidden, target_hidden = self.decode(src, tgt_in, lazy)
         return log_alpha, self.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing,
                                            shortlist)
-
-    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                       label_smoothing: float = 0.0, posterior: bool = False
-                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """(NLL summed over the batch, target token count, log posterior (B, I+1, J+1) over
-        source positions or None): the terms every training objective is made of (the loss
-        below; agreement training, aligner/agreement.py, uses both directions' posteriors).
-        ``posterior``: compute the log posterior, differentiable."""
-        raise NotImplementedError
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
