@@ -565,6 +565,7 @@ def last_elapsed_seconds(path: str) -> float:
 # What only the training log says (no model-directory file records it): the seconds of the
 # BPE/encoding step, and which directions one `align train` process trained.
 _PREPARATION = re.compile(r"preparation took ([0-9.]+)s")
+_PARALLEL = re.compile(r"training (" + "|".join(C.DIRECTIONS) + r")(, \w+)* in parallel: ")
 _DONE = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r")\] done: ")
 
 
@@ -636,7 +637,12 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
             record.notes.append(f"training time unknown: {path} is missing (0 s counted)")
         done = set(_DONE.findall(log))
         if len(read) > 1:
-            if done >= set(directions):
+            if _PARALLEL.search(log):
+                record.notes.append(f"{folder}/{C.LOG_NAME}: the directions were trained at the "
+                                    "same time in separate processes (--parallel-directions): "
+                                    "the time column counts the sum of their training times, "
+                                    "more than the run's wall time")
+            elif done >= set(directions):
                 record.notes.append(f"{folder}/{C.LOG_NAME}: the directions were trained one after "
                                     "the other by one `align train` process, so their sum is "
                                     "its training wall time")

@@ -390,6 +390,21 @@ def write_metrics(folder: Path, *elapsed) -> None:
         for k, seconds in enumerate(elapsed)])
 
 
+def test_recorded_training_of_parallel_directions_says_so(tmp_path):
+    model = tmp_path / "m"
+    write_metrics(model / "fwd", 20.0)
+    write_metrics(model / "rev", 30.0)
+    write(model / "train.log", [
+        "[2026-11-21 12:44:47 INFO] training fwd, rev in parallel: 2 processes with 1 thread(s) "
+        "each", "[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates",
+        "[2026-11-21 12:55:00 INFO] [rev] done: 200 updates"])
+    record = ca.recorded_training(str(model))
+    assert record.total == 50.0
+    assert any("at the same time in separate processes (--parallel-directions)" in note
+               for note in record.notes)
+    assert not any("one after the other" in note for note in record.notes)
+
+
 def test_recorded_training_of_an_agreement_run_is_its_joint_time(tmp_path):
     model = tmp_path / "m"
     write_metrics(model / "joint", 40.0, 90.5)      # both directions in one loop
