@@ -133,7 +133,6 @@ class AgreementPair(nn.Module):
         return self.loss(*args, **kwargs)
 
 
-
 def check_agreement_resumable(model_dir: str) -> None:
     """Refuse (one line) to resume an agreement run whose directions have weights but whose
     joint training state is missing: training would start again and replace them."""

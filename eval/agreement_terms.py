@@ -20,8 +20,6 @@ import click
 @click.option("--max-tokens", default=1200, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=7, show_default=True, type=int)
 def main(model_dirs, batches: int, max_tokens: int, seed: int) -> None:
-    import torch
-
     from aligner.agreement import AgreementPair
     from aligner.config import RunConfig
     from aligner.data import EncodedCorpus, TokenBatcher, make_batch

@@ -601,13 +601,14 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
     folders = [("", model_dir)] + ([("base ", base_dir)] if base_dir else [])
     for prefix, folder in folders:
         joint = os.path.join(folder, JOINT_DIR, C.METRICS_NAME)
-        if os.path.isfile(joint):  # agreement training: both directions in one loop
+        agreement = os.path.isfile(joint)  # agreement training: both directions in one loop
+        if agreement:
             record.seconds[prefix + "fwd+rev"] = last_elapsed_seconds(joint)
             record.notes.append(f"trained beforehand, both directions together (agreement): "
                                 f"{record.seconds[prefix + 'fwd+rev']:.1f} s (elapsed_s of the "
                                 f"last row of {joint}); counted into the time column")
         read, missing = [], []
-        for direction in directions if not os.path.isfile(joint) else ():
+        for direction in directions if not agreement else ():
             path = os.path.join(direction_dir(folder, direction), C.METRICS_NAME)
             if os.path.isfile(path):
                 record.seconds[prefix + direction] = last_elapsed_seconds(path)

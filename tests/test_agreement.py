@@ -4,10 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 from aligner.agreement import AgreementPair, disagreement, reverse_batch, reverse_guide
-from aligner.cli import main
 from aligner.data import make_batch
 from aligner.formats import read_pharaoh
 from aligner.guide import guide_matrix
@@ -16,6 +14,7 @@ from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _model
+from test_guide import run
 
 SOURCES = [[4, 5, 6, 7, 8, 9], [9, 4], [8]]
 TARGETS = [[7, 8, 9, 10, 4], [5, 6, 10, 4, 5, 6, 7], [9]]
@@ -139,13 +138,6 @@ def test_training_with_agreement_makes_the_directions_agree(cls):
 TINY = ["--bpe-merges", "0", "--d-model", "32", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "2", "--ff-dim", "64", "--max-tokens", "300", "--warmup", "5",
         "--lr", "3e-3", "--max-epochs", "0", "--dropout", "0", "-q"]
-
-
-def run(*args, ok=True):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, (result.output, result.exception)
-    return result
 
 
 @pytest.fixture(scope="module")
