@@ -20,6 +20,10 @@ Architecture (pre-norm, like aligner/models/transformer.py):
     (never the whole (B, I, J, V)). It costs J·V·k multiply-adds per target token, J times
     the baseline's output layer: the speed knobs are ``lexicon_dim`` (exact, smaller k) and
     ``lexicon_sample`` (training softmax over the batch's words plus sampled others only);
+    with ``lexicon_activation="linear"`` the relu is dropped, log p_lex(e_i | j) =
+    log_softmax(W4·(W5·h_j + W6·s_i)), whose logits split into a target and a source part so
+    that the exact normalizer of all (i, j) is one matrix product
+    (:func:`linear_lexicon_log_probs`: (I + J)·V·k + I·J·V per sentence);
   - zero-order alignment α(j|i): ONE dedicated single-head attention of s_i^(L) over h_j
     (its own query/key projections; not an average of heads);
   - first-order alignment α(j|i,j') (:class:`FirstOrderAlignment`): query W_q·s_i^(L-1) (the
@@ -92,6 +96,7 @@ from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHe
 from aligner.utils import check_condition
 
 
+LEXICON_ACTIVATIONS = ("relu", "linear")
 FORWARD_ALGORITHMS = {"loop": hmm_algorithms.forward_log_z,
                       "tree": hmm_algorithms.forward_log_z_parallel}
 
@@ -110,6 +115,11 @@ class DirectHMMConfig(TransformerConfig):
     #: batch's observed target words, filled up with uniformly drawn others; Jean et al. 2015)
     #: instead of the whole vocabulary; 0 = whole vocabulary. Evaluation is always exact.
     lexicon_sample: int = 0
+    #: the lexicon's activation: "relu" (W4·relu(W5·h_j + W6·s_i)) or "linear"
+    #: (W4·(W5·h_j + W6·s_i), whose logits split into a target part a_i and a source part b_j,
+    #: so that the normalizer Σ_v exp(a_iv + b_jv) of all (i, j) is one matrix product:
+    #: I·J·V instead of I·J·V·k per sentence; :func:`linear_lexicon_log_probs`)
+    lexicon_activation: str = "relu"
     #: first-order model: jump widths |j - j'| above this share one embedding
     max_jump: int = 16
     #: first-order forward algorithm: "loop" over target positions or log-semiring "tree"
@@ -129,6 +139,9 @@ class DirectHMMConfig(TransformerConfig):
                         f"lexicon_chunk must be >= 0 (0 = no chunking): {self.lexicon_chunk}")
         check_condition(self.lexicon_dim >= 0 and self.lexicon_sample >= 0,
                         "lexicon_dim and lexicon_sample must be >= 0")
+        check_condition(self.lexicon_activation in LEXICON_ACTIVATIONS,
+                        f"lexicon_activation must be one of {', '.join(LEXICON_ACTIVATIONS)}: "
+                        f"{self.lexicon_activation}")
         check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
         check_condition(self.chunk_floats >= 0,
                         f"chunk_floats must be >= 0 (0 = no limit): {self.chunk_floats}")
@@ -141,8 +154,8 @@ class DirectHMMConfig(TransformerConfig):
 
 def lexicon_logits(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                    weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   words: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+                   words: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None,
+                   activation: str = "relu") -> Tuple[torch.Tensor, torch.Tensor]:
     """The lexicon's logits W4·relu(W5·h_j + W6·s): the one place the formula is written.
 
     Used by training (:func:`lexicon_log_probs`: :func:`_lexicon_chunk`, the forward and the
@@ -160,11 +173,15 @@ def lexicon_logits(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
             (N, J, k) hidden layer: only that word's logits (N, J), float32.
         dtype: the matmul's dtype when it differs from the hidden layer's (the hidden layer
             is cast before the matmul; whole vocabulary only).
+        activation: "relu", or "linear" (no activation: W4·(W5·h_j + W6·s); training and
+            extraction then take the factored :func:`linear_lexicon_log_probs`).
     Returns:
         (hidden layer relu(W5·h_j + W6·s) (..., J, k) in the inputs' dtype, logits: (..., J, V)
         in the matmul's dtype, or (N, J) float32 with `words`).
     """
-    hidden = F.relu(source_hidden + target_hidden)
+    hidden = source_hidden + target_hidden
+    if activation == "relu":
+        hidden = F.relu(hidden)
     if words is not None:
         logits = torch.einsum("njk,nk->nj", hidden, weight.index_select(0, words)).float()
         if bias is not None:
@@ -317,6 +334,60 @@ def _lexicon_inference_cpu(source_hidden: torch.Tensor, target_hidden: torch.Ten
     return scores
 
 
+#: the linear lexicon's factored normalizer Σ_v exp(a_iv − m_i)·exp(b_jv − n_j) below this is
+#: recomputed directly (a float32 sum this small has lost precision or underflowed to 0)
+LINEAR_LEXICON_FLOOR = 1e-20
+
+
+def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                             weight: torch.Tensor, bias: Optional[torch.Tensor],
+                             targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """log p_lex(e_i | j) of the linear lexicon W4·(W5·h_j + W6·s_i) + bias: (B, I, J).
+
+    The logits split into a target and a source part, logit(v | i, j) = a_iv + b_jv with
+    a_i = W4·(W6·s_i) + bias (B, I, V) and b_j = W4·(W5·h_j) (B, J, V), so the normalizer of
+    every (i, j) is one matrix product of exponentials:
+        Z(i, j) = Σ_v exp(a_iv + b_jv) = exp(m_i + n_j) · Σ_v exp(a_iv − m_i) · exp(b_jv − n_j)
+    with m_i = max_v a_iv and n_j = max_v b_jv (every factor ≤ 1: nothing overflows; a sum below
+    :data:`LINEAR_LEXICON_FLOOR`, where the two maxima fall on unrelated words, is recomputed
+    as a direct logsumexp for that (i, j): exact for any logits). Cost per
+    sentence (I + J)·V·k + I·J·V multiply-adds, against I·J·V·k for the relu lexicon, and no
+    (B, I, J, V) tensor. Plain autograd (the shifts m, n are constants of the gradient: log Z
+    does not depend on them).
+
+    Args and result as :func:`lexicon_log_probs` (source_hidden (B, J, k) = W5·h_j with W5's
+    bias, target_hidden (B, I, k) = W6·s_i, weight (V, k), targets (B, I), label smoothing ε:
+    (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j)); float32 (the matmuls of a and b in the
+    autocast dtype when autocast is on; float64 for float64 inputs).
+    """
+    target_part = F.linear(target_hidden, weight, bias)                           # (B, I, V)
+    source_part = F.linear(source_hidden, weight)                                 # (B, J, V)
+    accumulate = torch.promote_types(target_part.dtype, torch.float32)
+    target_part, source_part = target_part.to(accumulate), source_part.to(accumulate)
+    target_max = target_part.detach().amax(dim=-1, keepdim=True)                   # (B, I, 1)
+    source_max = source_part.detach().amax(dim=-1, keepdim=True)                   # (B, J, 1)
+    norm = torch.matmul((target_part - target_max).exp(),
+                        (source_part - source_max).exp().transpose(1, 2))          # (B, I, J)
+    # Σ_v can be tiny, or 0, when no word is near the top of both a_i and b_j: those (i, j)
+    # (rare in a trained model) are summed directly, so the result is exact for any logits
+    far = norm < LINEAR_LEXICON_FLOOR
+    log_norm = (norm.masked_fill(far, 1.0).log()
+                + target_max + source_max.transpose(1, 2))
+    if bool(far.any()):
+        batch, step, state = far.nonzero(as_tuple=True)
+        direct = torch.logsumexp(target_part[batch, step] + source_part[batch, state], dim=-1)
+        log_norm = log_norm.index_put((batch, step, state), direct)
+    observed_target = target_part.gather(-1, targets.unsqueeze(-1))                # (B, I, 1)
+    observed_source = source_part.transpose(1, 2).gather(
+        1, targets.unsqueeze(-1).expand(-1, -1, source_part.size(1)))               # (B, I, J)
+    scores = observed_target + observed_source - log_norm
+    if smoothing > 0.0:
+        uniform = (target_part.mean(dim=-1, keepdim=True)
+                   + source_part.mean(dim=-1).unsqueeze(1) - log_norm)
+        scores = (1.0 - smoothing) * scores + smoothing * uniform
+    return scores
+
+
 def lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                       weight: torch.Tensor, bias: Optional[torch.Tensor],
                       targets: torch.Tensor, smoothing: float = 0.0,
@@ -355,7 +426,7 @@ LEXICON_CHUNK_FLOATS = 1 << 22
 
 def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
                       target_hidden: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor], positions: int
+                      bias: Optional[torch.Tensor], positions: int, activation: str = "relu"
                       ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The direct HMM's word distribution at one target position, source positions chunked.
 
@@ -368,6 +439,7 @@ def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
         weight, bias: W4 (V, k) and its bias (V,) or None.
         positions: source positions per chunk (>= 1): only (N, positions, V) logits exist at
             a time; the chunks are combined by a running logsumexp.
+        activation: the lexicon's (:func:`lexicon_logits`).
     Returns:
         (log p (N, V), log normalizers log Σ_v exp(logit(v|j)) (N, J+1)), float32.
     """
@@ -376,7 +448,7 @@ def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
     for start in range(0, log_prior.size(1), positions):
         stop = start + positions
         _, logits = lexicon_logits(source_hidden[:, start:stop], target_hidden[:, None, :],
-                                   weight, bias)
+                                   weight, bias, activation=activation)
         logits = logits.float()                                                    # (N, c, V)
         log_norm = torch.logsumexp(logits, dim=-1)                                 # (N, c)
         logits += (log_prior[:, start:stop] - log_norm)[:, :, None]   # log π + log p_lex
@@ -693,7 +765,8 @@ class DirectHMM(AlignmentModel):
         positions = max(1, state["lexicon_floats"]
                         // max(1, rows * self.config.tgt_vocab_size))
         log_p, log_norm = mixture_log_probs(log_prior, source_hidden, target_hidden,
-                                            self.lexicon.weight, self.lexicon.bias, positions)
+                                            self.lexicon.weight, self.lexicon.bias, positions,
+                                            self.config.lexicon_activation)
         if self.order == 1:
             # what the next step needs for the forward state of the word chosen here
             state["pending"] = (log_prior, log_norm, source_hidden, target_hidden)
@@ -720,6 +793,9 @@ class DirectHMM(AlignmentModel):
                 torch.arange(shortlist, device=tgt_out.device), tgt_out.flatten()]))
             weight, bias = weight[candidates], None if bias is None else bias[candidates]
             targets = torch.searchsorted(candidates, tgt_out)
+        if self.config.lexicon_activation == "linear":
+            return linear_lexicon_log_probs(source_hidden, target_hidden, weight, bias, targets,
+                                            smoothing)
         chunk = self.config.lexicon_chunk
         if not torch.is_grad_enabled() and chunk > 0 and self.config.chunk_floats > 0:
             # inference: as many positions as the float budget allows (B·J·V floats each)
@@ -862,7 +938,8 @@ class FirstOrderHMM(DirectHMM):
         is recomputed for the chosen words only ((N, J+1) entries, not (N, J+1, V))."""
         log_prior, log_norm, source_hidden, target_hidden = pending
         _, logit = lexicon_logits(source_hidden, target_hidden[:, None, :], self.lexicon.weight,
-                                  self.lexicon.bias, words=words)
+                                  self.lexicon.bias, words=words,
+                                  activation=self.config.lexicon_activation)
         return torch.log_softmax(log_prior + logit - log_norm, dim=-1)
 
     @staticmethod

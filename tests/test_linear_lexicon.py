@@ -1,0 +1,193 @@
+"""The direct HMM's linear lexicon (lexicon_activation="linear", aligner/models/direct_hmm.py):
+the factored normalizer against the whole (B, I, J, V) tensor, its gradients, its range, and
+the models built on it (losses, decoding, training)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aligner import constants as C
+from aligner.models.direct_hmm import (DirectHMMConfig, FirstOrderHMM, ZeroOrderHMM,
+                                       linear_lexicon_log_probs)
+from aligner.utils import AlignerError
+
+VOCAB = 11
+
+
+def _reference(source_hidden, target_hidden, weight, bias, targets, smoothing):
+    """log_softmax of the whole tensor W4·(W5·h_j + W6·s_i) + b, gathered at e_i, smoothed."""
+    logits = F.linear(source_hidden[:, None] + target_hidden[:, :, None], weight, bias)
+    log_probs = torch.log_softmax(logits, -1)                          # (B, I, J, V)
+    gold = log_probs.gather(-1, targets[:, :, None, None].expand(-1, -1, logits.size(2), 1))
+    return (1 - smoothing) * gold.squeeze(-1) + smoothing * log_probs.mean(-1)
+
+
+def _inputs(seed, scale=1.0, dtype=torch.float32, batch=2, steps=5, states=4, dim=8):
+    generator = torch.Generator().manual_seed(seed)
+    make = lambda *shape: (scale * torch.randn(*shape, generator=generator, dtype=dtype)
+                           ).requires_grad_()
+    return (make(batch, states, dim), make(batch, steps, dim), make(VOCAB, dim), make(VOCAB),
+            torch.randint(0, VOCAB, (batch, steps), generator=generator))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_factored_normalizer_equals_the_whole_tensor_in_value_and_gradient(smoothing, with_bias):
+    source, target, weight, bias, targets = _inputs(int(with_bias))
+    bias = bias if with_bias else None
+    leaves = [t for t in (source, target, weight, bias) if t is not None]
+    upstream = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(7))
+    expected = _reference(source, target, weight, bias, targets, smoothing)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), leaves)
+    scores = linear_lexicon_log_probs(source, target, weight, bias, targets, smoothing)
+    grads = torch.autograd.grad((scores * upstream).sum(), leaves)
+    assert scores.shape == (2, 5, 4) and scores.dtype == torch.float32
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_factored_normalizer_passes_gradcheck():
+    source, target, weight, bias, targets = _inputs(3, dtype=torch.float64, batch=1, steps=3,
+                                                    states=2, dim=3)
+    assert torch.autograd.gradcheck(
+        lambda *leaves: linear_lexicon_log_probs(*leaves, targets, 0.1),
+        (source, target, weight, bias))
+
+
+def test_large_logits_neither_overflow_nor_underflow():
+    """Logits of several hundred nats (exp overflows float32 at 88): the shifted factors keep
+    the result finite and equal to the float64 reference."""
+    source, target, weight, bias, targets = _inputs(5, scale=6.0)
+    with torch.no_grad():
+        logits = F.linear(source[:, None] + target[:, :, None], weight, bias)
+        assert logits.abs().max() > 200
+        scores = linear_lexicon_log_probs(source, target, weight, bias, targets)
+        expected = _reference(*(t.double() for t in (source, target, weight, bias)), targets,
+                              0.0)
+    assert torch.isfinite(scores).all()
+    torch.testing.assert_close(scores.double(), expected, atol=1e-3, rtol=1e-4)
+
+
+def test_every_row_is_a_distribution_over_the_vocabulary():
+    source, target, weight, bias, _ = _inputs(2)
+    with torch.no_grad():
+        total = sum(linear_lexicon_log_probs(source, target, weight, bias,
+                                             torch.full((2, 5), v)).exp() for v in range(VOCAB))
+    torch.testing.assert_close(total, torch.ones(2, 5, 4))
+
+
+# -- models with the linear lexicon ----------------------------------------------------------
+
+def _model(cls, **changes):
+    torch.manual_seed(0)
+    values = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, n_heads=2,
+                  enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_jump=3,
+                  lexicon_activation="linear")
+    values.update(changes)
+    return cls(DirectHMMConfig(**values)).eval()
+
+
+def _batch():
+    pad, bos, eos = C.PAD_ID, C.BOS_ID, C.EOS_ID
+    src = torch.tensor([[5, 6, 7, 8, eos], [9, 10, eos, pad, pad]])
+    tgt_in = torch.tensor([[bos, 4, 5, 6], [bos, 7, pad, pad]])
+    tgt_out = torch.tensor([[4, 5, 6, eos], [7, eos, pad, pad]])
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+@pytest.mark.parametrize("lexicon_dim", [0, 8])
+def test_model_lexicon_is_the_unrectified_formula(cls, lexicon_dim):
+    """The model's lexicon = log_softmax(W4·(W5·h_j + W6·s_i)) with no relu, tied or not, in
+    training (smoothed) and in extraction."""
+    model = _model(cls, lexicon_dim=lexicon_dim)
+    src, tgt_in, tgt_out = _batch()
+    with torch.no_grad():
+        _, source_hidden, target_hidden = model.decode(src, tgt_in)
+        for smoothing in (0.0, 0.1):
+            got = model.log_lexicon(source_hidden, target_hidden, tgt_out, smoothing)
+            want = _reference(source_hidden, target_hidden, model.lexicon.weight,
+                              model.lexicon.bias, tgt_out, smoothing)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        relu = _model(cls, lexicon_dim=lexicon_dim, lexicon_activation="relu")
+        relu.load_state_dict(model.state_dict())
+        assert not torch.allclose(relu.log_lexicon(source_hidden, target_hidden, tgt_out),
+                                  got, atol=1e-3)
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_decoding_step_by_step_gives_the_training_loss(cls):
+    """Translation's incremental decoder uses the same (linear) lexicon as training."""
+    model = _model(cls)
+    src, tgt_in, tgt_out = _batch()
+    with torch.no_grad():
+        total, state = torch.zeros(()), model.init_decode_state(src)
+        for i in range(tgt_in.size(1)):
+            log_p, state = model.decode_step(state, tgt_in[:, i])
+            gold = log_p.gather(1, tgt_out[:, i:i + 1]).squeeze(1)
+            total += gold.masked_fill(tgt_out[:, i].eq(C.PAD_ID), 0.0).sum()
+        loss, _ = model.loss(src, tgt_in, tgt_out)
+    assert float(total) == pytest.approx(-float(loss), abs=1e-4)
+
+
+def test_sampled_candidates_work_with_the_linear_lexicon():
+    model = _model(FirstOrderHMM, lexicon_sample=6).train()
+    loss, tokens = model.loss(*_batch(), label_smoothing=0.1)
+    loss.backward()
+    assert torch.isfinite(loss) and int(tokens) == 6
+    assert model.lexicon.weight.grad is not None
+
+
+def test_unknown_activation_is_refused():
+    with pytest.raises(AlignerError, match="lexicon_activation"):
+        _model(ZeroOrderHMM, lexicon_activation="tanh")
+
+
+def test_hmm1_with_the_linear_lexicon_learns_a_monotone_word_translation():
+    """Target = word-by-word translation (id + 3) of the source: Viterbi becomes the diagonal."""
+    torch.manual_seed(0)
+    model = FirstOrderHMM(DirectHMMConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32,
+                                          n_heads=2, enc_layers=1, dec_layers=2, d_ff=64,
+                                          dropout=0.0, max_jump=3,
+                                          lexicon_activation="linear"))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+
+    def sample(n):
+        pairs = []
+        for _ in range(n):
+            source = torch.randint(4, 13, (int(torch.randint(2, 6, (1,), generator=generator)),),
+                                   generator=generator).tolist()
+            pairs.append((source, [w + 3 for w in source]))
+        return pairs
+
+    def batch(pairs):
+        width_src = max(len(s) for s, _ in pairs) + 1
+        width_tgt = max(len(t) for _, t in pairs) + 1
+        src = torch.full((len(pairs), width_src), C.PAD_ID)
+        tgt_in = torch.full((len(pairs), width_tgt), C.PAD_ID)
+        tgt_out = torch.full((len(pairs), width_tgt), C.PAD_ID)
+        for b, (source, target) in enumerate(pairs):
+            src[b, :len(source) + 1] = torch.tensor(source + [C.EOS_ID])
+            tgt_in[b, :len(target) + 1] = torch.tensor([C.BOS_ID] + target)
+            tgt_out[b, :len(target) + 1] = torch.tensor(target + [C.EOS_ID])
+        return src, tgt_in, tgt_out
+
+    model.train()
+    for _ in range(150):
+        loss, n_tokens = model.loss(*batch(sample(16)))
+        optimizer.zero_grad()
+        (loss / n_tokens).backward()
+        optimizer.step()
+    model.eval()
+    pairs = sample(20)
+    with torch.no_grad():
+        scores = model.alignment_scores(*batch(pairs), "hmm-viterbi")
+    correct = total = 0
+    for b, (source, _) in enumerate(pairs):
+        links = scores[b, :len(source), :len(source)].argmax(-1)
+        correct += (links == torch.arange(len(source))).sum().item()
+        total += len(source)
+    assert correct / total > 0.9, (correct, total)
