@@ -578,3 +578,20 @@ def test_lexicon_shortlist_normalizes_over_frequent_and_observed_words_only(cls)
         scores = model.alignment_scores(src, tgt_in, tgt_out, method, shortlist=VOCAB)
         assert torch.allclose(scores, model.alignment_scores(src, tgt_in, tgt_out, method),
                               atol=1e-6)
+
+
+def test_first_order_scores_equal_the_key_side_formula():
+    """W_o applied to the queries (I·d²) instead of the J·(J+1) keys (J²·d²): the same
+    log α as q_i · W_o·relu(W_a·h_j + W_b·h_j' + D[jump]) / √d, softmax over j."""
+    from aligner.models.direct_hmm import FirstOrderAlignment
+
+    torch.manual_seed(3)
+    layer = FirstOrderAlignment(8, max_jump=2)
+    memory, s_prev = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    got = layer(s_prev, memory, mask)                                     # (B, I, J+1, J)
+    keys = layer.w_o(layer.keys(memory))                                  # W_o on every key
+    scores = torch.einsum("bid,bkjd->bikj", layer.query(s_prev), keys) / math.sqrt(8)
+    want = torch.log_softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1)
+    assert got.shape == (2, 4, 6, 5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

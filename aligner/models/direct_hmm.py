@@ -465,7 +465,7 @@ class HMMContext(nn.Module):
     """c_i = W1 · Σ_j α_h(j|i) · relu(W2·h_j + W3·s_i) per head h (replaces cross-attention).
 
     ``forward(s (B, I, d), memory (B, J, d), src_pad_mask (B, J) True = pad)`` ->
-    ``(context (B, I, d), α (B, H, I, J))``. Holds a (B, I, J, d) feature tensor.
+    ``(context (B, I, d), α (B, H, I, J))``. Holds a (B, I, H, J, d/H) feature tensor.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float):
@@ -487,9 +487,14 @@ class HMMContext(nn.Module):
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)           # (B, H, I, J)
         scores = scores.masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
         alpha = torch.softmax(scores.float(), dim=-1).to(s.dtype)
-        features = F.relu(self.w2(memory).unsqueeze(1) + self.w3(s).unsqueeze(2))  # (B, I, J, d)
-        features = features.view(batch, steps, states, self.n_heads, self.head_dim)
-        context = torch.einsum("bhij,bijhk->bihk", self.dropout(alpha), features)
+        # the features are built in the layout of the matrix product, (B, I, H, J, d/H), so
+        # that the α-weighted sum over j is one batched product without a permuted copy
+        heads, head_dim = self.n_heads, self.head_dim
+        source = self.w2(memory).view(batch, states, heads, head_dim).transpose(1, 2)
+        target = self.w3(s).view(batch, steps, heads, 1, head_dim)
+        features = F.relu(source.unsqueeze(1) + target)                   # (B, I, H, J, d/H)
+        weights = self.dropout(alpha).transpose(1, 2).unsqueeze(3)         # (B, I, H, 1, J)
+        context = torch.matmul(weights, features)                          # (B, I, H, 1, d/H)
         return self.w1(context.reshape(batch, steps, d_model)), alpha
 
 
@@ -528,6 +533,11 @@ class FirstOrderAlignment(nn.Module):
     score(i, j', j) = q_i · W_o·relu(W_a·h_j + W_b·h_j' + D[clip(j - j', ±max_jump)]) / √d,
     q_i = W_q·s_i^(L-1); the start state uses a learned vector for h_j' and position j' = -1.
     Softmax over j; padded source positions j get α = 0 (log α = -inf).
+
+    Computed as (W_oᵀ·q_i) · relu(...) + q_i·b_o: W_o moves to the I queries instead of the
+    J·(J+1) keys per sentence (I·d² instead of J²·d² multiply-adds, the same value to float
+    rounding), so :meth:`keys` returns the relu features and :meth:`queries` the projected
+    queries with their bias term.
     """
 
     def __init__(self, d_model: int, max_jump: int):
@@ -543,7 +553,7 @@ class FirstOrderAlignment(nn.Module):
         nn.init.normal_(self.jump.weight, std=d_model ** -0.5)
 
     def keys(self, memory: torch.Tensor) -> torch.Tensor:
-        """W_o·relu(W_a·h_j + W_b·h_j' + D[jump]): (B, J+1, J, d), previous state j' (start
+        """relu(W_a·h_j + W_b·h_j' + D[jump]): (B, J+1, J, d), previous state j' (start
         first) by state j. Depends on the source only, so a decoder computes it once per
         sentence (aligner.translate) instead of once per output position."""
         batch, states, d_model = memory.shape
@@ -552,23 +562,34 @@ class FirstOrderAlignment(nn.Module):
         previous_position = torch.arange(-1, states, device=memory.device)
         jump = (position.unsqueeze(0) - previous_position.unsqueeze(1)).clamp(
             -self.max_jump, self.max_jump) + self.max_jump                       # (J+1, J)
-        hidden = F.relu(self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
-                        + self.jump(jump).to(memory.dtype))                      # (B, J+1, J, d)
-        return self.w_o(hidden)
+        hidden = self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
+        hidden += self.jump(jump).to(memory.dtype)                               # (B, J+1, J, d)
+        return F.relu(hidden, inplace=True)                 # in place: one (B, J+1, J, d) buffer
+
+    def queries(self, s_prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """s_prev (B, I, d) -> (W_oᵀ·W_q·s (B, I, d), bias term (W_q·s)·b_o (B, I))."""
+        query = self.query(s_prev)
+        return query @ self.w_o.weight.to(query.dtype), query @ self.w_o.bias.to(query.dtype)
 
     def forward(self, s_prev: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 keys: Optional[torch.Tensor] = None) -> torch.Tensor:
         """s_prev (B, I, d), memory (B, J, d), src_pad_mask (B, J); keys: ``self.keys(memory)``
         when already computed. Returns log α (B, I, J+1, J)."""
         keys = self.keys(memory) if keys is None else keys
-        return self.log_probs(self.query(s_prev), keys, src_pad_mask)
+        return self.log_probs(*self.queries(s_prev), keys, src_pad_mask)
 
     @staticmethod
-    def log_probs(queries: torch.Tensor, keys: torch.Tensor, src_pad_mask: torch.Tensor
-                  ) -> torch.Tensor:
-        """log α (B, c, J+1, J) of c target positions from their queries W_q·s (B, c, d) and
-        ``keys(memory)`` (B, J+1, J, d)."""
-        scores = torch.einsum("bid,bkjd->bikj", queries, keys) / math.sqrt(keys.size(-1))
+    def log_probs(queries: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor,
+                  src_pad_mask: torch.Tensor) -> torch.Tensor:
+        """log α (B, c, J+1, J) of c target positions from their :meth:`queries` (B, c, d) and
+        bias terms (B, c), and ``keys(memory)`` (B, J+1, J, d): one batched matrix product
+        (B, c, d) x (B, d, (J+1)·J) with the bias and the 1/√d scale fused in."""
+        batch, steps, dim = queries.shape
+        previous, states = keys.size(1), keys.size(2)
+        scale = 1.0 / math.sqrt(dim)
+        scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries,
+                               keys.reshape(batch, previous * states, dim).transpose(1, 2),
+                               alpha=scale).view(batch, steps, previous, states)
         scores = scores.float().masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
         return torch.log_softmax(scores, dim=-1)
 
@@ -582,14 +603,16 @@ class FirstOrderScores:
     :meth:`transitions` as a ``TransitionFn`` and ask for ``chunk`` positions at a time.
     """
 
-    queries: torch.Tensor        # (B, I+1, d) W_q·s_i^(L-1)
+    queries: torch.Tensor        # (B, I+1, d) W_oᵀ·W_q·s_i^(L-1)
+    offsets: torch.Tensor        # (B, I+1) (W_q·s_i^(L-1))·b_o
     keys: torch.Tensor           # (B, J+2, J+1, d) FirstOrderAlignment.keys(memory)
     src_pad_mask: torch.Tensor   # (B, J+1) True at padding
 
     def __call__(self, start: int, stop: int) -> torch.Tensor:
         """log α of target positions start..stop-1: (B, stop-start, J+2, J+1), start state
         first."""
-        return FirstOrderAlignment.log_probs(self.queries[:, start:stop], self.keys,
+        return FirstOrderAlignment.log_probs(self.queries[:, start:stop],
+                                             self.offsets[:, start:stop], self.keys,
                                              self.src_pad_mask)
 
     def log_initial(self) -> torch.Tensor:
@@ -644,7 +667,7 @@ class HMMOutputLayer(nn.Module):
         """``lazy`` (order 1): return log α as :class:`FirstOrderScores`, not as a tensor."""
         if self.order == 1 and lazy:
             keys = self.first_order.keys(memory) if alignment_keys is None else alignment_keys
-            log_alpha = FirstOrderScores(self.first_order.query(self.norm_prev(x)), keys,
+            log_alpha = FirstOrderScores(*self.first_order.queries(self.norm_prev(x)), keys,
                                          src_pad_mask)
         elif self.order == 1:   # alignment_keys: first_order.keys(memory), cached by a decoder
             log_alpha = self.first_order(self.norm_prev(x), memory, src_pad_mask,

@@ -179,7 +179,8 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     e_i = exp(log_emission[i] - max_j log_emission[i]).
     Each step is one batched matrix–vector product. ``log_transition`` may be a
     :data:`TransitionFn`; it is asked for ``chunk`` target positions at a time, twice (forward
-    and backward pass), so memory beyond O(B·I·J) is (B, chunk, J, J). Rows are 0 at padded
+    and backward pass; once when one chunk holds every position), so memory beyond O(B·I·J) is
+    (B, chunk, J, J). Rows are 0 at padded
     target positions and padded states. Not differentiable (runs under no_grad).
     """
     emission, lengths = _prepare(log_emission, target_lengths, source_mask)
@@ -195,15 +196,18 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
         return vector / vector.sum(dim=-1, keepdim=True).clamp_min(tiny)
 
     alphas = [normalized(_clamp(log_initial).to(dtype).exp() * scaled[:, 0])]
-    for start, stop in _chunks(1, steps, chunk):
+    pieces = _chunks(1, steps, chunk)
+    kept = None            # one piece: its matrices serve the backward pass too
+    for start, stop in pieces:
         matrices = _clamp(transition_fn(start, stop)).to(dtype).exp()       # (B, c, J', J)
+        kept = matrices if len(pieces) == 1 else None
         for i in range(start, stop):
             step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
                               .squeeze(1) * scaled[:, i])
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
-    for start, stop in reversed(_chunks(1, steps, chunk)):
-        matrices = _clamp(transition_fn(start, stop)).to(dtype).exp()
+    for start, stop in reversed(pieces):
+        matrices = kept if kept is not None else _clamp(transition_fn(start, stop)).to(dtype).exp()
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
             step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
                                         .unsqueeze(2)).squeeze(2))
