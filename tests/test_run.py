@@ -29,7 +29,7 @@ def test_the_recipe_is_pinned():
     assert recipe.MODEL_OPTIONS == dict(d_model=128, n_heads=4, enc_layers=3, dec_layers=3,
                                         d_ff=512, dropout=0.1, max_positions=1024,
                                         tie_embeddings=True, markov_order=0, lexicon_dim=64,
-                                        lexicon_sample=1000)
+                                        lexicon_sample=0, lexicon_activation="linear")
     assert recipe.TRAINING == dict(lr=3e-3, warmup=150, max_tokens=1200, label_smoothing=0.1,
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
