@@ -22,6 +22,8 @@ no line is ever dropped or shifted. This module returns objects and never writes
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     TypeVar, Union)
 
@@ -45,6 +47,9 @@ Item = TypeVar("Item")
 Collated = TypeVar("Collated")
 DEFAULT_MAX_TOKENS = 4000
 MAX_WARNINGS = 10
+#: fewer pairs than this are aligned in this process even when ``parallel`` is asked for (the
+#: two worker processes take a few seconds to start)
+PARALLEL_MIN_PAIRS = 1000
 
 
 def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
@@ -213,6 +218,49 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     return results
 
 
+def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair],
+                             direction: str, method: str, max_tokens: int,
+                             options: Optional[Dict[str, Any]], threads: int,
+                             progress: bool) -> List[np.ndarray]:
+    """Body of one worker of :func:`soft_alignments_by_direction` (a "spawn" process)."""
+    torch.set_num_threads(threads)
+    return soft_alignments(model, pairs, direction, method, max_tokens, torch.device("cpu"),
+                           options, progress)
+
+
+def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
+                                 pairs: Sequence[EncodedPair], directions: Sequence[str],
+                                 method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                                 device: Optional[torch.device] = None,
+                                 options: Optional[Dict[str, Any]] = None,
+                                 progress: bool = False, parallel: bool = False
+                                 ) -> Dict[str, List[np.ndarray]]:
+    """:func:`soft_alignments` of every direction in `directions`: {direction: matrices}.
+
+    ``parallel`` (the command line asks for it): on a CPU with two or more cores, both
+    directions and at least :data:`PARALLEL_MIN_PAIRS` pairs, each direction runs in its own
+    "spawn" process with half of this process's torch threads, as ``--parallel-directions``
+    trains them (small batched ops scale better over processes than over threads). The model
+    and the pairs are sent to the workers and the matrices come back in input order; values
+    equal the in-process ones to float rounding. Off in the Python API by default, where a
+    "spawn" process would re-run a script that has no ``if __name__ == "__main__"`` guard;
+    off under CPU autocast, which the workers would not inherit.
+    """
+    device = device or next(models[directions[0]].parameters()).device
+    if (parallel and device.type == "cpu" and len(directions) == 2
+            and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS
+            and not torch.is_autocast_enabled("cpu")):
+        threads = max(1, torch.get_num_threads() // 2)
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(len(directions)) as pool:
+            results = pool.starmap(_soft_alignments_process, [
+                (models[d], pairs, d, method, max_tokens, options, threads, progress)
+                for d in directions])
+        return dict(zip(directions, results))
+    return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,
+                               progress) for d in directions}
+
+
 def loaded_max_positions(loaded: LoadedModelDir) -> Optional[int]:
     """The longest sequence every loaded direction accepts (None: no limit)."""
     return min([m for m in map(model_max_positions, loaded.models.values()) if m is not None],
@@ -272,7 +320,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 threshold: float = DEFAULT_THRESHOLD,
-                progress: bool = False) -> Dict[str, List[Set[Link]]]:
+                progress: bool = False, parallel: bool = False) -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
@@ -282,6 +330,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     combines the two directions' hard links; ``soft-average`` (aligner.soft_symmetrize)
     averages their word-level soft alignments (:func:`soft_alignments`) and keeps the links
     above `threshold`. ``progress``: tqdm bars on stderr, one per direction and pass.
+    ``parallel``: the soft matrices of the two directions in two processes on a multi-core
+    CPU (:func:`soft_alignments_by_direction`).
     """
     if isinstance(loaded, str):
         loaded = LoadedModelDir.load(loaded, directions, "best", device)
@@ -295,9 +345,9 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         for heuristic in heuristics:
             if heuristic in SOFT_HEURISTICS:
                 if not soft:
-                    soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens,
-                                               device, options, progress)
-                            for d in C.DIRECTIONS}
+                    soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS,
+                                                        method, max_tokens, device, options,
+                                                        progress, parallel)
                 out[heuristic] = [soft_average(f, r, threshold)
                                   for f, r in zip(soft["fwd"], soft["rev"])]
             else:
@@ -311,9 +361,11 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
-            threshold: float = DEFAULT_THRESHOLD, progress: bool = False) -> List[Set[Link]]:
+            threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
+            parallel: bool = False) -> List[Set[Link]]:
     """Word-level source–target links per input line: one direction, or both symmetrized
-    (`heuristic`: a Moses heuristic or soft-average with `threshold`; see extract_all).
+    (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel`: see
+    extract_all).
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
@@ -321,11 +373,11 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         if isinstance(loaded, str):
             loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
         pairs = encode_bitext(loaded, bitext)
-        soft = {d: soft_alignments(loaded.models[d], pairs, d, method, max_tokens, device,
-                                   options, progress) for d in C.DIRECTIONS}
+        soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
+                                            max_tokens, device, options, progress, parallel)
         return [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
-                           device, options, threshold, progress)[heuristic]
+                           device, options, threshold, progress, parallel)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
                        options, progress=progress)[direction]

@@ -347,3 +347,38 @@ def test_soft_average_with_soft_output_computes_the_matrices_once(tmp_path):
                 if "5/5" in line]
     assert sorted({line.split(":")[0] for line in finished}) == ["soft fwd", "soft rev"]
     assert len(finished) == 2, finished
+
+
+def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch):
+    """parallel=True: each direction in its own spawn process; same matrices, input order,
+    and a zero matrix for the pair that cannot be aligned."""
+    import os
+
+    from aligner import inference
+    from aligner.models.direct_hmm import DirectHMMConfig, FirstOrderHMM
+
+    monkeypatch.setattr(inference, "PARALLEL_MIN_PAIRS", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    seed_everything(0)
+    config = DirectHMMConfig(13, 13, d_model=16, n_heads=2, enc_layers=1, dec_layers=2,
+                             d_ff=32, max_positions=16, lexicon_activation="linear")
+    models = {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
+    generator = np.random.default_rng(0)
+    pairs = [pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
+             for n, m in [(3, 4), (5, 2), (1, 1), (6, 6), (2, 5)]] + [pair([], [5, 6])]
+    contexts = []
+    get_context = inference.multiprocessing.get_context
+    monkeypatch.setattr(inference.multiprocessing, "get_context",
+                        lambda method: contexts.append(method) or get_context(method))
+    alone = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                   "hmm-posterior")
+    assert contexts == []
+    apart = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                   "hmm-posterior", parallel=True)
+    assert contexts == ["spawn"]
+    for direction in C.DIRECTIONS:
+        assert len(apart[direction]) == len(pairs)
+        for k, (a, b) in enumerate(zip(alone[direction], apart[direction])):
+            assert a.shape == b.shape == (len(pairs[k].src_ids), len(pairs[k].tgt_ids))
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        assert not apart[direction][-1].any()

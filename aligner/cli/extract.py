@@ -174,7 +174,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                           for k in range(len(bitext))]
         else:
             alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
-                                 torch_device, options, threshold, progress=not quiet)
+                                 torch_device, options, threshold, progress=not quiet,
+                                 parallel=True)
     write_results(output, alignments, soft, matrices)
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
                 method, direction,
@@ -189,15 +190,14 @@ def soft_matrices(loaded, bitext, method: str, directions, max_tokens: int, devi
     Array ``"{direction}_{k}"``: float32 (source words, target words) for input line k
     (0-based); see aligner.inference.soft_alignments for the normalization.
     """
-    from aligner.inference import encode_bitext, soft_alignments
+    from aligner.inference import encode_bitext, soft_alignments_by_direction
 
     pairs = encode_bitext(loaded, bitext)
-    arrays = {}
-    for direction in directions:
-        matrices = soft_alignments(loaded.models[direction], pairs, direction, method,
-                                   max_tokens, device, options, progress)
-        arrays.update({f"{direction}_{k}": m for k, m in enumerate(matrices)})
-    return arrays
+    by_direction = soft_alignments_by_direction(loaded.models, pairs, directions, method,
+                                                max_tokens, device, options, progress,
+                                                parallel=True)
+    return {f"{direction}_{k}": m for direction in directions
+            for k, m in enumerate(by_direction[direction])}
 
 
 def write_results(output: str, alignments, soft: Optional[str],

@@ -219,7 +219,7 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
     Returns (hard links per direction on `hard_lines`, every line when None, empty sets
     elsewhere; the soft matrices per direction when -H is soft or `soft`; the -H alignments).
     """
-    from aligner.inference import align_pairs, encode_bitext, soft_alignments
+    from aligner.inference import align_pairs, encode_bitext, soft_alignments_by_direction
     from aligner.model_dir import LoadedModelDir
     from aligner.soft_symmetrize import soft_average
     from aligner.symmetrize import symmetrize
@@ -239,10 +239,9 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
                 everything[direction][k] = line_links
     soft_by_direction: Dict[str, Any] = {}
     if heuristic in C.SOFT_HEURISTICS or soft:   # one pass, used twice
-        soft_by_direction = {d: soft_alignments(loaded.models[d], pairs, d, recipe.METHOD,
-                                                device=device, options=options,
-                                                progress=not quiet)
-                             for d in C.DIRECTIONS}
+        soft_by_direction = soft_alignments_by_direction(
+            loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device, options=options,
+            progress=not quiet, parallel=True)
     if heuristic in C.SOFT_HEURISTICS:
         alignments = [soft_average(f, r, threshold) for f, r in
                       zip(soft_by_direction["fwd"], soft_by_direction["rev"])]

@@ -490,7 +490,8 @@ class HMMContext(nn.Module):
         # the features are built in the layout of the matrix product, (B, I, H, J, d/H), so
         # that the α-weighted sum over j is one batched product without a permuted copy
         heads, head_dim = self.n_heads, self.head_dim
-        source = self.w2(memory).view(batch, states, heads, head_dim).transpose(1, 2)
+        # (a contiguous source, or the broadcast sum inherits its transposed layout)
+        source = self.w2(memory).view(batch, states, heads, head_dim).transpose(1, 2).contiguous()
         target = self.w3(s).view(batch, steps, heads, 1, head_dim)
         features = F.relu(source.unsqueeze(1) + target)                   # (B, I, H, J, d/H)
         weights = self.dropout(alpha).transpose(1, 2).unsqueeze(3)         # (B, I, H, 1, J)

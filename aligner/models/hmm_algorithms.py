@@ -199,7 +199,7 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     pieces = _chunks(1, steps, chunk)
     kept = None            # one piece: its matrices serve the backward pass too
     for start, stop in pieces:
-        matrices = _clamp(transition_fn(start, stop)).to(dtype).exp()       # (B, c, J', J)
+        matrices = transition_fn(start, stop).to(dtype).exp()              # (B, c, J', J)
         kept = matrices if len(pieces) == 1 else None
         for i in range(start, stop):
             step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
@@ -207,7 +207,7 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
     for start, stop in reversed(pieces):
-        matrices = kept if kept is not None else _clamp(transition_fn(start, stop)).to(dtype).exp()
+        matrices = kept if kept is not None else transition_fn(start, stop).to(dtype).exp()
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
             step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
                                         .unsqueeze(2)).squeeze(2))
