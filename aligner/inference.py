@@ -252,10 +252,17 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
             and not torch.is_autocast_enabled("cpu")):
         threads = max(1, torch.get_num_threads() // 2)
         context = multiprocessing.get_context("spawn")
-        with context.Pool(len(directions)) as pool:
+        pool = context.Pool(len(directions))
+        try:
             results = pool.starmap(_soft_alignments_process, [
                 (models[d], pairs, d, method, max_tokens, options, threads, progress)
                 for d in directions])
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:      # close + join: the workers exit on their own (terminate leaks semaphores)
+            pool.close()
+            pool.join()
         return dict(zip(directions, results))
     return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,
                                progress) for d in directions}
