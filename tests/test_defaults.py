@@ -43,10 +43,10 @@ def test_run_defaults_are_the_recipe():
     defaults = _defaults(run.command)
     assert defaults["heuristic"] == recipe.HEURISTIC
     assert defaults["threshold"] == recipe.THRESHOLD
-    assert defaults["epochs"] == recipe.EPOCHS and defaults["max_updates"] == 0
+    assert defaults["epochs"] == recipe.EPOCHS_PER_ROUND and defaults["max_updates"] == 0
     assert defaults["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
-    assert defaults["rounds"] == 1 and defaults["shortlist"] == 0
+    assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == 0
 
 
 def test_demo_defaults():

@@ -34,6 +34,7 @@ def test_the_recipe_is_pinned():
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.5)
+    assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND) == (2, 1)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -112,7 +113,7 @@ def test_run_passes_a_guide_to_training(tmp_path):
     sources, targets, golds = monotone_corpus(12, seed=3)
     src, tgt, gold = write_corpus(tmp_path, "c", sources, targets, golds)
     run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--guide", gold, "--guide-weight",
-        "0.5", "--model-dir", tmp_path / "m", *TINY)
+        "0.5", "--model-dir", tmp_path / "m", "--rounds", "1", *TINY)   # round 2 has its own
     import json
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["data"]["guide"] == str(gold) and config["training"]["guide_weight"] == 0.5

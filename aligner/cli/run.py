@@ -59,16 +59,18 @@ from aligner.utils import check_condition, check_writable
                    "guided_enfr.md: the recipe's quality in a third of the updates).")
 @click.option("--guide-weight", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term.")
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--rounds", default=recipe.ROUNDS, show_default=True,
+              type=click.IntRange(min=1),
               help="Self-training: after each round but the last, the round's own -H "
                    "alignments of the bitext become the --guide of a model trained afresh "
-                   "(round 1 takes --guide, if given).")
+                   "(round 1 takes --guide, if given; 1 = one plain training).")
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (as align train --agreement-weight): both directions "
                    "train together, pulled towards the same alignment (0 = apart).")
-@click.option("--epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=1),
-              help="Training passes over the bitext per direction.")
+@click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
+              type=click.IntRange(min=1),
+              help="Training passes over the bitext per direction and round.")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop each direction after this many updates (0 = --epochs decides).")
 @click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
@@ -96,7 +98,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average. Exactly one output line
+    directions, hmm-posterior alignments combined by -H soft-average, trained in two rounds of
+    one epoch (the second afresh, guided by the first round's alignments). Exactly one output line
     per input line, in input order; a line with an empty side, or too long for the model, gets
     an empty line (and a warning).
     """
