@@ -158,6 +158,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 len(bitext), recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     seconds = {"training": 0.0, "alignment": 0.0}
+    alignments: List[Set[Tuple[int, int]]] = []   # each round's -H links; the next one's guide
     try:
         for round_number in range(1, rounds + 1):
             if round_number > 1:  # the previous round's alignments guide this one
