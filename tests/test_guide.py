@@ -164,7 +164,8 @@ def test_a_correct_guide_is_learned_and_a_weighted_wrong_one_is_followed(guided_
     # followed, as its weight says: far closer to the reversed guide than to the gold
     print({name: (round(aer(name, gold), 3), round(aer(name, reversed_gold), 3))
            for name in results})
-    assert aer("reversed", reversed_gold) < 0.35 and aer("reversed", gold) > 0.8
+    assert aer("reversed", reversed_gold) < 0.5 and aer("reversed", gold) > 0.8
+    assert aer("reversed", reversed_gold) < aer("none", reversed_gold) - 0.3
     # weight 0 is no guide at all: the same model as unguided training
     assert results["reversed-weight-0"] == results["none"]
 

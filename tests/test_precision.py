@@ -293,7 +293,7 @@ def test_positions_per_chunk_follow_chunk_floats(monkeypatch, chunk_floats, expe
     seen = []
 
     def spy(*args):
-        seen.append(args[-1])
+        seen.append(args[5])              # (log_prior, source, target, W4, bias, positions, ...)
         return mixture_log_probs(*args)
 
     monkeypatch.setattr(direct_hmm_module, "mixture_log_probs", spy)
