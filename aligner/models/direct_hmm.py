@@ -805,7 +805,9 @@ class DirectHMM(AlignmentModel):
         candidate words of :meth:`candidate_words` only (an approximation of the normalizer).
         ``shortlist`` > 0 (extraction option): the softmax runs over the ``shortlist`` most
         frequent words (vocabulary ids are in frequency order) plus the batch's own words only
-        — an approximation that costs ``shortlist``/V of the exact lexicon.
+        — an approximation that costs ``shortlist``/V of the exact lexicon. With
+        ``config.lexicon_activation == "linear"`` the (candidate or whole) vocabulary goes to
+        :func:`linear_lexicon_log_probs` (no chunks: it never holds (B, I, J, V)).
         """
         weight, bias, targets = self.lexicon.weight, self.lexicon.bias, tgt_out
         if self.training and self.config.lexicon_sample > 0:
