@@ -307,13 +307,15 @@ def test_registry_builds_both_kinds_from_a_saved_config():
         build_model("hmm0", dict(config, lexicon_chnk=4))
 
 
-@pytest.mark.parametrize("cls,method", [(ZeroOrderHMM, "hmm-posterior"),
-                                        (FirstOrderHMM, "hmm-viterbi")])
-def test_training_learns_a_monotone_word_translation(cls, method):
-    """Target = word-by-word translation (id + 3) of the source: alignments become the diagonal."""
+@pytest.mark.parametrize("cls,method,activation", [(ZeroOrderHMM, "hmm-posterior", "relu"),
+                                                   (FirstOrderHMM, "hmm-viterbi", "relu"),
+                                                   (FirstOrderHMM, "hmm-viterbi", "linear")])
+def test_training_learns_a_monotone_word_translation(cls, method, activation):
+    """Target = word-by-word translation (id + 3) of the source: alignments become the diagonal
+    (with either lexicon activation)."""
     torch.manual_seed(0)
     model = cls(_config(d_model=32, n_heads=2, d_ff=64, dec_layers=2, src_vocab_size=16,
-                        tgt_vocab_size=16, lexicon_chunk=0))
+                        tgt_vocab_size=16, lexicon_chunk=0, lexicon_activation=activation))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aligner import constants as C
 from aligner.models.direct_hmm import (DirectHMMConfig, FirstOrderHMM, ZeroOrderHMM,
                                        linear_lexicon_log_probs)
 from aligner.utils import AlignerError
+from test_model_contract import teacher_forced_log_likelihood, tiny_batch
 
 VOCAB = 11
 
@@ -89,21 +89,13 @@ def _model(cls, **changes):
     return cls(DirectHMMConfig(**values)).eval()
 
 
-def _batch():
-    pad, bos, eos = C.PAD_ID, C.BOS_ID, C.EOS_ID
-    src = torch.tensor([[5, 6, 7, 8, eos], [9, 10, eos, pad, pad]])
-    tgt_in = torch.tensor([[bos, 4, 5, 6], [bos, 7, pad, pad]])
-    tgt_out = torch.tensor([[4, 5, 6, eos], [7, eos, pad, pad]])
-    return src, tgt_in, tgt_out
-
-
 @pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
 @pytest.mark.parametrize("lexicon_dim", [0, 8])
 def test_model_lexicon_is_the_unrectified_formula(cls, lexicon_dim):
     """The model's lexicon = log_softmax(W4·(W5·h_j + W6·s_i)) with no relu, tied or not, in
     training (smoothed) and in extraction."""
     model = _model(cls, lexicon_dim=lexicon_dim)
-    src, tgt_in, tgt_out = _batch()
+    src, tgt_in, tgt_out = tiny_batch()
     with torch.no_grad():
         _, source_hidden, target_hidden = model.decode(src, tgt_in)
         for smoothing in (0.0, 0.1):
@@ -121,20 +113,16 @@ def test_model_lexicon_is_the_unrectified_formula(cls, lexicon_dim):
 def test_decoding_step_by_step_gives_the_training_loss(cls):
     """Translation's incremental decoder uses the same (linear) lexicon as training."""
     model = _model(cls)
-    src, tgt_in, tgt_out = _batch()
+    src, tgt_in, tgt_out = tiny_batch()
     with torch.no_grad():
-        total, state = torch.zeros(()), model.init_decode_state(src)
-        for i in range(tgt_in.size(1)):
-            log_p, state = model.decode_step(state, tgt_in[:, i])
-            gold = log_p.gather(1, tgt_out[:, i:i + 1]).squeeze(1)
-            total += gold.masked_fill(tgt_out[:, i].eq(C.PAD_ID), 0.0).sum()
         loss, _ = model.loss(src, tgt_in, tgt_out)
-    assert float(total) == pytest.approx(-float(loss), abs=1e-4)
+    assert teacher_forced_log_likelihood(model, src, tgt_in, tgt_out) == \
+        pytest.approx(-float(loss), abs=1e-4)
 
 
 def test_sampled_candidates_work_with_the_linear_lexicon():
     model = _model(FirstOrderHMM, lexicon_sample=6).train()
-    loss, tokens = model.loss(*_batch(), label_smoothing=0.1)
+    loss, tokens = model.loss(*tiny_batch(), label_smoothing=0.1)
     loss.backward()
     assert torch.isfinite(loss) and int(tokens) == 6
     assert model.lexicon.weight.grad is not None
@@ -144,50 +132,3 @@ def test_unknown_activation_is_refused():
     with pytest.raises(AlignerError, match="lexicon_activation"):
         _model(ZeroOrderHMM, lexicon_activation="tanh")
 
-
-def test_hmm1_with_the_linear_lexicon_learns_a_monotone_word_translation():
-    """Target = word-by-word translation (id + 3) of the source: Viterbi becomes the diagonal."""
-    torch.manual_seed(0)
-    model = FirstOrderHMM(DirectHMMConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32,
-                                          n_heads=2, enc_layers=1, dec_layers=2, d_ff=64,
-                                          dropout=0.0, max_jump=3,
-                                          lexicon_activation="linear"))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-
-    def sample(n):
-        pairs = []
-        for _ in range(n):
-            source = torch.randint(4, 13, (int(torch.randint(2, 6, (1,), generator=generator)),),
-                                   generator=generator).tolist()
-            pairs.append((source, [w + 3 for w in source]))
-        return pairs
-
-    def batch(pairs):
-        width_src = max(len(s) for s, _ in pairs) + 1
-        width_tgt = max(len(t) for _, t in pairs) + 1
-        src = torch.full((len(pairs), width_src), C.PAD_ID)
-        tgt_in = torch.full((len(pairs), width_tgt), C.PAD_ID)
-        tgt_out = torch.full((len(pairs), width_tgt), C.PAD_ID)
-        for b, (source, target) in enumerate(pairs):
-            src[b, :len(source) + 1] = torch.tensor(source + [C.EOS_ID])
-            tgt_in[b, :len(target) + 1] = torch.tensor([C.BOS_ID] + target)
-            tgt_out[b, :len(target) + 1] = torch.tensor(target + [C.EOS_ID])
-        return src, tgt_in, tgt_out
-
-    model.train()
-    for _ in range(150):
-        loss, n_tokens = model.loss(*batch(sample(16)))
-        optimizer.zero_grad()
-        (loss / n_tokens).backward()
-        optimizer.step()
-    model.eval()
-    pairs = sample(20)
-    with torch.no_grad():
-        scores = model.alignment_scores(*batch(pairs), "hmm-viterbi")
-    correct = total = 0
-    for b, (source, _) in enumerate(pairs):
-        links = scores[b, :len(source), :len(source)].argmax(-1)
-        correct += (links == torch.arange(len(source))).sum().item()
-        total += len(source)
-    assert correct / total > 0.9, (correct, total)
