@@ -156,7 +156,8 @@ def lexicon_logits(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                    weight: torch.Tensor, bias: Optional[torch.Tensor],
                    words: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None,
                    activation: str = "relu") -> Tuple[torch.Tensor, torch.Tensor]:
-    """The lexicon's logits W4·relu(W5·h_j + W6·s): the one place the formula is written.
+    """The lexicon's logits W4·relu(W5·h_j + W6·s): the one place the formula is written
+    (besides the linear lexicon's factored form in :func:`linear_lexicon_log_probs`).
 
     Used by training (:func:`lexicon_log_probs`: :func:`_lexicon_chunk`, the forward and the
     recomputing backward of :class:`_ChunkedLexicon`), by extraction off the CPU fast path,
@@ -176,7 +177,8 @@ def lexicon_logits(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
         activation: "relu", or "linear" (no activation: W4·(W5·h_j + W6·s); training and
             extraction then take the factored :func:`linear_lexicon_log_probs`).
     Returns:
-        (hidden layer relu(W5·h_j + W6·s) (..., J, k) in the inputs' dtype, logits: (..., J, V)
+        (hidden layer relu(W5·h_j + W6·s), or the plain sum when linear, (..., J, k) in the
+        inputs' dtype, logits: (..., J, V)
         in the matmul's dtype, or (N, J) float32 with `words`).
     """
     hidden = source_hidden + target_hidden
