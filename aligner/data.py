@@ -134,13 +134,16 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
         kept_lines.append(k)
     stats.n_kept = len(kept_lines)
     stats.src_tokens, stats.tgt_tokens = len(ids["src"]), len(ids["tgt"])
-    src_ids, tgt_ids = np.array(ids["src"], dtype=np.int32), np.array(ids["tgt"], dtype=np.int32)
+    # views of the arrays' buffers, not copies (the ids are the one thing that grows with the
+    # corpus here)
+    src_ids = np.frombuffer(ids["src"], dtype=np.int32)
+    tgt_ids = np.frombuffer(ids["tgt"], dtype=np.int32)
     stats.src_unk = int(np.count_nonzero(src_ids == C.UNK_ID))
     stats.tgt_unk = int(np.count_nonzero(tgt_ids == C.UNK_ID))
     for name, values in ((SRC_IDS, src_ids), (TGT_IDS, tgt_ids),
-                         (SRC_OFFSETS, np.array(offsets["src"], dtype=np.int64)),
-                         (TGT_OFFSETS, np.array(offsets["tgt"], dtype=np.int64)),
-                         (LINE_NUMBERS, np.array(kept_lines, dtype=np.int64))):
+                         (SRC_OFFSETS, np.frombuffer(offsets["src"], dtype=np.int64)),
+                         (TGT_OFFSETS, np.frombuffer(offsets["tgt"], dtype=np.int64)),
+                         (LINE_NUMBERS, np.frombuffer(kept_lines, dtype=np.int64))):
         _save_array(os.path.join(out_dir, name), values)
     with atomic_output(meta_path) as out:  # last: marks the directory complete
         json.dump(stats.to_dict(), out, indent=2)

@@ -22,11 +22,13 @@ This module does not import torch.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from itertools import zip_longest
+from typing import Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -59,6 +61,10 @@ class Bitext:
     source_name: str
     target_name: str
 
+    def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
+        """(source words, target words) of every line, in order (as :class:`BitextFiles`)."""
+        return zip(self.source, self.target)
+
     def __len__(self) -> int:
         return len(self.source)
 
@@ -89,31 +95,53 @@ def read_lines(path: str) -> List[str]:
     """
     if path == "-":
         data = sys.stdin.buffer.read()
-    else:
-        check_condition(os.path.exists(path), f"{path}: no such file")
-        check_condition(not os.path.isdir(path), f"{path}: is a directory, expected a file")
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except OSError as error:
-            raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
-    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not part of the text
-        data = data[3:]
-    check_condition(len(data) > 0, f"{path}: empty file")
-    raw_lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        raw_lines.pop()
-    lines = []
+        check_condition(len(data) > 0 and data != _BOM, f"{path}: empty file")
+        raw_lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            raw_lines.pop()
+        return list(_decoded(raw_lines, path))
+    return list(iter_lines(path))
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def iter_lines(path: str) -> Iterator[str]:
+    """The lines of a UTF-8 text file, one at a time, exactly as :func:`read_lines` gives them
+    (the same errors; a file, not ``"-"``): memory does not grow with the file."""
+    check_condition(os.path.exists(path), f"{path}: no such file")
+    check_condition(not os.path.isdir(path), f"{path}: is a directory, expected a file")
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
+    with handle:
+        first = handle.readline()
+        if first.startswith(_BOM):  # a UTF-8 byte-order mark is not part of the text
+            first = first[len(_BOM):]
+            check_condition(len(first) > 0, f"{path}: empty file")
+        check_condition(len(first) > 0, f"{path}: empty file")
+        yield from _decoded(_chained(first, handle), path)
+
+
+def _chained(first: bytes, rest: Iterable[bytes]) -> Iterator[bytes]:
+    """`first`, then every element of `rest`, each without its final ``\\n``."""
+    for raw in itertools.chain((first,), rest):
+        yield raw[:-1] if raw.endswith(b"\n") else raw
+
+
+def _decoded(raw_lines: Iterable[bytes], path: str) -> Iterator[str]:
+    """UTF-8 lines from raw lines without their ``\\n``; a trailing ``\\r`` is removed and
+    a line that is not UTF-8 raises AlignerError naming the file and line."""
     for line_no, raw in enumerate(raw_lines, start=1):
         if raw.endswith(b"\r"):
             raw = raw[:-1]
         try:
-            lines.append(raw.decode("utf-8"))
+            yield raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise AlignerError(f"{path}:{line_no}: not valid UTF-8 "
                                f"(byte 0x{raw[error.start]:02x} at column {error.start + 1})"
                                ) from None
-    return lines
 
 
 def check_same_length(name_a: str, count_a: int, name_b: str, count_b: int) -> None:
@@ -136,13 +164,9 @@ def read_bitext(source: Optional[str] = None, target: Optional[str] = None,
                                                            "or source and target files (-s/-t)")
         src_sentences, tgt_sentences = [], []
         for line_no, line in enumerate(read_lines(joint), start=1):
-            parts = line.split(JOINT_SEPARATOR)
-            check_condition(len(parts) > 1, f"{joint}:{line_no}: missing '{JOINT_SEPARATOR}' "
-                                            "between source and target")
-            check_condition(len(parts) == 2, f"{joint}:{line_no}: more than one "
-                                             f"'{JOINT_SEPARATOR}' on the line")
-            src_sentences.append(tokenize_line(parts[0]))
-            tgt_sentences.append(tokenize_line(parts[1]))
+            src_words, tgt_words = _joint_sides(line, joint, line_no)
+            src_sentences.append(src_words)
+            tgt_sentences.append(tgt_words)
         return Bitext(src_sentences, tgt_sentences, joint, joint)
     check_condition(source is not None and target is not None,
                     "give source and target files (-s and -t) or one joint file (-i)")
@@ -151,6 +175,106 @@ def read_bitext(source: Optional[str] = None, target: Optional[str] = None,
     check_same_length(source, len(src_lines), target, len(tgt_lines))
     return Bitext([tokenize_line(line) for line in src_lines],
                   [tokenize_line(line) for line in tgt_lines], source, target)
+
+
+def _joint_sides(line: str, name: str, line_no: int) -> Tuple[List[str], List[str]]:
+    """The words of the two sides of one ``source ||| target`` line."""
+    parts = line.split(JOINT_SEPARATOR)
+    check_condition(len(parts) > 1, f"{name}:{line_no}: missing '{JOINT_SEPARATOR}' "
+                                    "between source and target")
+    check_condition(len(parts) == 2, f"{name}:{line_no}: more than one "
+                                     f"'{JOINT_SEPARATOR}' on the line")
+    return tokenize_line(parts[0]), tokenize_line(parts[1])
+
+
+class BitextFiles:
+    """A bitext read from its files at every pass instead of held in memory.
+
+    Iterating gives ``(source words, target words)`` per line, as iterating a :class:`Bitext`
+    does, with the same errors as :func:`read_bitext` (file:line); only one line pair is in
+    memory at a time, so a corpus of any size can be prepared for training in bounded memory.
+    ``source`` / ``target`` are re-iterable views of one side's sentences (each pass reads
+    the file again). ``len()`` is the number of lines, known after :meth:`check` (which
+    reads the whole bitext once and raises on the first bad line).
+    """
+
+    def __init__(self, source: Optional[str] = None, target: Optional[str] = None,
+                 joint: Optional[str] = None):
+        if joint is not None:
+            check_condition(source is None and target is None,
+                            "give either a joint file (-i) or source and target files (-s/-t)")
+            self.source_name = self.target_name = joint
+        else:
+            check_condition(source is not None and target is not None,
+                            "give source and target files (-s and -t) or one joint file (-i)")
+            self.source_name, self.target_name = source, target
+        self.joint = joint
+        self._length: Optional[int] = None
+
+    def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
+        if self.joint is not None:
+            for line_no, line in enumerate(iter_lines(self.joint), start=1):
+                yield _joint_sides(line, self.joint, line_no)
+            return
+        missing = object()
+        src_lines, tgt_lines = iter_lines(self.source_name), iter_lines(self.target_name)
+        count = 0
+        for src, tgt in zip_longest(src_lines, tgt_lines, fillvalue=missing):
+            if src is missing or tgt is missing:
+                n_src = count + (src is not missing) + sum(1 for _ in src_lines)
+                n_tgt = count + (tgt is not missing) + sum(1 for _ in tgt_lines)
+                check_same_length(self.source_name, n_src, self.target_name, n_tgt)
+            count += 1
+            yield tokenize_line(src), tokenize_line(tgt)  # type: ignore[arg-type]
+
+    def check(self) -> int:
+        """Read the whole bitext once (raising AlignerError at the first bad line); returns
+        and remembers the number of lines."""
+        if self._length is None:
+            self._length = sum(1 for _ in self)
+        return self._length
+
+    def __len__(self) -> int:
+        return self.check()
+
+    @property
+    def source(self) -> "_Side":
+        return _Side(self, 0)
+
+    @property
+    def target(self) -> "_Side":
+        return _Side(self, 1)
+
+
+class _Side:
+    """One side of a :class:`BitextFiles`: iterating reads its sentences (lists of words)."""
+
+    def __init__(self, bitext: BitextFiles, index: int):
+        self.bitext, self.index = bitext, index
+
+    def __iter__(self) -> Iterator[List[str]]:
+        bitext = self.bitext
+        if bitext.joint is not None:
+            for pair in bitext:
+                yield pair[self.index]
+            return
+        path = bitext.source_name if self.index == 0 else bitext.target_name
+        for line in iter_lines(path):
+            yield tokenize_line(line)
+
+    def __len__(self) -> int:
+        return len(self.bitext)
+
+
+def open_bitext(source: Optional[str] = None, target: Optional[str] = None,
+                joint: Optional[str] = None) -> "Bitext | BitextFiles":
+    """The bitext of :func:`read_bitext` as a :class:`BitextFiles` (read at every pass, checked
+    once now), or read into memory when a file is standard input (``"-"``)."""
+    if "-" in (source, target, joint):
+        return read_bitext(source, target, joint)
+    bitext = BitextFiles(source, target, joint)
+    bitext.check()
+    return bitext
 
 
 def parse_links(text: str, name: str, line_no: int) -> Alignment:
@@ -181,6 +305,12 @@ def read_pharaoh(path: str, reverse: bool = False) -> List[Alignment]:
     alignments = [parse_links(line, path, line_no)
                   for line_no, line in enumerate(read_lines(path), start=1)]
     return [flip(links) for links in alignments] if reverse else alignments
+
+
+def iter_pharaoh(path: str) -> Iterator[Alignment]:
+    """:func:`read_pharaoh` (source–target files) one line at a time, from a file."""
+    for line_no, line in enumerate(iter_lines(path), start=1):
+        yield parse_links(line, path, line_no)
 
 
 def _parse_talp_line(text: str, name: str, line_no: int) -> GoldAlignment:

@@ -20,7 +20,8 @@ subword is uniform over the encoder subwords it is linked to, and all zero when 
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from itertools import zip_longest
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -110,28 +111,51 @@ def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_l
     return guide / totals.clamp_min(1.0)
 
 
-def check_guides(alignments: Sequence[Set[Link]], source: Sequence[Sequence[str]],
-                 target: Sequence[Sequence[str]], name: str) -> None:
-    """One error line (FILE:LINE) for a guide whose line count or links do not fit the bitext."""
-    check_condition(len(alignments) == len(source),
-                    f"{name}: {len(alignments)} lines, but the training bitext has "
-                    f"{len(source)}: a guide needs one line per training line")
-    for line_no, (links, src, tgt) in enumerate(zip(alignments, source, target), 1):
+def check_guides(alignments: Iterable[Set[Link]], source: Iterable[Sequence[str]],
+                 target: Iterable[Sequence[str]], name: str
+                 ) -> Iterator[Tuple[Set[Link], Sequence[str], Sequence[str]]]:
+    """(links, source words, target words) line by line, the guide's links checked against
+    their sentence pair as they go: one error line
+    (FILE:LINE) for a link outside its sentence pair, or (at the end) for a guide whose line
+    count differs from the bitext's. A generator: iterate it to the end to check everything."""
+    missing: Any = object()
+    n_guide = n_bitext = 0
+    for links, src, tgt in zip_longest(alignments, source, target, fillvalue=missing):
+        n_guide += links is not missing
+        n_bitext += src is not missing
+        if links is missing or src is missing:
+            continue  # counted: the line counts are compared at the end
         for i, j in links:
             check_condition(i < len(src) and j < len(tgt),
-                            f"{name}:{line_no}: link {i}-{j} outside the sentence pair "
+                            f"{name}:{n_guide}: link {i}-{j} outside the sentence pair "
                             f"({len(src)} source, {len(tgt)} target words)")
+        yield links, src, tgt
+    check_condition(n_guide == n_bitext,
+                    f"{name}: {n_guide} lines, but the training bitext has "
+                    f"{n_bitext}: a guide needs one line per training line")
 
 
-def encode_guides(pre, alignments: Sequence[Set[Link]], source: Sequence[Sequence[str]],
-                  target: Sequence[Sequence[str]], line_numbers: Sequence[int],
-                  out_dir: str) -> int:
-    """Subword guide links of the kept pairs (``line_numbers``: their input lines, 0-based),
-    saved into the corpus directory `out_dir`; returns the number of subword links."""
+def encode_guides(pre, alignments: Iterable[Set[Link]], source: Iterable[Sequence[str]],
+                  target: Iterable[Sequence[str]], line_numbers: Sequence[int],
+                  out_dir: str, name: str) -> Tuple[int, int]:
+    """Subword guide links of the kept pairs (``line_numbers``: their input lines, 0-based,
+    increasing), saved into the corpus directory `out_dir`, reading the guide (`name`) and the
+    bitext's sides line by line and checking them (:func:`check_guides`). Returns the number of
+    word links (all lines) and of stored subword links."""
     per_pair: List[np.ndarray] = []
-    for line in line_numbers:
-        src = pre.segment(source[line], "src")
-        tgt = pre.segment(target[line], "tgt")
-        per_pair.append(subword_links(alignments[line], src.word_index, tgt.word_index))
+    kept = iter(line_numbers)
+    next_kept = next(kept, -1)
+    n_word_links = 0
+    for line, (links, src_words, tgt_words) in enumerate(
+            check_guides(alignments, source, target, name)):
+        n_word_links += len(links)
+        if line != next_kept:
+            continue
+        src = pre.segment(src_words, "src")
+        tgt = pre.segment(tgt_words, "tgt")
+        per_pair.append(subword_links(links, src.word_index, tgt.word_index))
+        next_kept = next(kept, -1)
+    check_condition(len(per_pair) == len(line_numbers),
+                    f"{name}: the training bitext has fewer lines than its encoded corpus")
     save_guides(out_dir, per_pair)
-    return int(sum(len(links) for links in per_pair))
+    return n_word_links, int(sum(len(links) for links in per_pair))

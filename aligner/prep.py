@@ -177,6 +177,21 @@ def _learn_codes(counts: Counter, config: PrepConfig, what: str) -> str:
     return text
 
 
+class WordCounts:
+    """Word occurrences of both sides of a bitext, counted pair by pair (``add``): all that
+    learning BPE and building the vocabularies need, in memory bounded by the word types."""
+
+    def __init__(self) -> None:
+        self.src: Counter = Counter()
+        self.tgt: Counter = Counter()
+        self.n_pairs = 0
+
+    def add(self, src_words: Sequence[str], tgt_words: Sequence[str]) -> None:
+        self.src.update(src_words)
+        self.tgt.update(tgt_words)
+        self.n_pairs += 1
+
+
 class Preprocessor:
     """Tokenizes lines and segments words into BPE subwords for both sides of a bitext.
 
@@ -219,23 +234,28 @@ class Preprocessor:
             return cls(config)
         if config.bpe_sample_sentences > 0:
             pairs = _reservoir_sample(pairs, config.bpe_sample_sentences, seed)
-        src_counts: Counter = Counter()
-        tgt_counts: Counter = Counter()
-        n_pairs = 0
+        counts = WordCounts()
         for src_words, tgt_words in pairs:
-            src_counts.update(src_words)
-            tgt_counts.update(tgt_words)
-            n_pairs += 1
-        logger.info("learning BPE (%d merges) on %d sentence pairs", config.bpe_merges, n_pairs)
-        for counts in (src_counts, tgt_counts):
-            bad = [word for word in counts if not word or _WORD_SEPARATOR.search(word)]
+            counts.add(src_words, tgt_words)
+        return cls.learn_from_counts(config, counts)
+
+    @classmethod
+    def learn_from_counts(cls, config: PrepConfig, counts: "WordCounts") -> "Preprocessor":
+        """Learn BPE codes from the word counts of the training pairs (all of them: the
+        sample of ``config.bpe_sample_sentences`` is :meth:`learn`'s business)."""
+        if config.bpe_merges == 0:
+            return cls(config)
+        logger.info("learning BPE (%d merges) on %d sentence pairs", config.bpe_merges,
+                    counts.n_pairs)
+        for side_counts in (counts.src, counts.tgt):
+            bad = [word for word in side_counts if not word or _WORD_SEPARATOR.search(word)]
             check_condition(not bad, f"BPE training words must be non-empty and without spaces: "
                                      f"{bad[:3]!r}")
         if config.joint_bpe:
-            codes = _learn_codes(src_counts + tgt_counts, config, "both sides (joint)")
+            codes = _learn_codes(counts.src + counts.tgt, config, "both sides (joint)")
             return cls(config, codes, codes)
-        return cls(config, _learn_codes(src_counts, config, "the source side"),
-                   _learn_codes(tgt_counts, config, "the target side"))
+        return cls(config, _learn_codes(counts.src, config, "the source side"),
+                   _learn_codes(counts.tgt, config, "the target side"))
 
     # -- applying -------------------------------------------------------------------------
 
@@ -276,6 +296,15 @@ class Preprocessor:
             subwords.extend(pieces)
             word_index.extend([i] * len(pieces))
         return Segmented(subwords, word_index)
+
+    def subword_counts(self, word_counts: Counter, side: str) -> Counter:
+        """Occurrences of every subword in a text whose words occur `word_counts` times
+        (each word type is segmented once): what counting the segmented sentences gives."""
+        counts: Counter = Counter()
+        for word, count in word_counts.items():
+            for piece in self.segment([word], side).subwords:
+                counts[piece] += count
+        return counts
 
     def codes(self, side: str) -> Optional[str]:
         """The codes file text of one side (None without BPE)."""

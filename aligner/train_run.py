@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,7 +26,7 @@ from aligner import constants as C
 from aligner.config import DataConfig, RunConfig, TrainConfig
 from aligner.data import EncodedCorpus
 from aligner.distributed import DistributedContext
-from aligner.formats import Bitext, GoldAlignment
+from aligner.formats import Bitext, BitextFiles, GoldAlignment
 from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_preprocessing
 from aligner.models import model_class
 from aligner.train import (TrainSummary, Trainer, Validation, check_resumable,
@@ -180,24 +180,50 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
 # A whole run: prepare the model directory, then train every direction
 # ---------------------------------------------------------------------------------------------
 
-def tokenize_bitext(pre: "Preprocessor", bitext: Bitext) -> Tuple[List[List[str]], List[List[str]]]:
-    """Words of both sides after the preprocessor's tokenization/lowercasing (if any)."""
+class _TokenizedSide:
+    """One side of a bitext after the preprocessor's tokenization/lowercasing, re-iterable:
+    each pass tokenizes the side's sentences again (nothing is kept)."""
+
+    def __init__(self, pre: "Preprocessor", sentences: Iterable[List[str]], side: str):
+        self.pre, self.sentences, self.side = pre, sentences, side
+
+    def __iter__(self) -> Iterator[List[str]]:
+        for words in self.sentences:
+            yield self.pre.tokenize_line(" ".join(words), self.side)
+
+    def __len__(self) -> int:
+        return len(self.sentences)  # type: ignore[arg-type]
+
+
+def tokenize_bitext(pre: "Preprocessor", bitext: "Bitext | BitextFiles"
+                    ) -> Tuple[Iterable[List[str]], Iterable[List[str]]]:
+    """Words of both sides after the preprocessor's tokenization/lowercasing (if any): the
+    bitext's own sides when it has neither, else re-iterable views that tokenize as they go
+    (in memory only for an in-memory :class:`Bitext`)."""
     if not (pre.config.tokenize or pre.config.lowercase):
         return bitext.source, bitext.target
-    return ([pre.tokenize_line(" ".join(words), "src") for words in bitext.source],
-            [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
+    if isinstance(bitext, Bitext):
+        return ([pre.tokenize_line(" ".join(words), "src") for words in bitext.source],
+                [pre.tokenize_line(" ".join(words), "tgt") for words in bitext.target])
+    return _TokenizedSide(pre, bitext.source, "src"), _TokenizedSide(pre, bitext.target, "tgt")
 
 
 #: in MODEL_DIR/corpus: which bitext the cached corpus was encoded from (see record_inputs)
 INPUTS_NAME = "inputs.json"
 
 
-def bitext_fingerprint(bitext: Bitext) -> str:
+def update_fingerprint(digest: "hashlib._Hash", source: Sequence[str],
+                       target: Sequence[str]) -> None:
+    """Add one pair's words to a sha256 fingerprint (see :func:`bitext_fingerprint`)."""
+    digest.update(f"{' '.join(source)}\t{' '.join(target)}\n".encode("utf-8"))
+
+
+def bitext_fingerprint(bitext: "Bitext | BitextFiles") -> str:
     """sha256 of the bitext's words, pair by pair (the same for the same text however its
-    files are named, spaced or stored)."""
+    files are named, spaced or stored); one pass, one pair in memory at a time."""
     digest = hashlib.sha256()
-    for source, target in zip(bitext.source, bitext.target):
-        digest.update(f"{' '.join(source)}\t{' '.join(target)}\n".encode("utf-8"))
+    for source, target in bitext:
+        update_fingerprint(digest, source, target)
     return digest.hexdigest()
 
 
@@ -208,11 +234,13 @@ def _bitext_names(bitext: Bitext) -> str:
     return f"{bitext.source_name} + {bitext.target_name}"
 
 
-def record_inputs(model_dir: str, bitext: Bitext) -> None:
+def record_inputs(model_dir: str, bitext: "Bitext | BitextFiles",
+                  fingerprint: Optional[str] = None) -> None:
     """Write MODEL_DIR/corpus/inputs.json: the files, pair count and fingerprint of the bitext
-    the cached corpus is encoded from (:func:`check_inputs` compares them on --resume)."""
+    the cached corpus is encoded from (:func:`check_inputs` compares them on --resume);
+    `fingerprint`: its :func:`bitext_fingerprint` when already known."""
     record = {"files": _bitext_names(bitext), "pairs": len(bitext),
-              "sha256": bitext_fingerprint(bitext)}
+              "sha256": fingerprint or bitext_fingerprint(bitext)}
     with atomic_output(os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)) as out:
         json.dump(record, out, indent=2, sort_keys=True)
         out.write("\n")
@@ -251,9 +279,11 @@ def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False) ->
 
 
 def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
-                     data_config, bitext: Bitext) -> None:
+                     data_config, bitext: "Bitext | BitextFiles",
+                     fingerprint: Optional[str] = None) -> None:
     """Encode the training corpus into MODEL_DIR/corpus (with the record of the bitext it came
-    from, `bitext`) and save prep, BPE and vocabularies."""
+    from, `bitext`) and save prep, BPE and vocabularies. `source` / `target`: the bitext's
+    (tokenized) sides, iterated once for the corpus and once more for a guide."""
     from aligner.data import encode_corpus
 
     corpus_dir = os.path.join(model_dir, CORPUS_DIR)
@@ -261,7 +291,7 @@ def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
                   max_len=data_config.max_len, max_ratio=data_config.max_ratio)
     if data_config.guide:
         _encode_guide(pre, data_config.guide, source, target, corpus_dir)
-    record_inputs(model_dir, bitext)
+    record_inputs(model_dir, bitext, fingerprint)
     pre.save(model_dir)
     src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
     tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
@@ -269,34 +299,58 @@ def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
 
 def _encode_guide(pre, path: str, source, target, corpus_dir: str) -> None:
     """Read the --guide file (Pharaoh word links of the training lines as training sees their
-    words), check it against the bitext (one error line) and store its subword links beside
-    the encoded corpus (aligner/guide.py)."""
-    from aligner.formats import read_pharaoh
-    from aligner.guide import check_guides, encode_guides
+    words) line by line beside the bitext, check it (one error line) and store its subword
+    links beside the encoded corpus (aligner/guide.py)."""
+    from aligner.formats import iter_pharaoh
+    from aligner.guide import encode_guides
 
-    alignments = read_pharaoh(path)
-    check_guides(alignments, source, target, path)
     line_numbers = EncodedCorpus.open(corpus_dir).line_numbers
-    n_links = encode_guides(pre, alignments, source, target, line_numbers, corpus_dir)
+    n_word_links, n_links = encode_guides(pre, iter_pharaoh(path), source, target,
+                                          line_numbers, corpus_dir, path)
     logger.info("guide %s: %d word links, %d subword links over %d training pairs", path,
-                sum(map(len, alignments)), n_links, len(line_numbers))
+                n_word_links, n_links, len(line_numbers))
 
 
-def _prepare_data(model_dir: str, bitext: Bitext, prep_config: "PrepConfig",
+def _prepare_data(model_dir: str, bitext: "Bitext | BitextFiles", prep_config: "PrepConfig",
                   data_config: DataConfig, seed: int
                   ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
-    """Learn BPE, build vocabularies, encode the corpus into MODEL_DIR/corpus (rank 0 only)."""
-    from aligner.prep import Preprocessor
+    """Learn BPE, build vocabularies, encode the corpus into MODEL_DIR/corpus (rank 0 only).
+
+    Two passes over the bitext, one pair in memory at a time: the first counts the words
+    (and fingerprints the bitext), BPE and the vocabularies are learned from the counts, the
+    second encodes (a third reads a --guide beside the bitext). With
+    ``bpe_sample_sentences`` BPE is learned on a sample drawn in the first pass."""
+    from aligner.prep import Preprocessor, WordCounts, _reservoir_sample
 
     start = time.time()
-    source, target = tokenize_bitext(Preprocessor(prep_config), bitext)
-    pre = Preprocessor.learn(prep_config, source, target, seed=seed)
-    src_vocab = Vocabulary.build(pre.segment(words, "src").subwords for words in source if words)
-    tgt_vocab = Vocabulary.build(pre.segment(words, "tgt").subwords for words in target if words)
+    tokenizer = Preprocessor(prep_config)
+    retokenize = prep_config.tokenize or prep_config.lowercase
+    counts, digest = WordCounts(), hashlib.sha256()
+    sample_size = prep_config.bpe_sample_sentences if prep_config.bpe_merges > 0 else 0
+
+    def counted() -> Iterator[Tuple[List[str], List[str]]]:
+        for src, tgt in bitext:
+            update_fingerprint(digest, src, tgt)
+            if retokenize:
+                src = tokenizer.tokenize_line(" ".join(src), "src")
+                tgt = tokenizer.tokenize_line(" ".join(tgt), "tgt")
+            counts.add(src, tgt)
+            yield src, tgt
+
+    if sample_size:
+        sample = _reservoir_sample(counted(), sample_size, seed)
+        pre = Preprocessor.learn(prep_config, [s for s, _ in sample], [t for _, t in sample])
+    else:
+        for _ in counted():
+            pass
+        pre = Preprocessor.learn_from_counts(prep_config, counts)
+    src_vocab = Vocabulary.from_counts(pre.subword_counts(counts.src, "src"))
+    tgt_vocab = Vocabulary.from_counts(pre.subword_counts(counts.tgt, "tgt"))
     logger.info("vocabularies: %d source and %d target subwords (with 4 specials)",
                 len(src_vocab), len(tgt_vocab))
+    source, target = tokenize_bitext(tokenizer, bitext)
     _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
-                     bitext)
+                     bitext, digest.hexdigest())
     logger.info("preparation took %.1fs", time.time() - start)
     return pre, src_vocab, tgt_vocab
 

@@ -36,12 +36,20 @@ class Vocabulary:
         Keeps tokens seen at least `min_count` times; `max_size` caps the size *including*
         the 4 specials (None = no cap). Tokens equal to a special token map to the special.
         """
-        check_condition(min_count >= 1, "min_count must be >= 1")
-        check_condition(max_size is None or max_size >= len(C.SPECIAL_TOKENS),
-                        f"max_size must be at least {len(C.SPECIAL_TOKENS)} (the special tokens)")
         counts: Counter = Counter()
         for tokens in token_lists:
             counts.update(tokens)
+        return cls.from_counts(counts, min_count, max_size)
+
+    @classmethod
+    def from_counts(cls, counts: Counter, min_count: int = 1,
+                    max_size: Optional[int] = None) -> "Vocabulary":
+        """:meth:`build` from token counts (``counts[token]`` = occurrences): the same
+        vocabulary, ranked by count, ties by the token."""
+        check_condition(min_count >= 1, "min_count must be >= 1")
+        check_condition(max_size is None or max_size >= len(C.SPECIAL_TOKENS),
+                        f"max_size must be at least {len(C.SPECIAL_TOKENS)} (the special tokens)")
+        counts = Counter(counts)
         for special in C.SPECIAL_TOKENS:
             counts.pop(special, None)
         ranked = sorted((token for token, n in counts.items() if n >= min_count),

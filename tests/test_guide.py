@@ -37,9 +37,13 @@ def test_guide_matrix_rows_are_uniform_over_linked_encoder_positions():
 def test_bad_guides_name_the_file_and_line():
     source, target = [["a", "b"], ["c"]], [["x"], ["y", "z"]]
     with pytest.raises(AlignerError, match=r"^g.txt: 1 lines, but the training bitext has 2"):
-        check_guides([{(0, 0)}], source, target, "g.txt")
+        list(check_guides([{(0, 0)}], source, target, "g.txt"))
     with pytest.raises(AlignerError, match=r"^g.txt:2: link 1-0 outside the sentence pair"):
-        check_guides([{(1, 0)}, {(1, 0)}], source, target, "g.txt")
+        list(check_guides([{(1, 0)}, {(1, 0)}], source, target, "g.txt"))
+    with pytest.raises(AlignerError, match=r"^g.txt: 3 lines, but the training bitext has 2"):
+        list(check_guides([{(0, 0)}, set(), set()], source, target, "g.txt"))
+    assert [links for links, _, _ in check_guides([{(1, 0)}, {(0, 1)}], source, target,
+                                                   "g.txt")] == [{(1, 0)}, {(0, 1)}]
 
 
 def _guide(src, tgt_out, diagonal=True):

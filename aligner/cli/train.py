@@ -224,7 +224,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     DistributedDataParallel on all processes; rank 0 writes the model directory.
     """
     from aligner.config import DataConfig, TrainConfig
-    from aligner.formats import read_bitext, read_gold
+    from aligner.formats import open_bitext, read_bitext, read_gold
     from aligner.models import MODELS, model_class
     from aligner.prep import PrepConfig
     from aligner.train_run import TrainRequest, train
@@ -264,7 +264,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                valid_method=valid_method, device=device, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
-    bitext = read_bitext(source, target, joint)
+    bitext = open_bitext(source, target, joint)  # checked now, read again at every pass
     prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
                              lowercase=lowercase,
                              bpe_merges=(recipe.bpe_merges(len(bitext)) if bpe_merges is None
