@@ -52,7 +52,8 @@ class Bitext:
     """Tokenized parallel text: ``source[k]`` and ``target[k]`` are the words of line ``k + 1``.
 
     An empty input line gives ``[]``; the lists always have one entry per input line and the
-    same length. ``source_name``/``target_name`` are the file names used in error messages
+    same length (``first_line``: the input line number of the first entry, when this is a
+    block of a longer bitext, :func:`bitext_blocks`). ``source_name``/``target_name`` are the file names used in error messages
     (the same file for a joint ``source ||| target`` file).
     """
 
@@ -60,6 +61,7 @@ class Bitext:
     target: List[List[str]]
     source_name: str
     target_name: str
+    first_line: int = 1   # input line (1-based) of source[0]: a block of a longer bitext
 
     def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
         """(source words, target words) of every line, in order (as :class:`BitextFiles`)."""
@@ -275,6 +277,23 @@ def open_bitext(source: Optional[str] = None, target: Optional[str] = None,
     bitext = BitextFiles(source, target, joint)
     bitext.check()
     return bitext
+
+
+def bitext_blocks(bitext: Iterable[Tuple[List[str], List[str]]], size: int,
+                  source_name: str, target_name: str) -> Iterator[Bitext]:
+    """Consecutive blocks of at most `size` lines of a bitext (a :class:`Bitext` or a
+    :class:`BitextFiles`), each an in-memory Bitext that knows its first line number: a
+    corpus of any size can be processed block by block in bounded memory."""
+    check_condition(size >= 1, f"block size must be >= 1: {size}")
+    pairs = iter(bitext)
+    first_line = 1
+    while True:
+        block = list(itertools.islice(pairs, size))
+        if not block:
+            return
+        yield Bitext([s for s, _ in block], [t for _, t in block], source_name, target_name,
+                     first_line)
+        first_line += len(block)
 
 
 def parse_links(text: str, name: str, line_no: int) -> Alignment:

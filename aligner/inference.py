@@ -50,6 +50,9 @@ MAX_WARNINGS = 10
 #: fewer pairs than this are aligned in this process even when ``parallel`` is asked for (the
 #: two worker processes take a few seconds to start)
 PARALLEL_MIN_PAIRS = 1000
+#: the command line aligns a corpus in blocks of this many lines (aligner.formats.bitext_blocks),
+#: writing each block's lines before reading the next: memory does not grow with the corpus
+BLOCK_LINES = 50_000
 
 
 def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
@@ -304,7 +307,8 @@ def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
     pairs = []
     limit = loaded_max_positions(loaded)
     n_warned = 0
-    for line_no, (src_words, tgt_words) in enumerate(zip(bitext.source, bitext.target), 1):
+    for line_no, (src_words, tgt_words) in enumerate(zip(bitext.source, bitext.target),
+                                                      bitext.first_line):
         if tokenize and (pre.config.tokenize or pre.config.lowercase):
             src_words = pre.tokenize_line(" ".join(src_words), "src")
             tgt_words = pre.tokenize_line(" ".join(tgt_words), "tgt")

@@ -117,6 +117,30 @@ def test_resume_continues_and_refuses_changed_settings(tmp_path, corpus):
     assert [row.split("\t")[0] for row in rows] == ["1"]
 
 
+def test_extract_in_blocks_equals_extract_at_once(tmp_path, corpus, monkeypatch):
+    """Blocks of 3 lines (BLOCK_LINES patched): the same output for every heuristic, and a
+    warning names the line of the whole file, not of its block."""
+    import aligner.inference
+
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 2,
+        *TINY)
+    lines = [(" ".join(s), " ".join(t)) for s, t in zip(corpus["sources"][:10],
+                                                       corpus["targets"][:10])]
+    lines[7] = (lines[7][0], "")
+    test = tmp_path / "test.joint"
+    test.write_text("".join(f"{s} ||| {t}\n" for s, t in lines))
+    for heuristic in ("grow-diag", "soft-average"):
+        whole = run("extract", model, "-i", test, "-H", heuristic, "-q").stdout
+        monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 3)
+        out = tmp_path / f"{heuristic}.txt"
+        blocks = run("extract", model, "-i", test, "-H", heuristic, "-o", out)
+        monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 50_000)
+        assert out.read_text() == whole and len(whole.split("\n")) == 11
+        assert "test.joint:8: an empty side" in blocks.stderr
+        assert "lines 7-9 of 10" in blocks.stderr
+
+
 def test_train_user_errors_are_one_line(tmp_path, corpus):
     base = ["train", "-o", tmp_path / "m", *TINY, "--max-updates", "1"]
     short = tmp_path / "short.tgt"

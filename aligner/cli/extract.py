@@ -118,18 +118,22 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     order; a line with an empty side, or too long for the model, gets an empty line and a
     warning. Input is tokenized text (the model applies its own BPE, and its tokenizer when it
     was trained with --tokenize). Options and outputs are checked before the model is loaded;
-    -o and --soft are written only when everything is computed.
+    -o and --soft are written only when everything is computed. A corpus is read and aligned
+    in blocks of 50,000 lines, so memory does not grow with it (except with --soft, whose
+    file holds every matrix).
     """
     import os
     import time
 
     from aligner.distributed import resolve_device
-    from aligner.formats import read_bitext
+    from aligner.formats import bitext_blocks, format_links, open_bitext, read_bitext
+    from aligner import inference
     from aligner.inference import extract
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
     from aligner.soft_symmetrize import DEFAULT_THRESHOLD, soft_average
+    from aligner.utils import atomic_output
 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
@@ -151,7 +155,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     for key, value in (("sgd_steps", sgd_steps), ("sgd_lr", sgd_lr), ("init", sgd_init)):
         if value is not None:  # layer-sgd options; a method without them rejects them
             options[key] = value
-    bitext = read_bitext(source, target, joint)
+    # --soft keeps every matrix: the bitext in memory; otherwise read block by block
+    bitext = read_bitext(source, target, joint) if soft else open_bitext(source, target, joint)
     start = time.time()
     torch_device = resolve_device(device)
     precision = resolve_precision(precision, torch_device)
@@ -164,23 +169,39 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     f"(choose from {', '.join(kind_methods)})")
     heuristic = heuristic or next(iter(loaded.models.values())).BEST_HEURISTIC
     threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
-        matrices = None if soft is None else soft_matrices(
-            loaded, bitext, method, directions, max_tokens, torch_device, options,
-            progress=not quiet)
-        if matrices is not None and direction == "both" and heuristic in C.SOFT_HEURISTICS:
-            # the matrices --soft writes are the ones soft-average combines: one pass, not two
-            alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], threshold)
-                          for k in range(len(bitext))]
-        else:
-            alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
-                                 torch_device, options, threshold, progress=not quiet,
-                                 parallel=True)
-    write_results(output, alignments, soft, matrices)
-    logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", len(alignments),
+        if soft is None:   # block by block: the output grows, memory does not
+            with atomic_output(output) as out:
+                block_lines = inference.BLOCK_LINES
+                for block in bitext_blocks(bitext, block_lines, bitext.source_name,
+                                           bitext.target_name):
+                    if len(bitext) > block_lines:
+                        logger.info("lines %d-%d of %d", block.first_line,
+                                    block.first_line + len(block) - 1, len(bitext))
+                    alignments = extract(loaded, block, method, direction, heuristic,
+                                         max_tokens, torch_device, options, threshold,
+                                         progress=not quiet, parallel=True)
+                    out.writelines(format_links(links) + "\n" for links in alignments)
+                    n_pairs += len(alignments)
+                    n_links += sum(map(len, alignments))
+        else:   # the .npz holds every matrix: the whole bitext at once
+            matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
+                                     torch_device, options, progress=not quiet)
+            if direction == "both" and heuristic in C.SOFT_HEURISTICS:
+                # the matrices --soft writes are the ones soft-average combines: one pass
+                alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"],
+                                           threshold) for k in range(len(bitext))]
+            else:
+                alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
+                                     torch_device, options, threshold, progress=not quiet,
+                                     parallel=True)
+            write_results(output, alignments, soft, matrices)
+            n_pairs, n_links = len(alignments), sum(map(len, alignments))
+    logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", n_pairs,
                 method, direction,
                 f", {heuristic}" if direction == "both" else "",
-                precision, sum(map(len, alignments)), time.time() - start)
+                precision, n_links, time.time() - start)
 
 
 def soft_matrices(loaded, bitext, method: str, directions, max_tokens: int, device,
