@@ -597,3 +597,13 @@ def test_first_order_scores_equal_the_key_side_formula():
     want = torch.log_softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1)
     assert got.shape == (2, 4, 6, 5)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # without autograd the bias term q_i·b_o, constant over j, is left out: the same log α;
+    # and log=False gives α itself
+    layer.w_o.bias.data.normal_(std=3.0)
+    want = layer(s_prev, memory, mask)
+    with torch.no_grad():
+        queries, offsets = layer.queries(s_prev)
+        assert offsets is None
+        torch.testing.assert_close(layer(s_prev, memory, mask), want, atol=1e-5, rtol=1e-5)
+        probs = layer.log_probs(queries, None, layer.keys(memory), mask, log=False)
+    torch.testing.assert_close(probs, want.exp(), atol=1e-6, rtol=1e-5)

@@ -256,6 +256,11 @@ def test_explicit_forward_backward_equals_autograd_posteriors_and_brute_force(ch
         assert torch.allclose(gamma[b, :length, :states], brute, atol=1e-10)
         assert torch.all(gamma[b, length:] == 0) and torch.all(gamma[b, :, states:] == 0)
     assert fn.widest == (chunk if chunk and chunk < 6 else 6)
+    # the same posteriors from transition probabilities given directly (the models' softmax)
+    probs = _CountingTransitions(transition.exp())
+    direct = hmm.forward_backward(emission, initial, fn, lengths, mask, chunk=chunk,
+                                  transition_probs=probs)
+    assert torch.allclose(direct, expected, atol=1e-10) and probs.widest == fn.widest
 
 
 def test_explicit_forward_backward_in_float32_survives_peaked_scores():

@@ -46,6 +46,12 @@ def test_factored_normalizer_equals_the_whole_tensor_in_value_and_gradient(smoot
     torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():   # extraction's in-place path: the same values, inputs untouched
+        copies = [t.clone() for t in leaves]
+        torch.testing.assert_close(
+            linear_lexicon_log_probs(source, target, weight, bias, targets, smoothing),
+            scores.detach())
+        assert all(torch.equal(a, b) for a, b in zip(leaves, copies))
 
 
 def test_factored_normalizer_passes_gradcheck():

@@ -366,10 +366,21 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     source_part = F.linear(source_hidden, weight)                                 # (B, J, V)
     accumulate = torch.promote_types(target_part.dtype, torch.float32)
     target_part, source_part = target_part.to(accumulate), source_part.to(accumulate)
+    observed_target = target_part.gather(-1, targets.unsqueeze(-1))                # (B, I, 1)
+    observed_source = source_part.transpose(1, 2).gather(
+        1, targets.unsqueeze(-1).expand(-1, -1, source_part.size(1)))               # (B, I, J)
+    if smoothing > 0.0:
+        mean_target = target_part.mean(dim=-1, keepdim=True)                       # (B, I, 1)
+        mean_source = source_part.mean(dim=-1).unsqueeze(1)                        # (B, 1, J)
     target_max = target_part.detach().amax(dim=-1, keepdim=True)                   # (B, I, 1)
     source_max = source_part.detach().amax(dim=-1, keepdim=True)                   # (B, J, 1)
-    norm = torch.matmul((target_part - target_max).exp(),
-                        (source_part - source_max).exp().transpose(1, 2))          # (B, I, J)
+    if torch.is_grad_enabled():
+        target_exp = (target_part - target_max).exp_()    # exp_ on a fresh tensor: autograd
+        source_exp = (source_part - source_max).exp_()    # allows it
+    else:   # extraction: the parts are not needed again, shifted and exponentiated in place
+        target_exp = target_part.sub_(target_max).exp_()
+        source_exp = source_part.sub_(source_max).exp_()
+    norm = torch.matmul(target_exp, source_exp.transpose(1, 2))                    # (B, I, J)
     # Σ_v can be tiny, or 0, when no word is near the top of both a_i and b_j: those (i, j)
     # (rare in a trained model) are summed directly, so the result is exact for any logits
     far = norm < LINEAR_LEXICON_FLOOR
@@ -377,15 +388,14 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
                 + target_max + source_max.transpose(1, 2))
     if bool(far.any()):
         batch, step, state = far.nonzero(as_tuple=True)
-        direct = torch.logsumexp(target_part[batch, step] + source_part[batch, state], dim=-1)
+        # the logits again, for these (i, j) only (the parts may have been overwritten)
+        target_rows = F.linear(target_hidden[batch, step], weight, bias).to(accumulate)
+        source_rows = F.linear(source_hidden[batch, state], weight).to(accumulate)
+        direct = torch.logsumexp(target_rows + source_rows, dim=-1)
         log_norm = log_norm.index_put((batch, step, state), direct)
-    observed_target = target_part.gather(-1, targets.unsqueeze(-1))                # (B, I, 1)
-    observed_source = source_part.transpose(1, 2).gather(
-        1, targets.unsqueeze(-1).expand(-1, -1, source_part.size(1)))               # (B, I, J)
     scores = observed_target + observed_source - log_norm
     if smoothing > 0.0:
-        uniform = (target_part.mean(dim=-1, keepdim=True)
-                   + source_part.mean(dim=-1).unsqueeze(1) - log_norm)
+        uniform = mean_target + mean_source - log_norm
         scores = (1.0 - smoothing) * scores + smoothing * uniform
     return scores
 
@@ -495,7 +505,7 @@ class HMMContext(nn.Module):
         # (a contiguous source, or the broadcast sum inherits its transposed layout)
         source = self.w2(memory).view(batch, states, heads, head_dim).transpose(1, 2).contiguous()
         target = self.w3(s).view(batch, steps, heads, 1, head_dim)
-        features = F.relu(source.unsqueeze(1) + target)                   # (B, I, H, J, d/H)
+        features = F.relu(source.unsqueeze(1) + target, inplace=True)     # (B, I, H, J, d/H)
         weights = self.dropout(alpha).transpose(1, 2).unsqueeze(3)         # (B, I, H, 1, J)
         context = torch.matmul(weights, features)                          # (B, I, H, 1, d/H)
         return self.w1(context.reshape(batch, steps, d_model)), alpha
@@ -540,7 +550,9 @@ class FirstOrderAlignment(nn.Module):
     Computed as (W_oᵀ·q_i) · relu(...) + q_i·b_o: W_o moves to the I queries instead of the
     J·(J+1) keys per sentence (I·d² instead of J²·d² multiply-adds, the same value to float
     rounding), so :meth:`keys` returns the relu features and :meth:`queries` the projected
-    queries with their bias term.
+    queries with their bias term. The bias term q_i·b_o is the same for every j and cancels
+    in the softmax over j: without autograd (extraction, decoding) it is left out; training
+    keeps it so that every parameter has a gradient, as DistributedDataParallel expects.
     """
 
     def __init__(self, d_model: int, max_jump: int):
@@ -569,10 +581,14 @@ class FirstOrderAlignment(nn.Module):
         hidden += self.jump(jump).to(memory.dtype)                               # (B, J+1, J, d)
         return F.relu(hidden, inplace=True)                 # in place: one (B, J+1, J, d) buffer
 
-    def queries(self, s_prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """s_prev (B, I, d) -> (W_oᵀ·W_q·s (B, I, d), bias term (W_q·s)·b_o (B, I))."""
+    def queries(self, s_prev: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """s_prev (B, I, d) -> (W_oᵀ·W_q·s (B, I, d), bias term (W_q·s)·b_o (B, I)); the bias
+        term is None without autograd (it cancels in the softmax, see the class docstring)."""
         query = self.query(s_prev)
-        return query @ self.w_o.weight.to(query.dtype), query @ self.w_o.bias.to(query.dtype)
+        projected = query @ self.w_o.weight.to(query.dtype)
+        if not torch.is_grad_enabled():
+            return projected, None
+        return projected, query @ self.w_o.bias.to(query.dtype)
 
     def forward(self, s_prev: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor,
                 keys: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -582,19 +598,24 @@ class FirstOrderAlignment(nn.Module):
         return self.log_probs(*self.queries(s_prev), keys, src_pad_mask)
 
     @staticmethod
-    def log_probs(queries: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor,
-                  src_pad_mask: torch.Tensor) -> torch.Tensor:
+    def log_probs(queries: torch.Tensor, offsets: Optional[torch.Tensor], keys: torch.Tensor,
+                  src_pad_mask: torch.Tensor, log: bool = True) -> torch.Tensor:
         """log α (B, c, J+1, J) of c target positions from their :meth:`queries` (B, c, d) and
-        bias terms (B, c), and ``keys(memory)`` (B, J+1, J, d): one batched matrix product
-        (B, c, d) x (B, d, (J+1)·J) with the bias and the 1/√d scale fused in."""
+        bias terms (B, c) or None, and ``keys(memory)`` (B, J+1, J, d): one batched matrix
+        product (B, c, d) x (B, d, (J+1)·J) with the bias and the 1/√d scale fused in.
+        ``log=False``: α itself (a softmax instead of log_softmax, then exp)."""
         batch, steps, dim = queries.shape
         previous, states = keys.size(1), keys.size(2)
         scale = 1.0 / math.sqrt(dim)
-        scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries,
-                               keys.reshape(batch, previous * states, dim).transpose(1, 2),
-                               alpha=scale).view(batch, steps, previous, states)
-        scores = scores.float().masked_fill(src_pad_mask[:, None, None, :], float("-inf"))
-        return torch.log_softmax(scores, dim=-1)
+        flat_keys = keys.reshape(batch, previous * states, dim).transpose(1, 2)
+        if offsets is None:
+            scores = torch.bmm(queries, flat_keys).mul_(scale)
+        else:
+            scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries, flat_keys,
+                                   alpha=scale)
+        scores = scores.view(batch, steps, previous, states).float()   # a new tensor: in place
+        scores.masked_fill_(src_pad_mask[:, None, None, :], float("-inf"))
+        return torch.log_softmax(scores, dim=-1) if log else torch.softmax(scores, dim=-1)
 
 
 @dataclass
@@ -607,16 +628,16 @@ class FirstOrderScores:
     """
 
     queries: torch.Tensor        # (B, I+1, d) W_oᵀ·W_q·s_i^(L-1)
-    offsets: torch.Tensor        # (B, I+1) (W_q·s_i^(L-1))·b_o
+    offsets: Optional[torch.Tensor]  # (B, I+1) (W_q·s_i^(L-1))·b_o; None without autograd
     keys: torch.Tensor           # (B, J+2, J+1, d) FirstOrderAlignment.keys(memory)
     src_pad_mask: torch.Tensor   # (B, J+1) True at padding
 
-    def __call__(self, start: int, stop: int) -> torch.Tensor:
+    def __call__(self, start: int, stop: int, log: bool = True) -> torch.Tensor:
         """log α of target positions start..stop-1: (B, stop-start, J+2, J+1), start state
-        first."""
-        return FirstOrderAlignment.log_probs(self.queries[:, start:stop],
-                                             self.offsets[:, start:stop], self.keys,
-                                             self.src_pad_mask)
+        first (``log=False``: α)."""
+        offsets = None if self.offsets is None else self.offsets[:, start:stop]
+        return FirstOrderAlignment.log_probs(self.queries[:, start:stop], offsets, self.keys,
+                                             self.src_pad_mask, log)
 
     def log_initial(self) -> torch.Tensor:
         """log α(j | 0, start): (B, J+1)."""
@@ -626,6 +647,10 @@ class FirstOrderScores:
         """log α(j | i, j') for i in start..stop-1 and real previous states j':
         (B, c, J+1, J+1)."""
         return self(start, stop)[:, :, 1:]
+
+    def transition_probs(self, start: int, stop: int) -> torch.Tensor:
+        """α(j | i, j') = exp of :meth:`transitions`, computed as a softmax: (B, c, J+1, J+1)."""
+        return self(start, stop, log=False)[:, :, 1:]
 
     def chunk(self, floats: int) -> Optional[int]:
         """Target positions per chunk for a budget of `floats` (None: all at once)."""
@@ -1057,7 +1082,8 @@ class FirstOrderHMM(DirectHMM):
         the transitions in chunks of ``config.chunk_floats``."""
         return hmm_algorithms.forward_backward(
             log_lexicon, log_alpha.log_initial(), log_alpha.transitions,
-            tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID), log_alpha.chunk(self.config.chunk_floats))
+            tgt_out.ne(PAD_ID).sum(1), src.ne(PAD_ID), log_alpha.chunk(self.config.chunk_floats),
+            transition_probs=log_alpha.transition_probs)
 
     @staticmethod
     def _greedy_path(log_alpha: FirstOrderScores, lengths: torch.Tensor,

@@ -168,7 +168,8 @@ def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
 def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
                      log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
                      source_mask: Optional[torch.Tensor] = None,
-                     chunk: Optional[int] = None) -> torch.Tensor:
+                     chunk: Optional[int] = None,
+                     transition_probs: Optional[TransitionFn] = None) -> torch.Tensor:
     """State posteriors γ(i, j) = p(b_i = j | e), (B, I, J), by an explicit scaled
     forward–backward.
 
@@ -182,11 +183,20 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     and backward pass; once when one chunk holds every position), so memory beyond O(B·I·J) is
     (B, chunk, J, J). Rows are 0 at padded
     target positions and padded states. Not differentiable (runs under no_grad).
+    ``transition_probs``: a TransitionFn giving A_i itself (exp of ``log_transition``, e.g. a
+    softmax where ``log_transition`` is a log_softmax), used instead of exponentiating.
     """
     emission, lengths = _prepare(log_emission, target_lengths, source_mask)
-    transition_fn = _transition_fn(log_transition)
     batch, steps, states = emission.shape
     dtype = torch.promote_types(emission.dtype, torch.float32)
+    log_transition_fn = _transition_fn(log_transition)
+
+    def transition_matrices(start: int, stop: int) -> torch.Tensor:
+        """A_i for i in start..stop-1: (B, c, J', J)."""
+        if transition_probs is not None:
+            return transition_probs(start, stop).to(dtype)
+        return log_transition_fn(start, stop).to(dtype).exp()
+
     tiny = torch.finfo(dtype).tiny
     emission = emission.to(dtype)
     scaled = (emission - emission.amax(dim=-1, keepdim=True)).exp()          # (B, I, J) in [0, 1]
@@ -199,7 +209,7 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     pieces = _chunks(1, steps, chunk)
     kept = None            # one piece: its matrices serve the backward pass too
     for start, stop in pieces:
-        matrices = transition_fn(start, stop).to(dtype).exp()              # (B, c, J', J)
+        matrices = transition_matrices(start, stop)                        # (B, c, J', J)
         kept = matrices if len(pieces) == 1 else None
         for i in range(start, stop):
             step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
@@ -207,7 +217,7 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
     for start, stop in reversed(pieces):
-        matrices = kept if kept is not None else transition_fn(start, stop).to(dtype).exp()
+        matrices = kept if kept is not None else transition_matrices(start, stop)
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
             step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
                                         .unsqueeze(2)).squeeze(2))
