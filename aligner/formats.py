@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -268,11 +269,22 @@ class _Side:
         return len(self.bitext)
 
 
+def _rereadable(path: str) -> bool:
+    """A regular file (a missing one too: reading it gives the error), not stdin or a pipe."""
+    if path == "-":
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True
+
+
 def open_bitext(source: Optional[str] = None, target: Optional[str] = None,
                 joint: Optional[str] = None) -> "Bitext | BitextFiles":
     """The bitext of :func:`read_bitext` as a :class:`BitextFiles` (read at every pass, checked
-    once now), or read into memory when a file is standard input (``"-"``)."""
-    if "-" in (source, target, joint):
+    once now), or read into memory when a file can be read only once: standard input
+    (``"-"``), a pipe such as bash's ``<(...)``, a FIFO."""
+    if not all(_rereadable(path) for path in (source, target, joint) if path is not None):
         return read_bitext(source, target, joint)
     bitext = BitextFiles(source, target, joint)
     bitext.check()

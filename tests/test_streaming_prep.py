@@ -74,6 +74,20 @@ def test_bitext_files_refuse_different_line_counts_as_read_bitext(tmp_path, src_
     assert f"{src} has {len(src_lines)} lines, {tgt} has {len(tgt_lines)}" in str(memory.value)
 
 
+def test_pipes_are_read_once_into_memory(tmp_path):
+    """bash's <(...) and FIFOs can be read only once: open_bitext reads them into memory."""
+    import threading
+
+    src, fifo = _write(tmp_path / "s", ["a b", "c"]), str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: _write(fifo, ["x", "y z"]))
+    writer.start()
+    bitext = open_bitext(src, fifo)
+    writer.join()
+    assert list(bitext) == [(["a", "b"], ["x"]), (["c"], ["y", "z"])]
+    assert list(bitext) == list(bitext) and not isinstance(bitext, BitextFiles)
+
+
 def test_bitext_files_name_the_bad_line(tmp_path):
     src = _write(tmp_path / "s", ["a", "b"])
     bad = tmp_path / "t"
