@@ -49,9 +49,13 @@ def _transition_fn(log_transition: Transitions) -> TransitionFn:
 
 
 def _chunks(start: int, stop: int, chunk: Optional[int]):
-    """[(a, b), ...] covering start..stop-1 in pieces of `chunk` positions (None = one piece)."""
+    """[(a, b), ...] covering start..stop-1 in pieces of `chunk` positions (None = one piece);
+    a shorter remainder comes first, so that the last piece is a whole one (the
+    forward–backward keeps the last piece of its forward pass for its backward pass)."""
     size = max(1, chunk) if chunk else max(1, stop - start)
-    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+    edges = list(range(stop, start, -size)) + [start]      # from the right: stop, stop-size, ...
+    edges.reverse()
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _clamp(scores: torch.Tensor) -> torch.Tensor:
@@ -180,8 +184,8 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     e_i = exp(log_emission[i] - max_j log_emission[i]).
     Each step is one batched matrix–vector product. ``log_transition`` may be a
     :data:`TransitionFn`; it is asked for ``chunk`` target positions at a time, twice (forward
-    and backward pass; once when one chunk holds every position), so memory beyond O(B·I·J) is
-    (B, chunk, J, J). Rows are 0 at padded
+    and backward pass) except for the last piece, whose matrices serve both passes (one call
+    when one chunk holds every position), so memory beyond O(B·I·J) is (B, chunk, J, J). Rows are 0 at padded
     target positions and padded states. Not differentiable (runs under no_grad).
     ``transition_probs``: a TransitionFn giving A_i itself (exp of ``log_transition``, e.g. a
     softmax where ``log_transition`` is a log_softmax), used instead of exponentiating.
@@ -207,17 +211,17 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
 
     alphas = [normalized(_clamp(log_initial).to(dtype).exp() * scaled[:, 0])]
     pieces = _chunks(1, steps, chunk)
-    kept = None            # one piece: its matrices serve the backward pass too
+    matrices = None        # at the end: the last piece's, which the backward pass starts with
     for start, stop in pieces:
         matrices = transition_matrices(start, stop)                        # (B, c, J', J)
-        kept = matrices if len(pieces) == 1 else None
         for i in range(start, stop):
             step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
                               .squeeze(1) * scaled[:, i])
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
-    for start, stop in reversed(pieces):
-        matrices = kept if kept is not None else transition_matrices(start, stop)
+    for number, (start, stop) in enumerate(reversed(pieces)):
+        if number > 0:     # the last piece's matrices are still those of the forward pass
+            matrices = transition_matrices(start, stop)
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
             step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
                                         .unsqueeze(2)).squeeze(2))
