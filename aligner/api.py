@@ -109,7 +109,7 @@ class Aligner:
     def align(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
               method: Optional[str] = None, direction: str = "both",
               heuristic: Optional[str] = None, return_probabilities: bool = False,
-              max_tokens: int = 4000, threshold: float = 0.5, **method_options: Any
+              max_tokens: Optional[int] = None, threshold: float = 0.5, **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -121,6 +121,7 @@ class Aligner:
             soft-average: links where the mean of the two directions' probabilities exceeds
             `threshold`; see aligner.soft_symmetrize). Default: the model kind's best, as
             ``align extract`` (soft-average for hmm0/hmm1, grow-diag for the others).
+        max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
 

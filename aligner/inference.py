@@ -45,7 +45,11 @@ logger = logging.getLogger(__name__)
 Link = Tuple[int, int]
 Item = TypeVar("Item")
 Collated = TypeVar("Collated")
+#: positions per inference batch on a GPU, and on a CPU, where small batches are faster: their
+#: (B, I, J, ...) intermediates stay in cache (eval/results/extract_speed.md: hmm1 1.5-2x at
+#: 500 than at 4,000 on one core; the transformer, hmm0 and the alignment layer gain too)
 DEFAULT_MAX_TOKENS = 4000
+CPU_MAX_TOKENS = 500
 MAX_WARNINGS = 10
 #: fewer pairs than this are aligned in this process even when ``parallel`` is asked for (the
 #: two worker processes take a few seconds to start)
@@ -123,15 +127,22 @@ def batched(items: Sequence[Item], indices: Sequence[int], widths: Sequence[int]
             bar.update(len(chosen))
 
 
+def default_max_tokens(device: torch.device) -> int:
+    """Positions per batch when the caller gives none: :data:`CPU_MAX_TOKENS` on a CPU,
+    :data:`DEFAULT_MAX_TOKENS` elsewhere."""
+    return CPU_MAX_TOKENS if device.type == "cpu" else DEFAULT_MAX_TOKENS
+
+
 def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
+                 max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
                  description: str = "", progress: bool = False
                  ) -> Iterator[Tuple[List[int], Batch]]:
     """(indices into `pairs`, :class:`aligner.data.Batch` of `direction` on `device`) for the
     pairs `model` can take (:func:`usable`; the others are in no batch), in length-sorted
-    batches of at most `max_tokens` positions (see :func:`batched`). `device`: the model's
-    by default."""
+    batches of at most `max_tokens` positions (see :func:`batched`; None: by the device,
+    :func:`default_max_tokens`). `device`: the model's by default."""
     device = device or next(model.parameters()).device
+    max_tokens = max_tokens or default_max_tokens(device)
     limit = model_max_positions(model)
     ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
 
@@ -145,7 +156,7 @@ def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction:
 
 @torch.no_grad()
 def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
-                method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                method: str, max_tokens: Optional[int] = None,
                 device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 progress: bool = False) -> List[Set[Link]]:
@@ -197,7 +208,7 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str) -> np.nd
 
 @torch.no_grad()
 def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
-                    method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                    method: str, max_tokens: Optional[int] = None,
                     device: Optional[torch.device] = None,
                     options: Optional[Dict[str, Any]] = None,
                     progress: bool = False) -> List[np.ndarray]:
@@ -222,7 +233,7 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
 
 
 def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair],
-                             direction: str, method: str, max_tokens: int,
+                             direction: str, method: str, max_tokens: Optional[int],
                              options: Optional[Dict[str, Any]], threads: int,
                              progress: bool) -> List[np.ndarray]:
     """Body of one worker of :func:`soft_alignments_by_direction` (a "spawn" process)."""
@@ -233,7 +244,7 @@ def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair]
 
 def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
                                  pairs: Sequence[EncodedPair], directions: Sequence[str],
-                                 method: str, max_tokens: int = DEFAULT_MAX_TOKENS,
+                                 method: str, max_tokens: Optional[int] = None,
                                  device: Optional[torch.device] = None,
                                  options: Optional[Dict[str, Any]] = None,
                                  progress: bool = False, parallel: bool = False
@@ -328,7 +339,7 @@ def encode_bitext(loaded: LoadedModelDir, bitext: Bitext, tokenize: bool = True
 def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 directions: Sequence[str] = C.DIRECTIONS,
                 heuristics: Sequence[str] = (C.DEFAULT_HEURISTIC,),
-                max_tokens: int = DEFAULT_MAX_TOKENS, device: Optional[torch.device] = None,
+                max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 threshold: float = DEFAULT_THRESHOLD,
                 progress: bool = False, parallel: bool = False) -> Dict[str, List[Set[Link]]]:
@@ -369,7 +380,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
 
 def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             direction: str = "both",
-            heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: int = DEFAULT_MAX_TOKENS,
+            heuristic: str = C.DEFAULT_HEURISTIC, max_tokens: Optional[int] = None,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
             threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
