@@ -38,7 +38,7 @@ from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD, SOFT_HEURISTICS, soft_average
 from aligner.symmetrize import symmetrize
-from aligner.utils import check_condition
+from aligner.utils import check_condition, sigterm_raises
 
 logger = logging.getLogger(__name__)
 
@@ -267,16 +267,17 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
         threads = max(1, torch.get_num_threads() // 2)
         context = multiprocessing.get_context("spawn")
         pool = context.Pool(len(directions))
-        try:
-            results = pool.starmap(_soft_alignments_process, [
-                (models[d], pairs, d, method, max_tokens, options, threads, progress)
-                for d in directions])
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:      # close + join: the workers exit on their own (terminate leaks semaphores)
-            pool.close()
-            pool.join()
+        with sigterm_raises():   # `kill` of this process stops the workers too
+            try:
+                results = pool.starmap(_soft_alignments_process, [
+                    (models[d], pairs, d, method, max_tokens, options, threads, progress)
+                    for d in directions])
+            except BaseException:
+                pool.terminate()
+                raise
+            finally:  # close + join: the workers exit on their own (terminate leaks semaphores)
+                pool.close()
+                pool.join()
         return dict(zip(directions, results))
     return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,
                                progress) for d in directions}

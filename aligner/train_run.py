@@ -31,7 +31,7 @@ from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_preprocessi
 from aligner.models import model_class
 from aligner.train import (TrainSummary, Trainer, Validation, check_resumable,
                            seed_everything)
-from aligner.utils import AlignerError, atomic_output, check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition, sigterm_raises
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,8 +131,8 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
     Each process gets ``torch.get_num_threads() // len(runs)`` threads (at least 1); with that
     many threads per direction the weights are the same as when the directions train one after
     the other (the directions share nothing but the read-only corpus). The first process to
-    fail stops the others and its error is raised here; so does Ctrl-C (checkpoints are written
-    atomically, so ``--resume`` continues from the last one of each direction).
+    fail stops the others and its error is raised here; so do Ctrl-C and SIGTERM (checkpoints
+    are written atomically, so ``--resume`` continues from the last one of each direction).
     """
     import multiprocessing
     from multiprocessing.connection import wait
@@ -143,36 +143,37 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
     context = multiprocessing.get_context("spawn")
     processes, waiting = [], {}
     summaries: Dict[str, TrainSummary] = {}
-    try:
-        for run in runs:
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_direction_process, name=f"train-{run.direction}",
-                                      args=(sender, run, threads, quiet, verbose))
-            process.start()
-            sender.close()
-            processes.append(process)
-            waiting[receiver] = (run.direction, process)
-        while waiting:
-            for receiver in wait(list(waiting)):
-                direction, process = waiting.pop(receiver)
-                try:
-                    status, value = receiver.recv()
-                except EOFError:
-                    process.join()
-                    raise AlignerError(f"[{direction}] the training process ended without a "
-                                       f"result (exit code {process.exitcode})") from None
-                if status == "error":
-                    raise value
-                if status == "crash":
-                    raise RuntimeError(f"[{direction}] training failed:\n{value}")
-                summaries[direction] = value
-        for process in processes:  # each has sent its result: let it end on its own
-            process.join()
-    finally:  # after an error or Ctrl-C: stop the processes still training
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-            process.join()
+    with sigterm_raises():   # `kill` of this process stops the direction processes too
+        try:
+            for run in runs:
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_direction_process, name=f"train-{run.direction}",
+                                          args=(sender, run, threads, quiet, verbose))
+                process.start()
+                sender.close()
+                processes.append(process)
+                waiting[receiver] = (run.direction, process)
+            while waiting:
+                for receiver in wait(list(waiting)):
+                    direction, process = waiting.pop(receiver)
+                    try:
+                        status, value = receiver.recv()
+                    except EOFError:
+                        process.join()
+                        raise AlignerError(f"[{direction}] the training process ended without a "
+                                           f"result (exit code {process.exitcode})") from None
+                    if status == "error":
+                        raise value
+                    if status == "crash":
+                        raise RuntimeError(f"[{direction}] training failed:\n{value}")
+                    summaries[direction] = value
+            for process in processes:  # each has sent its result: let it end on its own
+                process.join()
+        finally:  # after an error, Ctrl-C or SIGTERM: stop the processes still training
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+                process.join()
     return {run.direction: summaries[run.direction] for run in runs}
 
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 from typing import IO, Iterator, Optional
 
 
@@ -90,3 +92,23 @@ def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block, SIGTERM (``kill PID``, a job scheduler) raises AlignerError in the main
+    thread instead of ending the process on the spot, so that ``finally`` blocks run: worker
+    processes are stopped instead of left running as orphans. The previous handler is restored
+    on exit; outside the main thread this does nothing (signals reach only the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise AlignerError("terminated (SIGTERM); worker processes stopped")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -102,3 +102,65 @@ def test_error_in_one_process_is_one_line(tmp_path, corpus):
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("align: error:")]
     assert len(errors) == 1 and C.TRAINING_STATE in errors[0], result.output
+
+
+def _children(pid):
+    """PIDs of the live (not zombie) processes whose parent is `pid` (Linux /proc)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _alive(pid):
+    """Running (not a zombie, not gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
+    """`kill PID` of `align train --parallel-directions`: one error line, exit 1, and no
+    direction process left training on its own."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "aligner", "train", *map(str, corpus), "-o",
+               str(tmp_path / "model"), "--model", "hmm1", "--parallel-directions",
+               "--max-updates", "100000", "--threads", "2", *TINY]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    workers = []
+    while len(workers) < 2 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.5)   # the two direction processes (spawn also starts a resource tracker)
+        workers = [pid for pid in _children(process.pid) if "spawn_main" in _cmdline(pid)]
+    assert len(workers) >= 2, process.stderr.read() if process.poll() is not None else workers
+    time.sleep(2)         # inside training
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "align: error: terminated (SIGTERM)" in stderr and "Traceback" not in stderr
+    time.sleep(1)
+    assert not [pid for pid in workers if _alive(pid)]
