@@ -77,6 +77,28 @@ def test_one_line_per_input_line_in_order_with_empty_lines_kept(aligned):
     assert "| soft-average |" in aligned["result"].stderr
 
 
+def test_aligning_in_blocks_gives_the_same_files_and_table(aligned, monkeypatch):
+    """Without --soft the bitext is read from its files and aligned in blocks (7 lines here,
+    BLOCK_LINES patched; both rounds): the same -o/-f/-r files and AER table as the fixture's
+    run, which held everything in memory for --soft."""
+    import aligner.inference
+
+    monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 7)
+    tmp = aligned["tmp"]
+    out, fwd, rev = (tmp / name for name in ("b.out", "b.fwd", "b.rev"))
+    with restored_aligner_logger():
+        result = run("run", "-s", aligned["src"], "-t", aligned["tgt"], "-o", out, "-f", fwd,
+                     "-r", rev, "--model-dir", tmp / "model-blocks", "-g", tmp / "gold.talp",
+                     *TINY)
+    for mine, theirs in ((out, aligned["out"]), (fwd, aligned["fwd"]), (rev, aligned["rev"])):
+        assert mine.read_text() == theirs.read_text()
+    guide = (tmp / "model-blocks" / "selftrain.round1.align").read_text()
+    assert guide == (tmp / "model" / "selftrain.round1.align").read_text()
+    table = [line for line in result.stderr.splitlines() if line.startswith("|")]
+    assert len(table) == 5 and table == [line for line in aligned["result"].stderr.splitlines()
+                                         if line.startswith("|")]
+
+
 def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
     tmp, model = aligned["tmp"], aligned["tmp"] / "model"
     common = ["-s", aligned["src"], "-t", aligned["tgt"], "-m", "hmm-posterior", "-q"]

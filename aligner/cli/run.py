@@ -2,11 +2,14 @@
 
 Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, then
 writes the symmetrized word alignments of every input line. Only parses options and wires
-train_model_dir (aligner.train_run) to extract_all (aligner.inference); torch is imported inside.
+train_model_dir (aligner.train_run) to aligner.inference, block by block (memory does not grow
+with the corpus, except with --soft); torch is imported inside.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import sys
@@ -106,7 +109,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
     from aligner.distributed import resolve_device
-    from aligner.formats import Bitext, read_bitext, read_gold, write_pharaoh
+    from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
     from aligner.prep import PrepConfig
@@ -123,23 +126,25 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_writable(path, option)
     model_options: Dict[str, Any] = {**recipe.MODEL_OPTIONS,
                                      **parse_key_values(model_option, "--model-option")}
-    bitext = read_bitext(source, target, joint)
-    golds, gold_start = None, 0
+    # --soft keeps every matrix: the bitext in memory; otherwise it is read at every pass
+    bitext = read_bitext(source, target, joint) if soft else open_bitext(source, target, joint)
+    n_lines = len(bitext)
+    golds, gold_lines = None, range(0)
     if gold is not None:
         golds = read_gold(gold)
         gold_start = (gold_first_line - 1 if gold_first_line is not None
-                      else len(bitext) - len(golds))
-        check_condition(0 <= gold_start and gold_start + len(golds) <= len(bitext),
-                        f"{gold}: {len(golds)} lines do not fit the {len(bitext)} input lines "
+                      else n_lines - len(golds))
+        check_condition(0 <= gold_start and gold_start + len(golds) <= n_lines,
+                        f"{gold}: {len(golds)} lines do not fit the {n_lines} input lines "
                         f"from line {gold_start + 1} on")
-        check_gold_in_range(golds, gold, "talp",
-                            Bitext(bitext.source[gold_start:gold_start + len(golds)],
-                                   bitext.target[gold_start:gold_start + len(golds)],
-                                   bitext.source_name, bitext.target_name))
-    usable = sum(1 for s, t in zip(bitext.source, bitext.target) if s and t)
+        gold_lines = range(gold_start, gold_start + len(golds))
+        gold_bitext = next(bitext_blocks(itertools.islice(bitext, gold_start, gold_lines.stop),
+                                         len(golds), bitext.source_name, bitext.target_name))
+        check_gold_in_range(golds, gold, "talp", gold_bitext)
+    usable = sum(1 for s, t in bitext if s and t)
     check_condition(usable > 0, f"{bitext.source_name}: no line has both sides: nothing to "
                                 f"train on")
-    merges = recipe.bpe_merges(len(bitext)) if bpe_merges is None else bpe_merges
+    merges = recipe.bpe_merges(n_lines) if bpe_merges is None else bpe_merges
     torch_device = resolve_device(device)
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
@@ -155,15 +160,13 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     parallel = (torch_device.type == "cpu" and (os.cpu_count() or 1) >= 2
                 and agreement_weight == 0)
     logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
-                len(bitext), recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
+                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     seconds = {"training": 0.0, "alignment": 0.0}
-    alignments: List[Set[Tuple[int, int]]] = []   # each round's -H links; the next one's guide
     try:
         for round_number in range(1, rounds + 1):
             if round_number > 1:  # the previous round's alignments guide this one
                 guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
-                write_pharaoh(guide, alignments)
                 train_config = dataclasses.replace(train_config, guide_weight=guide_weight)
                 logger.info("self-training round %d of %d, guided by %s", round_number,
                             rounds, guide)
@@ -178,78 +181,99 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                             parallel_directions=parallel)
             trained = time.time()
             seconds["training"] += trained - start
-            everything, soft_by_direction, alignments = _align_bitext(
-                model_dir, bitext, torch_device, shortlist, heuristic, threshold,
-                hard_lines=None if (forward_links or reverse_links
-                                    or heuristic in C.HEURISTICS)
-                else range(gold_start, gold_start + len(golds)) if golds else range(0),
-                soft=soft is not None, quiet=quiet)
+            last = round_number == rounds
+            outputs = ({heuristic: output, "fwd": forward_links, "rev": reverse_links} if last
+                       else {heuristic: os.path.join(model_dir,
+                                                     f"selftrain.round{round_number}.align")})
+            gold_rows, matrices, links = _align_bitext(
+                model_dir, bitext, torch_device, shortlist, heuristic, threshold, outputs,
+                gold_lines, keep_soft=last and soft is not None, quiet=quiet)
+            if matrices is not None:
+                write_results(output, matrices.pop("alignments"), soft, matrices)
             start = time.time()
             seconds["alignment"] += start - trained
-        everything[heuristic] = alignments
-        matrices = None if soft is None else {
-            f"{d}_{k}": m for d in C.DIRECTIONS for k, m in enumerate(soft_by_direction[d])}
-        write_results(output, alignments, soft, matrices)
-        for path, direction in ((forward_links, "fwd"), (reverse_links, "rev")):
-            if path is not None:
-                write_pharaoh(path, everything[direction])
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
-    links = sum(map(len, alignments))
-    click.echo(f"align run: {len(bitext)} sentence pairs, {links} links "
-               f"({links / max(1, len(bitext)):.1f} per pair); training {seconds['training']:.0f}s, "
+    click.echo(f"align run: {n_lines} sentence pairs, {links} links "
+               f"({links / max(1, n_lines):.1f} per pair); training {seconds['training']:.0f}s, "
                f"alignment {seconds['alignment']:.0f}s"
                + (f" ({rounds} self-training rounds)" if rounds > 1 else "")
                + ("" if temporary is not None else f"; model in {model_dir}"), err=True)
     if golds is not None:
-        rows = [(name, everything[name][gold_start:gold_start + len(golds)])
-                for name in ("fwd", "rev", heuristic)]
-        click.echo(f"AER (%) on input lines {gold_start + 1}-{gold_start + len(golds)} "
+        click.echo(f"AER (%) on input lines {gold_lines.start + 1}-{gold_lines.stop} "
                    f"against {gold}:", err=True)
         click.echo("| alignment | AER | precision | recall |", err=True)
         click.echo("|---|---|---|---|", err=True)
-        for name, hypotheses in rows:
-            score = score_aer(hypotheses, golds)
+        for name in ("fwd", "rev", heuristic):
+            score = score_aer(gold_rows[name], golds)
             click.echo(f"| {name} | {100 * score.aer:.1f} | {100 * score.precision:.1f} | "
                        f"{100 * score.recall:.1f} |", err=True)
 
 
 def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str,
-                  threshold: float, hard_lines: Optional[range], soft: bool, quiet: bool
-                  ) -> Tuple[Dict[str, Any], Dict[str, Any], List[Set[Tuple[int, int]]]]:
-    """Align every line of `bitext` with the model in `model_dir` (the recipe's method).
+                  threshold: float, outputs: Dict[str, Optional[str]], gold_lines: range,
+                  keep_soft: bool, quiet: bool
+                  ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
+    """Align every line of `bitext` with the model in `model_dir` (the recipe's method), block
+    by block (inference.BLOCK_LINES lines; one block with `keep_soft`), writing each block's
+    lines to `outputs` ({"fwd" / "rev" / heuristic: Pharaoh file, '-' = stdout, or None}).
 
-    Returns (hard links per direction on `hard_lines`, every line when None, empty sets
-    elsewhere; the soft matrices per direction when -H is soft or `soft`; the -H alignments).
+    Returns (the links of `gold_lines` per direction and for the heuristic; with `keep_soft`
+    the soft matrices named as in the --soft .npz plus "alignments", the heuristic's links of
+    every line, for :func:`aligner.cli.extract.write_results` — the heuristic's output is then
+    left to it; the number of links the heuristic wrote).
     """
-    from aligner.inference import align_pairs, encode_bitext, soft_alignments_by_direction
+    from aligner import inference
+    from aligner.formats import bitext_blocks, format_links
     from aligner.model_dir import LoadedModelDir
     from aligner.soft_symmetrize import soft_average
     from aligner.symmetrize import symmetrize
+    from aligner.utils import atomic_output
 
     loaded = LoadedModelDir.load(model_dir, device=device)
-    pairs = encode_bitext(loaded, bitext)
     options = {"shortlist": shortlist} if shortlist else {}
-    everything: Dict[str, Any] = {}
-    lines = range(len(pairs)) if hard_lines is None else hard_lines
-    if len(lines):
-        for direction in C.DIRECTIONS:
-            links = align_pairs(loaded.models[direction], [pairs[k] for k in lines],
-                                direction, recipe.METHOD, device=device, options=options,
-                                progress=not quiet)
-            everything[direction] = [set() for _ in pairs]
-            for k, line_links in zip(lines, links):
-                everything[direction][k] = line_links
-    soft_by_direction: Dict[str, Any] = {}
-    if heuristic in C.SOFT_HEURISTICS or soft:   # one pass, used twice
-        soft_by_direction = soft_alignments_by_direction(
-            loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device, options=options,
-            progress=not quiet, parallel=True)
-    if heuristic in C.SOFT_HEURISTICS:
-        alignments = [soft_average(f, r, threshold) for f, r in
-                      zip(soft_by_direction["fwd"], soft_by_direction["rev"])]
-    else:
-        alignments = [symmetrize(f, r, heuristic)
-                      for f, r in zip(everything["fwd"], everything["rev"])]
-    return everything, soft_by_direction, alignments
+    gold_rows: Dict[str, List[Set[Tuple[int, int]]]] = {"fwd": [], "rev": [], heuristic: []}
+    kept: Dict[str, Any] = {"alignments": []} if keep_soft else {}
+    paths = {name: path for name, path in outputs.items()
+             if path is not None and not (keep_soft and name == heuristic)}
+    n_links = 0
+    size = len(bitext) if keep_soft else inference.BLOCK_LINES
+    with contextlib.ExitStack() as stack:
+        files = {name: stack.enter_context(atomic_output(path)) for name, path in paths.items()}
+        for block in bitext_blocks(bitext, size, bitext.source_name, bitext.target_name):
+            first = block.first_line - 1                 # 0-based input line of the block's 0
+            pairs = inference.encode_bitext(loaded, block)
+            gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
+            hard_lines = (range(len(pairs)) if ({"fwd", "rev"} & files.keys()
+                                                or heuristic in C.HEURISTICS) else gold_here)
+            hard: Dict[str, List[Set[Tuple[int, int]]]] = {}
+            for direction in C.DIRECTIONS:
+                links = inference.align_pairs(
+                    loaded.models[direction], [pairs[k] for k in hard_lines], direction,
+                    recipe.METHOD, device=device, options=options, progress=not quiet) \
+                    if len(hard_lines) else []
+                hard[direction] = [set() for _ in pairs]
+                for k, line_links in zip(hard_lines, links):
+                    hard[direction][k] = line_links
+            if heuristic in C.SOFT_HEURISTICS or keep_soft:   # one pass, used twice
+                soft = inference.soft_alignments_by_direction(
+                    loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device,
+                    options=options, progress=not quiet, parallel=True)
+                if keep_soft:
+                    kept.update({f"{d}_{first + k}": m for d in C.DIRECTIONS
+                                 for k, m in enumerate(soft[d])})
+            if heuristic in C.SOFT_HEURISTICS:
+                hard[heuristic] = [soft_average(f, r, threshold)
+                                   for f, r in zip(soft["fwd"], soft["rev"])]
+            else:
+                hard[heuristic] = [symmetrize(f, r, heuristic)
+                                   for f, r in zip(hard["fwd"], hard["rev"])]
+            for name, handle in files.items():
+                handle.writelines(format_links(links) + "\n" for links in hard[name])
+            if keep_soft:
+                kept["alignments"].extend(hard[heuristic])
+            n_links += sum(map(len, hard[heuristic]))
+            for name in gold_rows:
+                gold_rows[name].extend(hard[name][k] for k in gold_here)
+    return gold_rows, (kept if keep_soft else None), n_links
