@@ -303,9 +303,12 @@ def bitext_blocks(bitext: Iterable[Tuple[List[str], List[str]]], size: int,
         block = list(itertools.islice(pairs, size))
         if not block:
             return
-        yield Bitext([s for s, _ in block], [t for _, t in block], source_name, target_name,
-                     first_line)
+        first = first_line
         first_line += len(block)
+        sources, targets = [s for s, _ in block], [t for _, t in block]
+        del block   # only the yielded block is held while the caller works on it
+        yield Bitext(sources, targets, source_name, target_name, first)
+        del sources, targets
 
 
 def parse_links(text: str, name: str, line_no: int) -> Alignment:

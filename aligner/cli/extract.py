@@ -187,6 +187,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     out.writelines(format_links(links) + "\n" for links in alignments)
                     n_pairs += len(alignments)
                     n_links += sum(map(len, alignments))
+                    del block, alignments   # freed before the next block is read
         else:   # the .npz holds every matrix: the whole bitext at once
             matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
                                      torch_device, options, progress=not quiet)

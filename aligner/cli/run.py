@@ -256,6 +256,7 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
                 hard[direction] = [set() for _ in pairs]
                 for k, line_links in zip(hard_lines, links):
                     hard[direction][k] = line_links
+            soft: Dict[str, List[Any]] = {}
             if heuristic in C.SOFT_HEURISTICS or keep_soft:   # one pass, used twice
                 soft = inference.soft_alignments_by_direction(
                     loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device,
@@ -276,4 +277,5 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
             n_links += sum(map(len, hard[heuristic]))
             for name in gold_rows:
                 gold_rows[name].extend(hard[name][k] for k in gold_here)
+            del block, pairs, hard, soft   # freed before the next block is read
     return gold_rows, (kept if keep_soft else None), n_links
