@@ -28,7 +28,6 @@ import re
 import stat
 import sys
 from dataclasses import dataclass, field
-from itertools import zip_longest
 from typing import Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from aligner.utils import AlignerError, atomic_output, check_condition
@@ -122,7 +121,6 @@ def iter_lines(path: str) -> Iterator[str]:
         first = handle.readline()
         if first.startswith(_BOM):  # a UTF-8 byte-order mark is not part of the text
             first = first[len(_BOM):]
-            check_condition(len(first) > 0, f"{path}: empty file")
         check_condition(len(first) > 0, f"{path}: empty file")
         yield from _decoded(_chained(first, handle), path)
 
@@ -222,7 +220,7 @@ class BitextFiles:
         missing = object()
         src_lines, tgt_lines = iter_lines(self.source_name), iter_lines(self.target_name)
         count = 0
-        for src, tgt in zip_longest(src_lines, tgt_lines, fillvalue=missing):
+        for src, tgt in itertools.zip_longest(src_lines, tgt_lines, fillvalue=missing):
             if src is missing or tgt is missing:
                 n_src = count + (src is not missing) + sum(1 for _ in src_lines)
                 n_tgt = count + (tgt is not missing) + sum(1 for _ in tgt_lines)
