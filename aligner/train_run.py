@@ -35,6 +35,7 @@ from aligner.utils import AlignerError, atomic_output, check_condition, sigterm_
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
+    from aligner.models.base import AlignmentModel
     from aligner.prep import Preprocessor, PrepConfig
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class DirectionRun:
     """Everything training one direction needs beyond the files in `model_dir` (picklable, so
     that a --parallel-directions process can receive it).
 
-    base_dir: the frozen base of a stage-2 run (alignment layer), else None; position: the row
-    of this direction's progress bar when several are shown at once.
+    base_dir: the frozen base of a stage-2 run (alignment layer), else None; init_dir: a
+    trained model directory whose weights the model starts from (``--init-from``), else None;
+    position: the row of this direction's progress bar when several are shown at once.
     """
 
     model_dir: str
@@ -60,6 +62,7 @@ class DirectionRun:
     validation: Optional[Validation] = None
     progress: bool = True
     position: int = 0
+    init_dir: Optional[str] = None
 
 
 def train_direction(run: DirectionRun, device: torch.device,
@@ -74,6 +77,8 @@ def train_direction(run: DirectionRun, device: torch.device,
     if run.base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
         base_weights = load_checkpoint_file(params_path(run.base_dir, run.direction, "best"))
         model.load_base(base_weights["state_dict"])
+    if run.init_dir is not None and not run.resume:  # fine-tuning (a resumed run has its own)
+        load_init_weights(model, run.init_dir, run.direction)
     if context.is_main:
         n_params = sum(p.numel() for p in model.parameters())
         n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -87,6 +92,15 @@ def train_direction(run: DirectionRun, device: torch.device,
                       direction_dir(run.model_dir, run.direction), device, context,
                       run.validation, progress=run.progress, progress_position=run.position)
     return trainer.run(resume=run.resume)
+
+
+def load_init_weights(model: AlignmentModel, init_dir: str, direction: str) -> None:
+    """Copy the best weights of `direction` in the model directory `init_dir` into `model`
+    (``--init-from``: same kind, sizes and vocabularies, :func:`check_init_dir`)."""
+    from aligner.model_dir import load_params, params_path
+
+    load_params(model, params_path(init_dir, direction, "best"))
+    logger.info("[%s] weights of %s", direction, init_dir)
 
 
 def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: bool,
@@ -399,9 +413,10 @@ def check_agreement_options(model_kind: str, directions: Sequence[str],
 def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: torch.device,
                     context: Optional[DistributedContext] = None,
                     validation: Optional[Validation] = None,
-                    progress: bool = True) -> TrainSummary:
-    """Build both directions' models (seeded) and train them together with the agreement term
-    (aligner/agreement.py) from the encoded corpus in MODEL_DIR/corpus."""
+                    progress: bool = True, init_dir: Optional[str] = None) -> TrainSummary:
+    """Build both directions' models (seeded; from `init_dir`'s weights when given) and train
+    them together with the agreement term (aligner/agreement.py) from the encoded corpus in
+    MODEL_DIR/corpus."""
     from aligner.agreement import AgreementPair, AgreementTrainer
     from aligner.model_dir import build_direction_model
 
@@ -409,6 +424,9 @@ def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: tor
     seed_everything(config.training.seed)
     models = {direction: build_direction_model(config, direction)
               for direction in C.DIRECTIONS}
+    if init_dir is not None and not resume:
+        for direction, model in models.items():
+            load_init_weights(model, init_dir, direction)
     pair = AgreementPair(models["fwd"], models["rev"], config.training.agreement_weight)
     if context.is_main:
         logger.info("[fwd+rev] %s models trained together, agreement weight %g: %d parameters",
@@ -452,6 +470,9 @@ class TrainRequest:
     command line, logged. extra: more settings for config.json's ``extra``. base_dir: a
     trained base model directory for a kind trained on a frozen base (``align train --base``).
     parallel_directions: each direction in a process of its own (see :func:`train`).
+    init_dir: a trained model directory of the same kind to start from (``align train
+    --init-from``, fine-tuning): its preprocessing, vocabularies, model configs and best
+    weights; `prep_config` and `model_options` are then not used.
     """
 
     model_dir: str
@@ -473,6 +494,7 @@ class TrainRequest:
     base_dir: Optional[str] = None
     parallel_directions: bool = False
     ignore_data_change: bool = False
+    init_dir: Optional[str] = None
 
     @property
     def agreement(self) -> bool:
@@ -504,6 +526,10 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     parallel_directions (CPU only, not under torchrun): train the directions at the same time,
     each in its own process with an equal share of torch's threads (see
     :func:`train_directions_in_parallel`); otherwise one after the other.
+
+    With `init_dir` (fine-tuning), the run is prepared with that model directory's BPE and
+    vocabularies and every direction starts from its best weights (not when resumed: the
+    checkpoint holds the weights then).
 
     Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
     alignment layer on a transformer) train in two stages: stage 1 is an ordinary run of
@@ -543,9 +569,10 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
-        elif context.is_main and request.base_dir is not None:
-            pre, src_vocab, tgt_vocab = _prepare_from_base(model_dir, request.base_dir,
-                                                           request.bitext, request.data_config)
+        elif context.is_main and (request.base_dir or request.init_dir) is not None:
+            pre, src_vocab, tgt_vocab = _prepare_like(
+                model_dir, request.base_dir or request.init_dir, request.bitext,
+                request.data_config)
         elif context.is_main:
             pre, src_vocab, tgt_vocab = _prepare_data(model_dir, request.bitext,
                                                       request.prep_config, request.data_config,
@@ -585,6 +612,31 @@ def _check_request(request: TrainRequest) -> None:
                     "--guide-weight needs --guide")
     if request.agreement:
         check_agreement_options(kind, request.directions, request.parallel_directions)
+    if request.init_dir is not None:
+        check_init_dir(request.init_dir, kind, request.directions, request.model_dir)
+
+
+def check_init_dir(init_dir: str, model_kind: str, directions: Sequence[str],
+                   model_dir: str) -> None:
+    """``--init-from``: `init_dir` must be a trained model directory of `model_kind` with
+    weights for every direction, not the directory being trained (it is rewritten)."""
+    from aligner.model_dir import config_path, params_path
+
+    check_condition(model_class(model_kind).BASE_KIND is None,
+                    f"--init-from: not for '{model_kind}', trained on a frozen base (--base)")
+    check_condition(os.path.isfile(config_path(init_dir)),
+                    f"{init_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
+    check_condition(not os.path.exists(model_dir)
+                    or not os.path.samefile(init_dir, model_dir),
+                    f"--init-from {init_dir}: the model directory being trained; copy it "
+                    f"elsewhere first (or use --resume to continue its run)")
+    init_config = RunConfig.load(config_path(init_dir))
+    check_condition(init_config.model_kind == model_kind,
+                    f"{init_dir}: holds a '{init_config.model_kind}' model, this run trains "
+                    f"'{model_kind}'")
+    for direction in directions:
+        check_condition(os.path.isfile(params_path(init_dir, direction, "best")),
+                        f"{init_dir}: no trained {direction} model to start from")
 
 
 def _open_model_dir(request: TrainRequest) -> bool:
@@ -616,13 +668,19 @@ def _run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: i
     directions = request.directions
     models = direction_model_configs(request.model_options, directions, n_src, n_tgt)
     prep_config = request.prep_config
+    extra = dict(request.extra or {})
+    if request.init_dir is not None:  # fine-tuning: the model as it was trained
+        init_config = RunConfig.load(config_path(request.init_dir))
+        models = {d: dict(init_config.models[d]) for d in directions}
+        prep_config = pre.config
+        extra["init_from"] = os.path.abspath(request.init_dir)
     if request.base_dir is not None:  # stage 2: the base's model configs plus its own options
         base_config = RunConfig.load(config_path(request.base_dir))
         models = {d: {**base_config.models[d], **request.model_options} for d in directions}
         prep_config = pre.config
     return RunConfig(model_kind=request.model_kind, directions=list(directions), models=models,
                      prep=prep_config.to_dict(), data=request.data_config,
-                     training=request.train_config, extra=dict(request.extra or {}))
+                     training=request.train_config, extra=extra)
 
 
 def _validation(request: TrainRequest, pre: "Preprocessor", src_vocab: Vocabulary,
@@ -645,11 +703,11 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
     a process of its own (parallel_directions) or one after the other."""
     model_dir, directions, quiet = request.model_dir, request.directions, request.quiet
     runs = [DirectionRun(model_dir, config, direction, resumed, request.base_dir, validation,
-                         progress=not quiet, position=position)
+                         progress=not quiet, position=position, init_dir=request.init_dir)
             for position, direction in enumerate(directions)]
     if request.agreement:
         summary = train_agreement(model_dir, config, resumed, device, context, validation,
-                                  progress=not quiet)
+                                  progress=not quiet, init_dir=request.init_dir)
         return {direction: summary for direction in directions}
     if request.parallel_directions and len(runs) > 1:
         check_condition(not context.enabled,
@@ -701,13 +759,14 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
                                extra={**(request.extra or {}), "base": os.path.abspath(base_dir)})
 
 
-def _prepare_from_base(model_dir: str, base_dir: str, bitext: Bitext, data_config: DataConfig
-                       ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
-    """Stage 2: the base's preprocessing and vocabularies (copied into `model_dir`) and the
-    training corpus encoded with them into MODEL_DIR/corpus (rank 0 only)."""
-    pre, src_vocab, tgt_vocab = load_preprocessing(base_dir)
+def _prepare_like(model_dir: str, other_dir: str, bitext: Bitext, data_config: DataConfig
+                  ) -> Tuple["Preprocessor", Vocabulary, Vocabulary]:
+    """Stage 2 (`other_dir` = the base) or ``--init-from`` (the model fine-tuned): the other
+    model directory's preprocessing and vocabularies (copied into `model_dir`) and the training
+    corpus (and guide) encoded with them into MODEL_DIR/corpus (rank 0 only)."""
+    pre, src_vocab, tgt_vocab = load_preprocessing(other_dir)
     source, target = tokenize_bitext(pre, bitext)
     _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
                      bitext)
-    logger.info("preprocessing and vocabularies of the base %s", base_dir)
+    logger.info("preprocessing and vocabularies of %s", other_dir)
     return pre, src_vocab, tgt_vocab

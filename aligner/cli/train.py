@@ -138,6 +138,11 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--base", "base_dir", type=click.Path(file_okay=False), default=None,
               help="alignment-layer: a trained transformer model directory to use as the "
                    "frozen base (skips stage 1; the model size comes from it).")
+@click.option("--init-from", "init_dir", type=click.Path(file_okay=False), default=None,
+              help="Fine-tune: start every direction from the best weights of this trained "
+                   "model directory of the same --model (e.g. on new data, or with a "
+                   "--guide); its BPE, vocabularies and model size are used, the "
+                   "preprocessing and model-size flags are not.")
 @click.option("--layer-keys", type=click.Choice(["word", "enc", "add"]), default=None,
               help="alignment-layer: keys/values of the layer: source word embeddings, encoder "
                    "output, or their average  [default: add]")
@@ -208,7 +213,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
-            model_option: Tuple[str, ...], base_dir: Optional[str], layer_keys: Optional[str],
+            model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
+            layer_keys: Optional[str],
             max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
@@ -287,7 +293,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             train_config=train_config, directions=direction_list, valid_bitext=valid_bitext,
             valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
             argv=["align"] + sys.argv[1:], base_dir=base_dir,
-            parallel_directions=parallel_directions, ignore_data_change=ignore_data_change))
+            parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
+            init_dir=init_dir))
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
