@@ -34,7 +34,7 @@ def test_the_recipe_is_pinned():
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.5)
-    assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND) == (2, 1)
+    assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS) == (2, 1, True)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -177,9 +177,28 @@ def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
     config = json.loads((model / "config.json").read_text())
     assert config["data"]["guide"] == str(guide) and config["training"]["guide_weight"] == 0.5
     assert (model / "corpus" / "guide.links.npy").exists()
+    # round 2 fine-tuned round 1's model (align train --init-from, tests/test_init_from.py),
+    # kept aside while round 2 rewrote the directory, removed afterwards
+    assert config["extra"]["init_from"] == str((model / "previous_round").resolve())
+    assert "weights of" in (model / "train.log").read_text()
+    assert not (model / "previous_round").exists()
     # the output is the round-2 model's: what align extract gives with the kept model
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "o").read_text() == (tmp_path / "x").read_text()
+
+
+def test_rounds_afresh_train_from_new_weights(tmp_path):
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2", "--afresh",
+            "--model-dir", model, *TINY)
+    import json
+    config = json.loads((model / "config.json").read_text())
+    assert config["data"]["guide"] == str(model / "selftrain.round1.align")
+    assert "init_from" not in config["extra"]
+    assert "weights of" not in (model / "train.log").read_text()
 
 
 def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):

@@ -65,8 +65,13 @@ from aligner.utils import check_condition, check_writable
 @click.option("--rounds", default=recipe.ROUNDS, show_default=True,
               type=click.IntRange(min=1),
               help="Self-training: after each round but the last, the round's own -H "
-                   "alignments of the bitext become the --guide of a model trained afresh "
-                   "(round 1 takes --guide, if given; 1 = one plain training).")
+                   "alignments of the bitext become the --guide of the next round, which "
+                   "fine-tunes the round's model (round 1 takes --guide, if given; 1 = one "
+                   "plain training).")
+@click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
+              show_default=True,
+              help="Self-training: each round after the first starts from the previous "
+                   "round's model (align train --init-from), or from new weights.")
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (as align train --agreement-weight): both directions "
@@ -93,7 +98,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
-            guide_weight: float, rounds: int, agreement_weight: float, epochs: int, max_updates: int,
+            guide_weight: float, rounds: int, fine_tune: bool, agreement_weight: float, epochs: int,
+            max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
@@ -102,7 +108,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
     directions, hmm-posterior alignments combined by -H soft-average, trained in two rounds of
-    one epoch (the second afresh, guided by the first round's alignments). Exactly one output line
+    one epoch (the second fine-tunes the first round's model, guided by the first round's
+    alignments). Exactly one output line
     per input line, in input order; a line with an empty side, or too long for the model, gets
     an empty line (and a warning).
     """
@@ -165,11 +172,14 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     seconds = {"training": 0.0, "alignment": 0.0}
     try:
         for round_number in range(1, rounds + 1):
+            init_dir = None
             if round_number > 1:  # the previous round's alignments guide this one
                 guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
                 train_config = dataclasses.replace(train_config, guide_weight=guide_weight)
-                logger.info("self-training round %d of %d, guided by %s", round_number,
-                            rounds, guide)
+                if fine_tune:  # its weights are the start: kept aside, the round rewrites
+                    init_dir = _keep_previous_round(model_dir)
+                logger.info("self-training round %d of %d, guided by %s%s", round_number,
+                            rounds, guide, ", from its model's weights" if fine_tune else "")
             train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
                             PrepConfig(bpe_merges=merges),
                             # pairs the model cannot take (subwords + EOS): skipped in training
@@ -178,7 +188,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                        guide=guide or ""),
                             train_config, overwrite=overwrite or round_number > 1,
                             quiet=quiet, argv=["align"] + sys.argv[1:],
-                            parallel_directions=parallel)
+                            parallel_directions=parallel, init_dir=init_dir)
+            if init_dir is not None:
+                shutil.rmtree(init_dir)
             trained = time.time()
             seconds["training"] += trained - start
             last = round_number == rounds
@@ -209,6 +221,28 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             score = score_aer(gold_rows[name], golds)
             click.echo(f"| {name} | {100 * score.aer:.1f} | {100 * score.precision:.1f} | "
                        f"{100 * score.recall:.1f} |", err=True)
+
+
+#: where `align run` keeps the previous round's model while the next round fine-tunes it
+PREVIOUS_ROUND_DIR = "previous_round"
+
+
+def _keep_previous_round(model_dir: str) -> str:
+    """Copy what the next round starts from (config, preprocessing, vocabularies, every
+    direction's best weights) to MODEL_DIR/previous_round; returns that directory."""
+    from aligner.model_dir import RUN_ENTRIES
+
+    kept = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
+    shutil.rmtree(kept, ignore_errors=True)
+    os.makedirs(kept)
+    for name in RUN_ENTRIES:
+        path = os.path.join(model_dir, name)
+        if name in C.DIRECTIONS:
+            os.makedirs(os.path.join(kept, name))
+            shutil.copy2(os.path.join(path, C.PARAMS_BEST), os.path.join(kept, name))
+        elif os.path.isfile(path):
+            shutil.copy2(path, kept)
+    return kept
 
 
 def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str,
