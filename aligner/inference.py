@@ -21,6 +21,7 @@ no line is ever dropped or shifted. This module returns objects and never writes
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -242,42 +243,69 @@ def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair]
                            options, progress)
 
 
+class DirectionWorkers:
+    """The two "spawn" worker processes of :func:`soft_alignments_by_direction` (one per
+    direction), started at first use and kept for every later call inside the ``with`` block:
+    `align extract` / `align run` start one pair for all the blocks of a corpus instead of a
+    pair per block. A SIGTERM inside the block stops the workers (utils.sigterm_raises)."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._signals = contextlib.ExitStack()
+
+    def __enter__(self) -> "DirectionWorkers":
+        self._signals.enter_context(sigterm_raises())  # `kill` of this process stops them too
+        return self
+
+    def pool(self) -> Any:
+        """The multiprocessing Pool of the two workers (started by the first call)."""
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("spawn").Pool(len(C.DIRECTIONS))
+        return self._pool
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        try:
+            if self._pool is not None:
+                if exc_type is not None:
+                    self._pool.terminate()
+                # close + join: the workers exit on their own (terminate leaks semaphores)
+                self._pool.close()
+                self._pool.join()
+        finally:
+            self._signals.close()
+
+
 def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
                                  pairs: Sequence[EncodedPair], directions: Sequence[str],
                                  method: str, max_tokens: Optional[int] = None,
                                  device: Optional[torch.device] = None,
                                  options: Optional[Dict[str, Any]] = None,
-                                 progress: bool = False, parallel: bool = False
+                                 progress: bool = False,
+                                 parallel: Union[bool, DirectionWorkers] = False
                                  ) -> Dict[str, List[np.ndarray]]:
     """:func:`soft_alignments` of every direction in `directions`: {direction: matrices}.
 
     ``parallel`` (the command line asks for it): on a CPU with two or more cores, both
     directions and at least :data:`PARALLEL_MIN_PAIRS` pairs, each direction runs in its own
     "spawn" process with half of this process's torch threads, as ``--parallel-directions``
-    trains them (small batched ops scale better over processes than over threads). The model
-    and the pairs are sent to the workers and the matrices come back in input order; values
-    equal the in-process ones to float rounding. Off in the Python API by default, where a
-    "spawn" process would re-run a script that has no ``if __name__ == "__main__"`` guard;
-    off under CPU autocast, which the workers would not inherit.
+    trains them (small batched ops scale better over processes than over threads): in the
+    workers of a :class:`DirectionWorkers` given as `parallel`, else in two started for this
+    call. The model and the pairs are sent to the workers and the matrices come back in input
+    order; values equal the in-process ones to float rounding. Off in the Python API by
+    default, where a "spawn" process would re-run a script that has no ``if __name__ ==
+    "__main__"`` guard; off under CPU autocast, which the workers would not inherit.
     """
     device = device or next(models[directions[0]].parameters()).device
     if (parallel and device.type == "cpu" and len(directions) == 2
             and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS
             and not torch.is_autocast_enabled("cpu")):
-        threads = max(1, torch.get_num_threads() // 2)
-        context = multiprocessing.get_context("spawn")
-        pool = context.Pool(len(directions))
-        with sigterm_raises():   # `kill` of this process stops the workers too
-            try:
-                results = pool.starmap(_soft_alignments_process, [
-                    (models[d], pairs, d, method, max_tokens, options, threads, progress)
-                    for d in directions])
-            except BaseException:
-                pool.terminate()
-                raise
-            finally:  # close + join: the workers exit on their own (terminate leaks semaphores)
-                pool.close()
-                pool.join()
+        with contextlib.ExitStack() as stack:
+            workers = (parallel if isinstance(parallel, DirectionWorkers)
+                       else stack.enter_context(DirectionWorkers()))
+            threads = max(1, torch.get_num_threads() // 2)
+            results = workers.pool().starmap(_soft_alignments_process, [
+                (models[d], pairs, d, method, max_tokens, options, threads, progress)
+                for d in directions])
         return dict(zip(directions, results))
     return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,
                                progress) for d in directions}
@@ -343,7 +371,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 threshold: float = DEFAULT_THRESHOLD,
-                progress: bool = False, parallel: bool = False) -> Dict[str, List[Set[Link]]]:
+                progress: bool = False, parallel: Union[bool, "DirectionWorkers"] = False
+                ) -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
@@ -385,7 +414,7 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
             threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
-            parallel: bool = False) -> List[Set[Link]]:
+            parallel: Union[bool, "DirectionWorkers"] = False) -> List[Set[Link]]:
     """Word-level source–target links per input line: one direction, or both symmetrized
     (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel`: see
     extract_all).

@@ -382,3 +382,37 @@ def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch)
             assert a.shape == b.shape == (len(pairs[k].src_ids), len(pairs[k].tgt_ids))
             np.testing.assert_allclose(a, b, atol=1e-5)
         assert not apart[direction][-1].any()
+
+
+def test_direction_workers_are_started_once_for_every_call_and_stopped_after(monkeypatch):
+    """DirectionWorkers (align extract / align run: one pair for all blocks): the same two
+    worker processes serve every call in the block, give the in-process matrices, and are
+    gone when the block ends."""
+    import os
+
+    from aligner import inference
+    from aligner.models.direct_hmm import DirectHMMConfig, FirstOrderHMM
+
+    monkeypatch.setattr(inference, "PARALLEL_MIN_PAIRS", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    seed_everything(0)
+    config = DirectHMMConfig(13, 13, d_model=16, n_heads=2, enc_layers=1, dec_layers=2,
+                             d_ff=32, max_positions=16, lexicon_activation="linear")
+    models = {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
+    generator = np.random.default_rng(1)
+    blocks = [[pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
+               for n, m in sizes] for sizes in ([(3, 4), (5, 2)], [(1, 1), (6, 6), (2, 5)])]
+    with inference.DirectionWorkers() as workers:
+        processes = []
+        for pairs in blocks:
+            apart = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                           "hmm-posterior", parallel=workers)
+            processes.append(sorted(p.pid for p in workers.pool()._pool))
+            alone = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                           "hmm-posterior")
+            for direction in C.DIRECTIONS:
+                for a, b in zip(alone[direction], apart[direction]):
+                    np.testing.assert_allclose(a, b, atol=1e-5)
+        workers_of_block = list(workers.pool()._pool)
+    assert len(processes[0]) == 2 and processes[0] == processes[1]
+    assert not any(process.is_alive() for process in workers_of_block)

@@ -174,7 +174,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
         if soft is None:   # block by block: the output grows, memory does not
-            with atomic_output(output) as out:
+            # one pair of direction workers for every block
+            with atomic_output(output) as out, inference.DirectionWorkers() as workers:
                 block_lines = inference.BLOCK_LINES
                 for block in bitext_blocks(bitext, block_lines, bitext.source_name,
                                            bitext.target_name):
@@ -183,7 +184,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                                     block.first_line + len(block) - 1, len(bitext))
                     alignments = extract(loaded, block, method, direction, heuristic,
                                          max_tokens, torch_device, options, threshold,
-                                         progress=not quiet, parallel=True)
+                                         progress=not quiet, parallel=workers)
                     out.writelines(format_links(links) + "\n" for links in alignments)
                     n_pairs += len(alignments)
                     n_links += sum(map(len, alignments))

@@ -275,6 +275,7 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
     size = len(bitext) if keep_soft else inference.BLOCK_LINES
     with contextlib.ExitStack() as stack:
         files = {name: stack.enter_context(atomic_output(path)) for name, path in paths.items()}
+        workers = stack.enter_context(inference.DirectionWorkers())   # one pair for all blocks
         for block in bitext_blocks(bitext, size, bitext.source_name, bitext.target_name):
             first = block.first_line - 1                 # 0-based input line of the block's 0
             pairs = inference.encode_bitext(loaded, block)
@@ -294,7 +295,7 @@ def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str
             if heuristic in C.SOFT_HEURISTICS or keep_soft:   # one pass, used twice
                 soft = inference.soft_alignments_by_direction(
                     loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device,
-                    options=options, progress=not quiet, parallel=True)
+                    options=options, progress=not quiet, parallel=workers)
                 if keep_soft:
                     kept.update({f"{d}_{first + k}": m for d in C.DIRECTIONS
                                  for k, m in enumerate(soft[d])})
