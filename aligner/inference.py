@@ -56,8 +56,10 @@ MAX_WARNINGS = 10
 #: two worker processes take a few seconds to start)
 PARALLEL_MIN_PAIRS = 1000
 #: the command line aligns a corpus in blocks of this many lines (aligner.formats.bitext_blocks),
-#: writing each block's lines before reading the next: memory does not grow with the corpus
-BLOCK_LINES = 50_000
+#: writing each block's lines before reading the next, with one pair of DirectionWorkers for
+#: all blocks: memory does not grow with the corpus (eval/results/memory_407k.md: 589 MiB peak
+#: for 25k and for 110k lines at 10,000; 653 / 1,096 MiB at 50,000 with workers per block)
+BLOCK_LINES = 10_000
 
 
 def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,

@@ -38,6 +38,10 @@ EPOCHS_PER_ROUND = 1
 #: --init-from) instead of training new weights: on en-fr 25k dev 8.0 against 8.4 (fwd / rev
 #: 14.9 / 13.8 against 15.9 / 14.8; eval/results/selftrain_finetune_enfr.md)
 FINE_TUNE_ROUNDS = True
+#: `align run`: weight of the guide term in a self-training round (the previous round's own
+#: alignments; --guide-weight, for another aligner's --guide, stays 1). With fine-tuned
+#: rounds on en-fr dev: 0.25 / 0.5 / 1 -> 7.9 / 7.6 / 8.0 (eval/results/selftrain_finetune_enfr.md)
+SELF_GUIDE_WEIGHT = 0.5
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
 THRESHOLD = 0.5

@@ -34,7 +34,8 @@ def test_the_recipe_is_pinned():
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.5)
-    assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS) == (2, 1, True)
+    assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
+            recipe.SELF_GUIDE_WEIGHT) == (2, 1, True, 0.5)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -168,14 +169,14 @@ def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
     model = tmp_path / "m"
     with restored_aligner_logger():
         result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2",
-                     "--guide-weight", "0.5", "--model-dir", model, *TINY)
+                     "--self-guide-weight", "0.25", "--model-dir", model, *TINY)
     assert "(2 self-training rounds)" in result.output
     guide = model / "selftrain.round1.align"
     round1 = read_pharaoh(str(guide))
     assert len(round1) == 12 and round1[5] == set() and sum(map(len, round1)) > 0
     import json
     config = json.loads((model / "config.json").read_text())
-    assert config["data"]["guide"] == str(guide) and config["training"]["guide_weight"] == 0.5
+    assert config["data"]["guide"] == str(guide) and config["training"]["guide_weight"] == 0.25
     assert (model / "corpus" / "guide.links.npy").exists()
     # round 2 fine-tuned round 1's model (align train --init-from, tests/test_init_from.py),
     # kept aside while round 2 rewrote the directory, removed afterwards

@@ -121,7 +121,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     warning. Input is tokenized text (the model applies its own BPE, and its tokenizer when it
     was trained with --tokenize). Options and outputs are checked before the model is loaded;
     -o and --soft are written only when everything is computed. A corpus is read and aligned
-    in blocks of 50,000 lines, so memory does not grow with it (except with --soft, whose
+    in blocks of 10,000 lines, so memory does not grow with it (except with --soft, whose
     file holds every matrix).
     """
     import os

@@ -68,6 +68,10 @@ from aligner.utils import check_condition, check_writable
                    "alignments of the bitext become the --guide of the next round, which "
                    "fine-tunes the round's model (round 1 takes --guide, if given; 1 = one "
                    "plain training).")
+@click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Weight of the guide term in a self-training round (the previous round's "
+                   "alignments as guide; --guide-weight is --guide's, in round 1).")
 @click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
               show_default=True,
               help="Self-training: each round after the first starts from the previous "
@@ -98,7 +102,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
-            guide_weight: float, rounds: int, fine_tune: bool, agreement_weight: float, epochs: int,
+            guide_weight: float, rounds: int, self_guide_weight: float,
+            fine_tune: bool, agreement_weight: float, epochs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
@@ -175,7 +180,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             init_dir = None
             if round_number > 1:  # the previous round's alignments guide this one
                 guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
-                train_config = dataclasses.replace(train_config, guide_weight=guide_weight)
+                train_config = dataclasses.replace(train_config, guide_weight=self_guide_weight)
                 if fine_tune:  # its weights are the start: kept aside, the round rewrites
                     init_dir = _keep_previous_round(model_dir)
                 logger.info("self-training round %d of %d, guided by %s%s", round_number,
