@@ -35,7 +35,7 @@ def test_the_recipe_is_pinned():
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.5)
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
-            recipe.SELF_GUIDE_WEIGHT) == (2, 1, True, 0.5)
+            recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS) == (2, 1, True, 0.5, 2)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -215,3 +215,19 @@ def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned
     # progress bars: the hard-link pass covered the 5 gold lines, the soft pass the 27 usable
     bars = result.stderr.replace("\r", "\n")
     assert "5/5" in bars and "27/27" in bars
+
+
+def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
+    """Round 1 trains --epochs, a fine-tuned round --fine-tune-epochs (no --max-updates)."""
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    model = tmp_path / "m"
+    assert TINY[:2] == ["--max-updates", "3"]
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2", "--epochs", "1",
+            "--fine-tune-epochs", "3", "--model-dir", model, *TINY[2:])
+    import json
+    config = json.loads((model / "config.json").read_text())
+    assert config["training"]["max_epochs"] == 3 and config["training"]["max_updates"] == 0
+    header, *rows = (model / "fwd" / "metrics.tsv").read_text().splitlines()
+    assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3

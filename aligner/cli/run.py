@@ -82,7 +82,11 @@ from aligner.utils import check_condition, check_writable
                    "train together, pulled towards the same alignment (0 = apart).")
 @click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
               type=click.IntRange(min=1),
-              help="Training passes over the bitext per direction and round.")
+              help="Training passes over the bitext per direction in round 1 (and in every "
+                   "round with --afresh).")
+@click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
+              type=click.IntRange(min=1),
+              help="Training passes over the bitext per direction in a fine-tuned round.")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop each direction after this many updates (0 = --epochs decides).")
 @click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
@@ -103,7 +107,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, rounds: int, self_guide_weight: float,
-            fine_tune: bool, agreement_weight: float, epochs: int,
+            fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
@@ -112,11 +116,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average, trained in two rounds of
-    one epoch (the second fine-tunes the first round's model, guided by the first round's
-    alignments). Exactly one output line
-    per input line, in input order; a line with an empty side, or too long for the model, gets
-    an empty line (and a warning).
+    directions, hmm-posterior alignments combined by -H soft-average, trained in two rounds: one
+    epoch, then two epochs fine-tuning that model, guided by its own alignments of the bitext
+    (self-training). Exactly one output line per input line, in input order; a line with an
+    empty side, or too long for the model, gets an empty line (and a warning).
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
@@ -183,6 +186,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 train_config = dataclasses.replace(train_config, guide_weight=self_guide_weight)
                 if fine_tune:  # its weights are the start: kept aside, the round rewrites
                     init_dir = _keep_previous_round(model_dir)
+                    if not max_updates:
+                        train_config = dataclasses.replace(train_config,
+                                                           max_epochs=fine_tune_epochs)
                 logger.info("self-training round %d of %d, guided by %s%s", round_number,
                             rounds, guide, ", from its model's weights" if fine_tune else "")
             train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
