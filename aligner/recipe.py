@@ -3,10 +3,11 @@
 One place for it, so that changing the recipe is one deliberate commit (tests/test_run.py pins
 these values). Sources: eval/results/enfr_hmm1.md (hmm1 on en-fr 25k Hansards, hmm-posterior
 with -H soft-average, sizes and schedule) and eval/results/linear_lexicon.md (the linear
-lexicon: 2.5x the training speed, better alignments at equal updates); the whole job with
-these defaults (`align run` on the 25k corpus, 2 CPU cores): 14 minutes, 7.9–8.4 % AER on
-WPT03 dev over two runs, eflomal 7.1–8.3 depending on its seed (eval/results/whole_job_enfr.md,
-quality.md).
+lexicon: 2.5x the training speed, better alignments at equal updates), and
+eval/results/selftrain_finetune_enfr.md (self-training: round 2 fine-tunes round 1's model);
+the whole job with these defaults (`align run` on the 25k corpus, 2 CPU cores): 16.4 minutes,
+7.0 % AER on WPT03 dev, eflomal 7.1–7.7 over four runs of the same day
+(eval/results/whole_job_enfr.md, quality.md).
 """
 from __future__ import annotations
 
