@@ -7,23 +7,15 @@ import re
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from aligner import constants as C
-from aligner.cli import main
 from aligner.formats import read_pharaoh
+from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--model", "transformer", "--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
         "--lr", "3e-3", "--checkpoint-interval", "2", "-q"]
-
-
-def run(*args, ok=True):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, (result.output, result.exception)
-    return result
 
 
 @pytest.fixture
@@ -33,15 +25,6 @@ def corpus(tmp_path):
     vsrc, vtgt, vgold = write_corpus(tmp_path, "valid", sources[:6], targets[:6], golds[:6])
     return dict(src=src, tgt=tgt, gold=gold, vsrc=vsrc, vtgt=vtgt, vgold=vgold,
                 sources=sources, targets=targets)
-
-
-def error_line(result) -> str:
-    """The one 'align: error: ...' line (and nothing like a traceback)."""
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("align: error:")]
-    assert len(lines) == 1, result.output
-    return lines[0]
 
 
 def test_round_trip_train_extract_symmetrize_score(tmp_path, corpus):

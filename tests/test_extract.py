@@ -349,9 +349,9 @@ def test_soft_average_with_soft_output_computes_the_matrices_once(tmp_path):
     assert len(finished) == 2, finished
 
 
-def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch):
-    """parallel=True: each direction in its own spawn process; same matrices, input order,
-    and a zero matrix for the pair that cannot be aligned."""
+def tiny_models_in_two_processes(monkeypatch):
+    """Two seeded tiny hmm1 models (fwd, rev), with `parallel` allowed for any number of pairs
+    on a machine that looks like two cores."""
     import os
 
     from aligner import inference
@@ -362,7 +362,15 @@ def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch)
     seed_everything(0)
     config = DirectHMMConfig(13, 13, d_model=16, n_heads=2, enc_layers=1, dec_layers=2,
                              d_ff=32, max_positions=16, lexicon_activation="linear")
-    models = {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
+    return {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
+
+
+def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch):
+    """parallel=True: each direction in its own spawn process; same matrices, input order,
+    and a zero matrix for the pair that cannot be aligned."""
+    from aligner import inference
+
+    models = tiny_models_in_two_processes(monkeypatch)
     generator = np.random.default_rng(0)
     pairs = [pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
              for n, m in [(3, 4), (5, 2), (1, 1), (6, 6), (2, 5)]] + [pair([], [5, 6])]
@@ -388,17 +396,9 @@ def test_direction_workers_are_started_once_for_every_call_and_stopped_after(mon
     """DirectionWorkers (align extract / align run: one pair for all blocks): the same two
     worker processes serve every call in the block, give the in-process matrices, and are
     gone when the block ends."""
-    import os
-
     from aligner import inference
-    from aligner.models.direct_hmm import DirectHMMConfig, FirstOrderHMM
 
-    monkeypatch.setattr(inference, "PARALLEL_MIN_PAIRS", 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    seed_everything(0)
-    config = DirectHMMConfig(13, 13, d_model=16, n_heads=2, enc_layers=1, dec_layers=2,
-                             d_ff=32, max_positions=16, lexicon_activation="linear")
-    models = {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
+    models = tiny_models_in_two_processes(monkeypatch)
     generator = np.random.default_rng(1)
     blocks = [[pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
                for n, m in sizes] for sizes in ([(3, 4), (5, 2)], [(1, 1), (6, 6), (2, 5)])]

@@ -4,9 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from aligner.cli import main
 from aligner.formats import GoldAlignment, read_pharaoh
 from aligner.guide import check_guides, guide_matrix, subword_links
 from aligner.metrics import score_aer
@@ -14,6 +12,7 @@ from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger
+from cli_runner import run
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _batch, _model
 
@@ -121,13 +120,6 @@ TINY = ["--bpe-merges", "0", "--d-model", "32", "--heads", "2", "--encoder-layer
         "--decoder-layers", "2", "--ff-dim", "64", "--max-tokens", "300", "--warmup", "5",
         "--lr", "3e-3", "--max-updates", "60", "--max-epochs", "0", "--checkpoint-interval", "60",
         "--directions", "fwd", "--dropout", "0", "-q"]
-
-
-def run(*args, ok=True):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, (result.output, result.exception)
-    return result
 
 
 @pytest.fixture(scope="module")

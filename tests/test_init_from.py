@@ -6,30 +6,14 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from aligner import constants as C
-from aligner.cli import main
+from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--model", "hmm1", "--bpe-merges", "20", "--d-model", "16", "--heads", "2",
         "--encoder-layers", "1", "--decoder-layers", "1", "--ff-dim", "32",
         "--max-tokens", "200", "--warmup", "2", "--lr", "3e-3", "--threads", "1", "-q"]
-
-
-def run(*args, ok=True):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, (result.output, result.exception)
-    return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("align: error:")]
-    assert len(lines) == 1, result.output
-    return lines[0]
 
 
 def weights(model_dir, direction="fwd"):

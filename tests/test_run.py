@@ -3,24 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from aligner import recipe
-from aligner.cli import main
 from aligner.formats import read_pharaoh
 from conftest import restored_aligner_logger
+from cli_runner import run
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--max-updates", "3", "-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1",
         "-M", "dec_layers=1", "-M", "d_ff=32", "-M", "max_positions=12", "-M",
         "lexicon_sample=0", "--bpe-merges", "0", "--threads", "1", "-q"]
-
-
-def run(*args, ok=True):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, (result.output, result.exception)
-    return result
 
 
 def test_the_recipe_is_pinned():
