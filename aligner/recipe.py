@@ -6,7 +6,7 @@ with -H soft-average, sizes and schedule) and eval/results/linear_lexicon.md (th
 lexicon: 2.5x the training speed, better alignments at equal updates), and
 eval/results/selftrain_finetune_enfr.md (self-training: round 2 fine-tunes round 1's model);
 the whole job with these defaults (`align run` on the 25k corpus, 2 CPU cores): 16.4 minutes,
-7.0 % AER on WPT03 dev, eflomal 7.1–7.7 over four runs of the same day
+7.0 % AER on WPT03 dev, eflomal 7.1–7.8 over five runs of the same day
 (eval/results/whole_job_enfr.md, quality.md).
 """
 from __future__ import annotations
