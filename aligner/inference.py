@@ -186,20 +186,25 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
     return results
 
 
-def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str) -> np.ndarray:
+def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
+                 renormalize: bool = True) -> np.ndarray:
     """Word-level soft alignment (source words, target words) of one pair.
 
     scores (I+1, J+1): the model's scores in its own orientation (rows = decoder positions).
     Each real decoder subword's row is renormalized over the real encoder subwords (negative
     scores count as 0); a word's row is the mean of its subwords' rows, summed within each
     word of the other side. So for fwd every target word's column sums to 1 over the source
-    words, for rev every source word's row sums to 1 over the target words.
+    words, for rev every source word's row sums to 1 over the target words. Without
+    ``renormalize`` (a model whose rows sum to p(aligned), ``scores_leave_unaligned_mass``)
+    the rows are taken as they are: a column (fwd) / row (rev) sums to p(word aligned).
     """
     enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
                             else (pair.tgt_word_index, pair.src_word_index))
     rows = np.clip(scores[:len(dec_words), :len(enc_words)].astype(np.float64), 0.0, None)
-    totals = rows.sum(axis=1, keepdims=True)
-    rows = np.where(totals > 0, rows / np.where(totals > 0, totals, 1.0), 1.0 / len(enc_words))
+    if renormalize:
+        totals = rows.sum(axis=1, keepdims=True)
+        rows = np.where(totals > 0, rows / np.where(totals > 0, totals, 1.0),
+                        1.0 / len(enc_words))
     n_dec, n_enc = max(dec_words) + 1, max(enc_words) + 1
     by_enc_word = np.zeros((len(dec_words), n_enc))
     np.add.at(by_enc_word.T, np.asarray(enc_words), rows.T)       # sum within encoder words
@@ -223,6 +228,7 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     """
     options = options or {}
     model.eval()
+    renormalize = not getattr(model, "scores_leave_unaligned_mass", False)
     results = [np.zeros((max(p.src_word_index, default=-1) + 1,
                          max(p.tgt_word_index, default=-1) + 1), dtype=np.float32)
                for p in pairs]
@@ -231,7 +237,7 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
         scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
                                         **options).float().cpu().numpy()
         for row, k in enumerate(indices):
-            results[k] = _word_matrix(scores[row], pairs[k], direction)
+            results[k] = _word_matrix(scores[row], pairs[k], direction, renormalize)
     return results
 
 

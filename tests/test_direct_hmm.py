@@ -116,7 +116,7 @@ def test_hmm0_loss_equals_explicit_mixture_sum():
     src, tgt_in, tgt_out = _batch(PAIRS)
     loss, n_tokens = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
     with torch.no_grad():
-        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out, 0.1)
+        log_alpha, log_lexicon, _ = model.scores(src, tgt_in, tgt_out, 0.1)
     expected = 0.0
     for b, (source, target) in enumerate(PAIRS):
         for i in range(len(target) + 1):
@@ -140,7 +140,7 @@ def test_hmm0_posterior_is_bayes_rule_over_alignment_and_lexicon():
     model = _model(ZeroOrderHMM)
     src, tgt_in, tgt_out = _batch(PAIRS)
     posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
-    log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+    log_alpha, log_lexicon, _ = model.scores(src, tgt_in, tgt_out)
     joint = (log_alpha + log_lexicon).exp()
     assert torch.allclose(posterior, joint / joint.sum(-1, keepdim=True), atol=1e-5)
 
@@ -187,7 +187,7 @@ def _paths(model, pair):
     """All alignment paths of one pair with their log p(path, e) from the model's own scores."""
     src, tgt_in, tgt_out = _batch([pair])
     with torch.no_grad():
-        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+        log_alpha, log_lexicon, _ = model.scores(src, tgt_in, tgt_out)
     steps, states = tgt_out.size(1), src.size(1)
     scores = {}
     for path in itertools.product(range(states), repeat=steps):
@@ -547,7 +547,7 @@ def test_hmm1_posterior_by_forward_backward_equals_autograd_of_log_z():
     model = _model(FirstOrderHMM)
     src, tgt_in, tgt_out = _batch(LONG_PAIRS)
     with torch.no_grad():
-        log_alpha, log_lexicon = model.scores(src, tgt_in, tgt_out)
+        log_alpha, log_lexicon, _ = model.scores(src, tgt_in, tgt_out)
     emission = log_lexicon.clone().requires_grad_(True)
     expected = torch.autograd.grad(model.log_z(log_alpha, emission, src, tgt_out).sum(),
                                    emission)[0]
@@ -607,3 +607,105 @@ def test_first_order_scores_equal_the_key_side_formula():
         torch.testing.assert_close(layer(s_prev, memory, mask), want, atol=1e-5, rtol=1e-5)
         probs = layer.log_probs(queries, None, layer.keys(memory), mask, log=False)
     torch.testing.assert_close(probs, want.exp(), atol=1e-6, rtol=1e-5)
+
+
+# -- the empty word (config.null_word) ---------------------------------------------------------
+
+def _null_model(cls, gate_bias: float = 0.0, seed: int = 0):
+    """A model with the empty word whose gate starts at p0 = σ(gate_bias) for every word (the
+    gate's weight gets small random values, so p0 also varies with the position)."""
+    model = _model(cls, seed=seed, null_word=True)
+    with torch.no_grad():
+        model.null_gate.bias.fill_(gate_bias)
+        model.null_gate.weight.normal_(0.0, 0.5)
+    return model
+
+
+def test_empty_word_emission_is_the_gated_mixture_of_the_lexicon_and_the_empty_words():
+    """emission(i, j) = log((1 − p0_i)·p_lex(e_i|j) + p0_i·p_lex(e_i|∅)), all three pieces
+    recomputed from the model's parameters by hand (the relu lexicon, whole vocabulary)."""
+    model = _null_model(FirstOrderHMM)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        _, emission, link = model.scores(src, tgt_in, tgt_out)
+        _, source_hidden, target_hidden = model.decode(src, tgt_in)
+        p0 = torch.sigmoid(model.null_gate(target_hidden))                       # (B, I+1, 1)
+
+        def lexicon(source):                                                     # (B, I+1, J')
+            logits = model.lexicon(F.relu(source[:, None] + target_hidden[:, :, None]))
+            log_probs = torch.log_softmax(logits, -1)
+            return log_probs.gather(-1, tgt_out[:, :, None, None].expand(
+                -1, -1, source.size(1), 1)).squeeze(-1)
+        by_position = lexicon(source_hidden).exp()
+        empty = lexicon(model.null_source.expand(len(PAIRS), 1, -1)).exp()       # (B, I+1, 1)
+    assert torch.allclose(link.exp(), (1 - p0) * by_position, atol=1e-6)
+    assert torch.allclose(emission.exp(), (1 - p0) * by_position + p0 * empty, atol=1e-6)
+
+
+def test_empty_word_with_a_closed_gate_is_the_model_without_it():
+    """p0 → 0: loss, posteriors and translation probabilities of the plain model."""
+    plain = _model(FirstOrderHMM)
+    gated = _model(FirstOrderHMM, null_word=True)
+    missing = gated.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == ["null_gate.bias", "null_gate.weight", "null_source"]
+    with torch.no_grad():
+        gated.null_gate.bias.fill_(-60.0)
+    batch = _batch(PAIRS)
+    assert gated.loss(*batch)[0].item() == pytest.approx(plain.loss(*batch)[0].item(), rel=1e-6)
+    assert torch.allclose(gated.alignment_scores(*batch, "hmm-posterior"),
+                          plain.alignment_scores(*batch, "hmm-posterior"), atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hmm1_empty_word_posterior_equals_brute_force_over_paths(seed):
+    """log Z = log Σ_paths p(path, e) with the mixed emission; the link posterior
+    γ_link(i, j) = Σ_{paths through j at i} p(path | e) · (1 − p0_i)·p_lex(e_i|j) / p(e_i|j)
+    — from extraction's forward–backward and from training's autograd (guide, agreement)."""
+    model = _null_model(FirstOrderHMM, seed=seed)
+    pair = ([4, 5], [7, 8, 9])                     # 3 states, 4 target positions: 81 paths
+    batch = _batch([pair])
+    with torch.no_grad():
+        log_alpha, emission, link = model.scores(*batch)
+    share = (link - emission).exp()[0]                                           # (I+1, J+1)
+    paths = {}
+    for path in itertools.product(range(3), repeat=4):
+        score = log_alpha[0, 0, 0, path[0]] + emission[0, 0, path[0]]
+        for i in range(1, 4):
+            score = score + log_alpha[0, i, path[i - 1] + 1, path[i]] + emission[0, i, path[i]]
+        paths[path] = score.item()
+    log_z = math.log(sum(math.exp(s) for s in paths.values()))
+    expected = torch.zeros(4, 3)
+    for path, score in paths.items():
+        for i, j in enumerate(path):
+            expected[i, j] += math.exp(score - log_z) * share[i, j]
+    assert model.loss(*batch)[0].item() == pytest.approx(-log_z, rel=1e-5)
+    with torch.no_grad():
+        extracted = model.alignment_scores(*batch, "hmm-posterior")[0]
+    trained = model.training_terms(*batch, posterior=True)[2].exp()[0].detach()
+    assert torch.allclose(extracted, expected, atol=1e-5)
+    assert torch.allclose(trained, expected, atol=1e-5)
+    assert torch.all(expected.sum(-1) < 0.999)     # a share of every word goes to the empty word
+
+
+def test_hmm0_empty_word_posterior_is_bayes_rule_with_the_link_share():
+    model = _null_model(ZeroOrderHMM)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        log_alpha, emission, link = model.scores(src, tgt_in, tgt_out)
+        posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    marginal = (log_alpha + emission).exp().sum(-1, keepdim=True)
+    assert torch.allclose(posterior, (log_alpha + link).exp() / marginal, atol=1e-6)
+    trained = model.training_terms(src, tgt_in, tgt_out, posterior=True)[2].exp().detach()
+    assert torch.allclose(trained.masked_fill(src.eq(PAD_ID)[:, None, :], 0.0), posterior,
+                          atol=1e-6)
+
+
+def test_hmm1_viterbi_leaves_words_the_empty_word_emitted_unaligned():
+    """Gate wide open (p0 ≈ 1): every real target word is unaligned; nearly shut: none is."""
+    batch = _batch(PAIRS)
+    target_words = batch[2].ne(PAD_ID) & batch[2].ne(EOS_ID)
+    for bias, unaligned in ((40.0, True), (-40.0, False)):
+        model = _null_model(FirstOrderHMM, gate_bias=bias)
+        with torch.no_grad():
+            path = model.alignment_path(*batch, "hmm-viterbi")
+        assert torch.all(path.masked_select(target_words).eq(-1) == unaligned)

@@ -283,6 +283,21 @@ def test_soft_alignments_by_hand():
     assert soft_alignments(model, [empty], "fwd", "fixed")[0].shape == (0, 2)
 
 
+def test_soft_alignments_keep_the_unaligned_mass_of_a_model_with_an_empty_word():
+    """scores_leave_unaligned_mass: rows are not renormalized, so a target word's column sums
+    to its probability of being aligned (the EOS column, the empty word's share, is dropped)."""
+    from aligner.inference import soft_alignments
+
+    table = [[0.1, 0.1, 0.2, 0.6], [0.0, 0.2, 0.2, 0.6], [0.3, 0.1, 0.0, 0.6], [0.25] * 4]
+    model = FixedScores(table)
+    model.scores_leave_unaligned_mass = True
+    fwd_pair = pair([5, 6, 7], [8, 9, 10], [0, 1, 1], [0, 0, 1])
+    (matrix,) = soft_alignments(model, [fwd_pair], "fwd", "fixed")
+    # target word 0 = subwords 0, 1: mean of their rows; source word 1 = subwords 1, 2
+    assert np.allclose(matrix, [[0.05, 0.3], [0.35, 0.1]])
+    assert np.allclose(matrix.sum(axis=0), [0.4, 0.4])
+
+
 @pytest.mark.parametrize("heuristic", ["grow-diag", "soft-average"])
 def test_extract_shows_a_progress_bar_per_direction_unless_quiet(tmp_path, heuristic):
     from click.testing import CliRunner

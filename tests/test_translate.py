@@ -407,3 +407,21 @@ def test_a_trained_markov_model_translates_word_by_word_with_diagonal_alignments
     # one link per output word; attention (transformer) is a noisier aligner than the HMM
     assert len(links) == sum(len(r.words) for r in results)
     assert diagonal / len(links) >= (0.95 if kind == "hmm0" else 0.8), (diagonal, len(links))
+
+
+@pytest.mark.parametrize("kind", ["hmm0", "hmm1"])
+def test_decoding_with_the_empty_word_equals_the_full_models_sequence_log_prob(kind):
+    """With the empty word (p0 ≈ 0.5 and varying by position) each step's distribution and
+    hmm1's forward state include it: the sum of the steps is the training loss's log Z."""
+    torch.manual_seed(1)
+    model = build_model(kind, dict(src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, d_model=16,
+                                   n_heads=2, enc_layers=1, dec_layers=2, d_ff=32,
+                                   dropout=0.0, max_positions=40, null_word=True)).eval()
+    with torch.no_grad():
+        model.null_gate.bias.fill_(0.0)
+        model.null_gate.weight.normal_(0.0, 0.5)
+    src = sources([5, 6, 7, 8], [9, 10])
+    hypotheses = beam_search(model, src, [7, 6], beam=3, len_penalty=1.0)
+    for row, hypothesis in enumerate(hypotheses):
+        expected = full_log_prob(model, src[row], hypothesis.tokens, True)
+        assert hypothesis.log_prob == pytest.approx(expected, abs=1e-4)

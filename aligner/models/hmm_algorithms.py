@@ -101,19 +101,27 @@ def zero_order_log_likelihood(log_alignment: torch.Tensor, log_emission: torch.T
 
 
 def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor,
-                         source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         source_mask: Optional[torch.Tensor] = None,
+                         log_link: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Zero-order posterior p(b_i = j | e_i) ∝ α(j | i) · p_lex(e_i | j), (B, I, J).
 
-    Sums to 1 over real source positions j; exactly 0 at padded ones.
+    Sums to 1 over real source positions j; exactly 0 at padded ones. ``log_link`` (B, I, J):
+    the part of each emission that counts as a link (an emission that mixes in an empty word,
+    aligner/models/direct_hmm.py): then α(j|i)·exp(log_link) / Σ_j' α(j'|i)·p(e_i|j'), rows
+    summing to p(e_i aligned).
     """
-    return torch.softmax(_zero_order_joint(log_alignment, log_emission, source_mask), dim=-1)
+    return zero_order_log_posterior(log_alignment, log_emission, source_mask, log_link).exp()
 
 
 def zero_order_log_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor,
-                             source_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                             source_mask: Optional[torch.Tensor] = None,
+                             log_link: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log of :func:`zero_order_posterior`, (B, I, J) (about -1e30 at padded positions)."""
-    return torch.log_softmax(_zero_order_joint(log_alignment, log_emission, source_mask),
-                             dim=-1)
+    joint = _zero_order_joint(log_alignment, log_emission, source_mask)
+    if log_link is None:
+        return torch.log_softmax(joint, dim=-1)
+    link = _zero_order_joint(log_alignment, log_link, source_mask)
+    return link - torch.logsumexp(joint, dim=-1, keepdim=True)
 
 
 def forward_step(forward: torch.Tensor, log_transition: torch.Tensor) -> torch.Tensor:
