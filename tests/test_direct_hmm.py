@@ -436,9 +436,11 @@ def test_chunked_lexicon_backward_passes_gradcheck(with_bias):
     assert torch.autograd.gradcheck(function, inputs)
 
 
-@pytest.mark.parametrize("kind", ["hmm0", "hmm1"])
-def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind):
-    """`align train --model hmmK -M ...` then `align extract` of each method, both directions."""
+@pytest.mark.parametrize("kind,null_word", [("hmm0", "false"), ("hmm1", "false"),
+                                            ("hmm1", "true")])
+def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, null_word):
+    """`align train --model hmmK -M ...` then `align extract` of each method, both directions
+    (and with the empty word)."""
     import json
 
     from click.testing import CliRunner
@@ -460,9 +462,11 @@ def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind):
     run("train", "-s", src, "-t", tgt, "-o", model, "--model", kind, "--bpe-merges", "10",
         "--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers", "2",
         "--ff-dim", "32", "--max-tokens", "200", "--max-updates", "2", "--warmup", "1", "-q",
-        "-M", "lexicon_chunk=2", "-M", "lexicon_sample=8", "-M", "lexicon_dim=8")
+        "-M", "lexicon_chunk=2", "-M", "lexicon_sample=8", "-M", "lexicon_dim=8",
+        "-M", f"null_word={null_word}")
     config = json.loads((model / "config.json").read_text())
     assert config["models"]["fwd"]["lexicon_chunk"] == 2
+    assert config["models"]["rev"]["null_word"] == (null_word == "true")
     assert config["models"]["rev"]["lexicon_dim"] == 8
     for method in MODELS[kind].METHODS:
         for direction in ("fwd", "rev", "both"):
