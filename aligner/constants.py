@@ -30,5 +30,9 @@ HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-f
 DEFAULT_HEURISTIC = "grow-diag"
 # Combine the two directions' soft alignments instead of their links (aligner.soft_symmetrize).
 SOFT_HEURISTICS = ("soft-average",)
+#: config.json ``extra`` key where `align run` records the -H and --threshold of its output
+#: ({"symmetrize": ..., "threshold": ...}): `align extract` takes them as its defaults for that
+#: model directory, so that it gives the same links on the same text
+ALIGN_RUN_SETTINGS = "align_run"
 
 DEFAULT_SEED = 1

@@ -25,9 +25,10 @@ def test_the_recipe_is_pinned():
     assert recipe.TRAINING == dict(lr=3e-3, warmup=150, max_tokens=1200, label_smoothing=0.1,
                                    clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
-        (2, "hmm-posterior", "soft-average", 0.5)
+        (2, "hmm-posterior", "soft-average", 0.55)
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
-            recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS) == (2, 1, True, 0.5, 2)
+            recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS,
+            recipe.SELF_GUIDE_THRESHOLD) == (3, 1, True, 0.5, 2, 0.5)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -223,3 +224,35 @@ def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
     assert config["training"]["max_epochs"] == 3 and config["training"]["max_updates"] == 0
     header, *rows = (model / "fwd" / "metrics.tsv").read_text().splitlines()
     assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3
+
+
+def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_threshold(
+        tmp_path):
+    """Round 1's guide is soft-average at --self-guide-threshold of round 1's matrices (round 1
+    of a 2-round run is the 1-round run with the same seed); the output is at --threshold,
+    which the model directory records for align extract (no flags: the same links)."""
+    from aligner.soft_symmetrize import soft_average
+
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o1", "--rounds", "1", "--soft",
+            tmp_path / "r1.npz", "--model-dir", tmp_path / "m1", *TINY)
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o2", "--rounds", "2",
+            "--self-guide-threshold", "0.3", "--threshold", "0.7", "--model-dir",
+            tmp_path / "m2", *TINY)
+    matrices = np.load(tmp_path / "r1.npz")
+    expected = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], 0.3)
+                for k in range(12)]
+    guide = read_pharaoh(str(tmp_path / "m2" / "selftrain.round1.align"))
+    assert guide == expected
+    assert guide != [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], 0.7)
+                     for k in range(12)]
+    import json
+    config = json.loads((tmp_path / "m2" / "config.json").read_text())
+    assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.7}
+    run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
+    assert (tmp_path / "x").read_text() == (tmp_path / "o2").read_text()
+    run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x5",
+        "-H", "soft-average", "--threshold", "0.5", "-q")
+    assert (tmp_path / "x5").read_text() != (tmp_path / "o2").read_text()

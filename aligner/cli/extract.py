@@ -79,13 +79,15 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                                       "symmetrized. Output is always source-target.")
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)), default=None,
-              help=f"Heuristic for --direction both [default: the model kind's best: "
+              help=f"Heuristic for --direction both [default: align run's, for its model "
+                   f"directories; else the model kind's best: "
                    f"soft-average for hmm0/hmm1, {C.DEFAULT_HEURISTIC} for the others]. The Moses "
                    f"heuristics combine the two directions' links; soft-average links (i, j) "
                    f"when the mean of the two directions' word-level probabilities (as "
                    f"written by --soft) exceeds --threshold.")
 @click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
-              help="Probability threshold of -H soft-average  [default: 0.5]")
+              help="Probability threshold of -H soft-average  [default: the one align run "
+                   "aligned with, for its model directories; else 0.5]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -169,8 +171,12 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
-    heuristic = heuristic or next(iter(loaded.models.values())).BEST_HEURISTIC
-    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
+    recorded = loaded.config.extra.get(C.ALIGN_RUN_SETTINGS, {})   # a model of align run
+    heuristic = (heuristic or recorded.get("symmetrize")
+                 or next(iter(loaded.models.values())).BEST_HEURISTIC)
+    if threshold is None:
+        threshold = (recorded["threshold"] if heuristic == recorded.get("symmetrize")
+                     and "threshold" in recorded else DEFAULT_THRESHOLD)
     n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
         if soft is None:   # block by block: the output grows, memory does not

@@ -42,7 +42,12 @@ from aligner.utils import check_condition, check_writable
               default=recipe.HEURISTIC, show_default=True, help="How to combine the directions.")
 @click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
               default=recipe.THRESHOLD, show_default=True,
-              help="Probability threshold of -H soft-average.")
+              help="Probability threshold of -H soft-average (the output; recorded in the "
+                   "model directory as align extract's default).")
+@click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
+              default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
+              help="Threshold of -H soft-average for the alignments that guide the next "
+                   "self-training round.")
 @click.option("--shortlist", default=0, show_default=True, type=click.IntRange(min=0),
               help="Normalize the lexicon over this many most frequent words (and the "
                    "sentence's) instead of the vocabulary: faster, approximate (0 = exact; "
@@ -103,7 +108,8 @@ from aligner.utils import check_condition, check_writable
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
-            heuristic: str, threshold: float, shortlist: int, model_dir: Optional[str],
+            heuristic: str, threshold: float, self_guide_threshold: float, shortlist: int,
+            model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, rounds: int, self_guide_weight: float,
@@ -116,9 +122,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average, trained in two rounds: one
-    epoch, then two epochs fine-tuning that model, guided by its own alignments of the bitext
-    (self-training). Exactly one output line per input line, in input order; a line with an
+    directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds:
+    one epoch, then twice two epochs fine-tuning the previous round's model, guided by its own
+    alignments of the bitext (self-training). Exactly one output line per input line, in input order; a line with an
     empty side, or too long for the model, gets an empty line (and a warning).
     """
     from aligner.cli.extract import write_results
@@ -199,7 +205,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                        guide=guide or ""),
                             train_config, overwrite=overwrite or round_number > 1,
                             quiet=quiet, argv=["align"] + sys.argv[1:],
-                            parallel_directions=parallel, init_dir=init_dir)
+                            parallel_directions=parallel, init_dir=init_dir,
+                            extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic,
+                                                        "threshold": threshold}})
             if init_dir is not None:
                 shutil.rmtree(init_dir)
             trained = time.time()
@@ -209,8 +217,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                        else {heuristic: os.path.join(model_dir,
                                                      f"selftrain.round{round_number}.align")})
             gold_rows, matrices, links = _align_bitext(
-                model_dir, bitext, torch_device, shortlist, heuristic, threshold, outputs,
-                gold_lines, keep_soft=last and soft is not None, quiet=quiet)
+                model_dir, bitext, torch_device, shortlist, heuristic,
+                threshold if last else self_guide_threshold, outputs, gold_lines,
+                keep_soft=last and soft is not None, quiet=quiet)
             if matrices is not None:
                 write_results(output, matrices.pop("alignments"), soft, matrices)
             start = time.time()
