@@ -109,7 +109,8 @@ class Aligner:
     def align(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
               method: Optional[str] = None, direction: str = "both",
               heuristic: Optional[str] = None, return_probabilities: bool = False,
-              max_tokens: Optional[int] = None, threshold: float = 0.5, **method_options: Any
+              max_tokens: Optional[int] = None, threshold: Optional[float] = None,
+              **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -119,8 +120,10 @@ class Aligner:
         direction: "fwd", "rev" or "both" (both directions, combined by `heuristic`, one of
             intersect, union, grow-diag, grow-diag-final, grow-diag-final-and, or
             soft-average: links where the mean of the two directions' probabilities exceeds
-            `threshold`; see aligner.soft_symmetrize). Default: the model kind's best, as
-            ``align extract`` (soft-average for hmm0/hmm1, grow-diag for the others).
+            `threshold`; see aligner.soft_symmetrize). Defaults as ``align extract``: what
+            ``align run`` aligned with, for a model directory it trained; else the model
+            kind's best heuristic (soft-average for hmm0/hmm1, grow-diag for the others) and
+            threshold 0.5.
         max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
@@ -130,7 +133,8 @@ class Aligner:
         tuple ``(links, probabilities)`` where ``probabilities`` maps each direction used
         ("fwd" and/or "rev") to a float32 array of shape (source words, target words): the
         method's word-level soft alignment (for "fwd" every target column sums to 1 over the
-        source words, for "rev" every source row sums to 1 over the target words; see
+        source words, for "rev" every source row sums to 1 over the target words — to the
+        word's probability of being aligned, for a model with the empty word; see
         :func:`aligner.inference.soft_alignments`). A pair that cannot be aligned (empty side,
         too long for the model) gets zeros.
         """
@@ -145,7 +149,7 @@ class Aligner:
         check_condition(direction in C.DIRECTIONS + ("both",),
                         f"direction must be fwd, rev or both, not '{direction}'")
         heuristics = C.HEURISTICS + C.SOFT_HEURISTICS
-        heuristic = heuristic or next(iter(self.loaded.models.values())).BEST_HEURISTIC
+        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
         check_condition(heuristic in heuristics, f"unknown heuristic '{heuristic}' (choose "
                                                  f"from {', '.join(heuristics)})")
         directions = C.DIRECTIONS if direction == "both" else (direction,)

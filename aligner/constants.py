@@ -32,7 +32,8 @@ DEFAULT_HEURISTIC = "grow-diag"
 SOFT_HEURISTICS = ("soft-average",)
 #: config.json ``extra`` key where `align run` records the -H and --threshold of its output
 #: ({"symmetrize": ..., "threshold": ...}): `align extract` takes them as its defaults for that
-#: model directory, so that it gives the same links on the same text
+#: model directory, so that it gives the same links on the same text (with the same
+#: --shortlist, which is not recorded)
 ALIGN_RUN_SETTINGS = "align_run"
 
 DEFAULT_SEED = 1

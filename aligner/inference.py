@@ -67,7 +67,9 @@ def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tenso
     """Aligned source position per target position, (B, I+1) LongTensor, -1 = not aligned.
 
     Uses the model's ``alignment_path`` when it has one for `method`, else the argmax of
-    ``alignment_scores`` over real source positions. EOS/pad rows and columns never align.
+    ``alignment_scores`` over real source positions (for a model whose rows leave the
+    unaligned mass, ``leaves_unaligned_mass``: only where the argmax's score is at least that
+    mass, 1 − the row's sum). EOS/pad rows and columns never align.
     """
     src_real = src.ne(C.PAD_ID) & src.ne(C.EOS_ID)                   # (B, J+1)
     tgt_real = tgt_out.ne(C.PAD_ID) & tgt_out.ne(C.EOS_ID)           # (B, I+1)
@@ -75,7 +77,10 @@ def hard_alignment(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tenso
     if path is None:
         scores = model.alignment_scores(src, tgt_in, tgt_out, method, **options).float()
         scores = scores.masked_fill(~src_real[:, None, :], float("-inf"))
-        path = scores.argmax(dim=-1)
+        best, path = scores.max(dim=-1)
+        if model.leaves_unaligned_mass(method):
+            unaligned = 1.0 - scores.clamp_min(0.0).sum(dim=-1)     # -inf → 0 in the sum
+            path = path.masked_fill(best < unaligned, -1)
     path = path.long()
     inside = (path >= 0) & (path < src.size(1))
     real_column = torch.gather(src_real, 1, path.clamp(0, src.size(1) - 1))
@@ -195,8 +200,9 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     scores count as 0); a word's row is the mean of its subwords' rows, summed within each
     word of the other side. So for fwd every target word's column sums to 1 over the source
     words, for rev every source word's row sums to 1 over the target words. Without
-    ``renormalize`` (a model whose rows sum to p(aligned), ``scores_leave_unaligned_mass``)
+    ``renormalize`` (a model whose rows sum to p(aligned))
     the rows are taken as they are: a column (fwd) / row (rev) sums to p(word aligned).
+    (``leaves_unaligned_mass`` of the model and method, aligner/models/base.py)
     """
     enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
                             else (pair.tgt_word_index, pair.src_word_index))
@@ -228,7 +234,7 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     """
     options = options or {}
     model.eval()
-    renormalize = not getattr(model, "scores_leave_unaligned_mass", False)
+    renormalize = not model.leaves_unaligned_mass(method)
     results = [np.zeros((max(p.src_word_index, default=-1) + 1,
                          max(p.tgt_word_index, default=-1) + 1), dtype=np.float32)
                for p in pairs]

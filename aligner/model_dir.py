@@ -397,6 +397,23 @@ class LoadedModelDir:
                   for d in directions}
         return cls(model_dir, config, preprocessor, src_vocab, tgt_vocab, models)
 
+    def symmetrization(self, heuristic: Optional[str] = None,
+                       threshold: Optional[float] = None) -> Tuple[str, float]:
+        """(heuristic, soft-average threshold) with the defaults filled in: those `align run`
+        recorded in config.json (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it
+        trained, else the model kind's ``BEST_HEURISTIC`` and
+        aligner.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
+        recorded heuristic."""
+        from aligner.soft_symmetrize import DEFAULT_THRESHOLD
+
+        recorded = self.config.extra.get(C.ALIGN_RUN_SETTINGS, {})
+        heuristic = (heuristic or recorded.get("symmetrize")
+                     or next(iter(self.models.values())).BEST_HEURISTIC)
+        if threshold is None:
+            threshold = (recorded["threshold"] if heuristic == recorded.get("symmetrize")
+                         and "threshold" in recorded else DEFAULT_THRESHOLD)
+        return heuristic, float(threshold)
+
 
 def list_incomplete(model_dir: str, directions: List[str]) -> List[str]:
     """Files a complete model directory must have but `model_dir` lacks (for diagnostics)."""

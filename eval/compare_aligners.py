@@ -79,8 +79,9 @@ Link = Tuple[int, int]
 DIRECTIONS = C.DIRECTIONS
 HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # A column only `align` rows fill: the two directions' soft alignments averaged and
-# thresholded at 0.5 (`align extract --direction both -H soft-average`); peers give no
-# probabilities, their cell stays empty.
+# thresholded (`align extract --direction both -H soft-average`: at 0.5, or at the threshold
+# `align run` recorded in its model directory); peers give no probabilities, their cell stays
+# empty.
 SOFT_COLUMN = "soft-average"
 COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
 
@@ -445,7 +446,8 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               "rev = p(source|target), symmetrized by `aligner.symmetrize`; soft-average "
               "(`align` rows only: peers give no probabilities) = `align extract -H "
               "soft-average`, links where the mean of the two directions' word-level "
-              "probabilities exceeds 0.5 (`aligner.soft_symmetrize`)",
+              "probabilities exceeds the threshold (`aligner.soft_symmetrize`): 0.5, or the "
+              "one `align run` recorded in its model directory (0.55 for its default)",
               "- time: wall seconds of the system's commands (training and alignment of the "
               "whole corpus, or training plus extraction of the gold lines); peak: largest "
               "resident set of one process (MiB)"]

@@ -2,12 +2,15 @@
 
 Each direction's word-level soft matrices (aligner.inference.soft_alignments_by_direction,
 the --soft matrices of `align extract`) are averaged over the models, then combined by
-soft-average at --threshold and scored against gold sets that cover given lines of the text.
-Prints one line per model and, with several, one per ensemble of the first n models.
+soft-average at each --threshold and scored against gold sets that cover given lines of the
+text. Prints one line per model and threshold and, with several models, per ensemble of the
+first n models. ``--combine geometric`` / ``minimum`` replace the mean of the two directions'
+probabilities (soft-average) by their geometric mean / their minimum (links above the
+threshold), for comparison.
 
-    python eval/ensemble_aer.py --text train.en train.fr \
+    python eval/ensemble_aer.py MODEL_DIR [MODEL_DIR ...] --text train.en train.fr \
         --gold dev ../shared/data/enfr/dev.talp 25001 \
-        --gold trial ../shared/data/enfr/trial.talp 25201 MODEL_DIR [MODEL_DIR ...]
+        --gold trial ../shared/data/enfr/trial.talp 25201 [--threshold 0.5 0.55 ...]
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ from aligner.metrics import score_aer
 from aligner.model_dir import LoadedModelDir
 from aligner.soft_symmetrize import soft_average
 
+#: how two directions' (I, J) word-level probabilities become one score per link
+COMBINE = {"mean": None,   # aligner.soft_symmetrize.soft_average itself
+           "geometric": lambda f, r: np.sqrt(f * r), "minimum": np.minimum}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -31,7 +38,10 @@ def main() -> None:
     parser.add_argument("--gold", nargs=3, action="append", required=True,
                         metavar=("NAME", "TALP", "FIRST_LINE"),
                         help="a gold set and the 1-based text line of its first sentence")
-    parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--threshold", type=float, nargs="+", default=[0.5],
+                        help="one or more thresholds (default 0.5)")
+    parser.add_argument("--combine", choices=sorted(COMBINE), default="mean",
+                        help="mean = -H soft-average (default)")
     args = parser.parse_args()
     golds = [(name, read_gold(path), int(first) - 1) for name, path, first in args.gold]
     start = min(first for _, _, first in golds)
@@ -43,12 +53,21 @@ def main() -> None:
     per_model: List[Dict[str, List[np.ndarray]]] = []
 
     def report(label: str, forward: List[np.ndarray], reverse: List[np.ndarray]) -> None:
-        links = [soft_average(f, r, args.threshold) for f, r in zip(forward, reverse)]
-        scores = []
-        for name, gold, first in golds:
-            rows = links[first - start:first - start + len(gold)]
-            scores.append(f"{name} {100 * score_aer(rows, gold).aer:.2f}")
-        print(label, " ".join(scores))
+        for threshold in args.threshold:
+            if args.combine == "mean":
+                links = [soft_average(f, r, threshold) for f, r in zip(forward, reverse)]
+            else:
+                combine = COMBINE[args.combine]
+                links = [{(int(i), int(j)) for i, j in zip(*np.nonzero(combine(
+                    np.asarray(f, np.float64), np.asarray(r, np.float64)) > threshold))}
+                    for f, r in zip(forward, reverse)]
+            scores = []
+            for name, gold, first in golds:
+                rows = links[first - start:first - start + len(gold)]
+                score = score_aer(rows, gold)
+                scores.append(f"{name} {100 * score.aer:.2f} ({100 * score.precision:.1f}/"
+                              f"{100 * score.recall:.1f})")
+            print(label, f"threshold {threshold}:", " ".join(scores))
 
     for model_dir in args.models:
         loaded = LoadedModelDir.load(model_dir, device=torch.device("cpu"))

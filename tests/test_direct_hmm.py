@@ -404,9 +404,11 @@ def test_sampled_lexicon_candidates_and_loss():
 
 
 @pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
-def test_bf16_autocast_keeps_the_hmm_in_float32(cls):
-    """The trainer's CUDA path runs under bf16 autocast; here the same on CPU."""
-    model = _model(cls)
+@pytest.mark.parametrize("null_word", [False, True])
+def test_bf16_autocast_keeps_the_hmm_in_float32(cls, null_word):
+    """The trainer's CUDA path runs under bf16 autocast; here the same on CPU (also with the
+    empty word, whose gate and mixture run under it)."""
+    model = _model(cls, null_word=null_word)
     exact, _ = model.loss(*_batch(PAIRS))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = model.loss(*_batch(PAIRS))
@@ -437,7 +439,7 @@ def test_chunked_lexicon_backward_passes_gradcheck(with_bias):
 
 
 @pytest.mark.parametrize("kind,null_word", [("hmm0", "false"), ("hmm1", "false"),
-                                            ("hmm1", "true")])
+                                            ("hmm0", "true"), ("hmm1", "true")])
 def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, null_word):
     """`align train --model hmmK -M ...` then `align extract` of each method, both directions
     (and with the empty word)."""

@@ -283,19 +283,30 @@ def test_soft_alignments_by_hand():
     assert soft_alignments(model, [empty], "fwd", "fixed")[0].shape == (0, 2)
 
 
-def test_soft_alignments_keep_the_unaligned_mass_of_a_model_with_an_empty_word():
-    """scores_leave_unaligned_mass: rows are not renormalized, so a target word's column sums
-    to its probability of being aligned (the EOS column, the empty word's share, is dropped)."""
+def test_extraction_keeps_the_unaligned_mass_of_a_model_with_an_empty_word():
+    """leaves_unaligned_mass: soft rows are not renormalized, so a target word's column sums to
+    its probability of being aligned (the EOS column is dropped, its mass counts as unaligned);
+    a hard link only where the best score is at least the unaligned mass (1 − row sum)."""
+    from aligner.data import make_batch
     from aligner.inference import soft_alignments
 
     table = [[0.1, 0.1, 0.2, 0.6], [0.0, 0.2, 0.2, 0.6], [0.3, 0.1, 0.0, 0.6], [0.25] * 4]
     model = FixedScores(table)
-    model.scores_leave_unaligned_mass = True
+    model.leaves_unaligned_mass = lambda method: method == "fixed"
     fwd_pair = pair([5, 6, 7], [8, 9, 10], [0, 1, 1], [0, 0, 1])
     (matrix,) = soft_alignments(model, [fwd_pair], "fwd", "fixed")
     # target word 0 = subwords 0, 1: mean of their rows; source word 1 = subwords 1, 2
     assert np.allclose(matrix, [[0.05, 0.3], [0.35, 0.1]])
     assert np.allclose(matrix.sum(axis=0), [0.4, 0.4])
+    # hard: row 0 best 0.2 < 0.6 unaligned; a row whose best beats the rest links
+    model.table = torch.tensor([[0.1, 0.1, 0.2, 0.6], [0.0, 0.7, 0.2, 0.1],
+                                [0.3, 0.1, 0.0, 0.6], [0.25] * 4])
+    batch = make_batch([fwd_pair.src_ids], [fwd_pair.tgt_ids], "fwd")
+    path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, "fixed")
+    assert path[0].tolist() == [-1, 1, -1, -1]
+    model.leaves_unaligned_mass = lambda method: False          # the usual argmax
+    path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, "fixed")
+    assert path[0].tolist() == [2, 1, 0, -1]
 
 
 @pytest.mark.parametrize("heuristic", ["grow-diag", "soft-average"])

@@ -28,7 +28,7 @@ def test_the_recipe_is_pinned():
         (2, "hmm-posterior", "soft-average", 0.55)
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
             recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS,
-            recipe.SELF_GUIDE_THRESHOLD) == (3, 1, True, 0.5, 2, 0.5)
+            recipe.SELF_GUIDE_THRESHOLD) == (3, 1, True, 0.5, 1, 0.5)
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -251,6 +251,11 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
     import json
     config = json.loads((tmp_path / "m2" / "config.json").read_text())
     assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.7}
+    config = json.loads((tmp_path / "m1" / "config.json").read_text())   # --rounds 1: 0.5
+    assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.5}
+    from aligner.api import Aligner                  # the Python API: the same defaults
+    assert Aligner.load(str(tmp_path / "m2")).align(sources, targets) == \
+        read_pharaoh(str(tmp_path / "o2"))
     run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o2").read_text()
     run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x5",

@@ -136,7 +136,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.soft_symmetrize import DEFAULT_THRESHOLD, soft_average
+    from aligner.soft_symmetrize import soft_average
     from aligner.utils import atomic_output
 
     logger = setup_logging(quiet=quiet)
@@ -171,12 +171,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
-    recorded = loaded.config.extra.get(C.ALIGN_RUN_SETTINGS, {})   # a model of align run
-    heuristic = (heuristic or recorded.get("symmetrize")
-                 or next(iter(loaded.models.values())).BEST_HEURISTIC)
-    if threshold is None:
-        threshold = (recorded["threshold"] if heuristic == recorded.get("symmetrize")
-                     and "threshold" in recorded else DEFAULT_THRESHOLD)
+    heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # align run's, if any
     n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
         if soft is None:   # block by block: the output grows, memory does not

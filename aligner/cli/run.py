@@ -23,6 +23,7 @@ from aligner import constants as C
 from aligner import recipe
 from aligner.cli.train import (INPUT, bitext_options, check_bitext_args, check_gold_in_range,
                                parse_key_values, set_threads)
+from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, check_writable
 
 
@@ -40,10 +41,11 @@ from aligner.utils import check_condition, check_writable
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)),
               default=recipe.HEURISTIC, show_default=True, help="How to combine the directions.")
-@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
-              default=recipe.THRESHOLD, show_default=True,
-              help="Probability threshold of -H soft-average (the output; recorded in the "
-                   "model directory as align extract's default).")
+@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+              help=f"Probability threshold of -H soft-average for the output (recorded in the "
+                   f"model directory as align extract's default)  [default: "
+                   f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
+                   f"--rounds 1]")
 @click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
               default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
               help="Threshold of -H soft-average for the alignments that guide the next "
@@ -108,7 +110,8 @@ from aligner.utils import check_condition, check_writable
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
-            heuristic: str, threshold: float, self_guide_threshold: float, shortlist: int,
+            heuristic: str, threshold: Optional[float], self_guide_threshold: float,
+            shortlist: int,
             model_dir: Optional[str],
             overwrite: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
@@ -124,8 +127,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
     directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds:
     one epoch, then twice two epochs fine-tuning the previous round's model, guided by its own
-    alignments of the bitext (self-training). Exactly one output line per input line, in input order; a line with an
-    empty side, or too long for the model, gets an empty line (and a warning).
+    alignments of the bitext (self-training). Exactly one output line per input line, in
+    input order; a line with an empty side, or too long for the model, gets an empty line (and
+    a warning).
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
@@ -166,6 +170,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     check_condition(usable > 0, f"{bitext.source_name}: no line has both sides: nothing to "
                                 f"train on")
     merges = recipe.bpe_merges(n_lines) if bpe_merges is None else bpe_merges
+    if threshold is None:   # self-trained posteriors are sharper: the best threshold is higher
+        threshold = recipe.THRESHOLD if rounds > 1 else DEFAULT_THRESHOLD
     torch_device = resolve_device(device)
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
@@ -206,8 +212,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                             train_config, overwrite=overwrite or round_number > 1,
                             quiet=quiet, argv=["align"] + sys.argv[1:],
                             parallel_directions=parallel, init_dir=init_dir,
+                            # the last round's model: align extract's defaults, the output's
                             extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic,
-                                                        "threshold": threshold}})
+                                                        "threshold": threshold}}
+                            if round_number == rounds else None)
             if init_dir is not None:
                 shutil.rmtree(init_dir)
             trained = time.time()

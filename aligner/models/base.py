@@ -144,6 +144,14 @@ class AlignmentModel(nn.Module, abc.ABC):
         which the next :meth:`decode_step` reads. Default: :func:`select_rows`."""
         return select_rows(state, rows)
 
+    def leaves_unaligned_mass(self, method: str) -> bool:
+        """Whether `method`'s score rows are probabilities that sum to p(aligned) ≤ 1 over the
+        real source positions, the rest meaning "not aligned" (e.g. a direct HMM with the
+        empty word). Extraction then neither renormalizes them over the real positions
+        (soft matrices) nor links a word whose best link is less likely than the rest (hard
+        links; aligner/inference.py). Default: False (rows are renormalized)."""
+        return False
+
     def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                        method: str, **options) -> Optional[torch.Tensor]:
         """A hard path (B, I+1) of the model's own for `method`, or None (the default): the

@@ -302,7 +302,9 @@ def posteriors(log_z: torch.Tensor, log_emission: torch.Tensor,
     """State posteriors γ(i, j) = p(b_i = j | e, f) = ∂ log Z / ∂ log_emission[i, j], (B, I, J).
 
     ``log_z`` (B,) must have been computed from ``log_emission`` (which must require grad).
-    Rows sum to 1 at real target positions and are 0 at padded ones.
+    Rows sum to 1 at real target positions and are 0 at padded ones — when ``log_emission``
+    is the whole emission; for a part of it (the link part of a direct HMM's empty-word
+    mixture) they sum to that part's share.
     """
     (gradient,) = torch.autograd.grad(log_z.sum(), log_emission, create_graph=create_graph)
     return gradient
