@@ -125,9 +125,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds:
-    one epoch, then twice two epochs fine-tuning the previous round's model, guided by its own
-    alignments of the bitext (self-training). Exactly one output line per input line, in
+    directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds
+    of one epoch: the second and the third fine-tune the previous round's model, guided by its
+    own alignments of the bitext (self-training). Exactly one output line per input line, in
     input order; a line with an empty side, or too long for the model, gets an empty line (and
     a warning).
     """
