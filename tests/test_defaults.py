@@ -42,7 +42,11 @@ def test_extract_defaults_are_the_kinds_best():
 def test_run_defaults_are_the_recipe():
     defaults = _defaults(run.command)
     assert defaults["heuristic"] == recipe.HEURISTIC
-    assert defaults["threshold"] == recipe.THRESHOLD
+    # None: recipe.THRESHOLD after self-training rounds, 0.5 with --rounds 1 (tests/test_run.py)
+    assert defaults["threshold"] is None
+    assert defaults["self_guide_threshold"] == recipe.SELF_GUIDE_THRESHOLD
+    assert defaults["fine_tune_epochs"] == recipe.FINE_TUNE_EPOCHS
+    assert defaults["self_guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert defaults["epochs"] == recipe.EPOCHS_PER_ROUND and defaults["max_updates"] == 0
     assert defaults["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
