@@ -54,10 +54,11 @@ SELF_GUIDE_WEIGHT = 0.5
 FINE_TUNE_EPOCHS = 1
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
-#: -H soft-average threshold of the output (the last round's alignments). Chosen on en-fr dev
-#: per round (eval/results/selftrain_rounds_enfr.md): 0.5 / 0.55 / 0.6 give round 1 9.7 /
-#: 10.1 / 10.9, round 2 7.0 / 7.0 / 7.2, round 3 6.6 / 6.3 / 6.3 — self-training sharpens the
-#: posteriors, and the last round is best a little above 0.5
+#: -H soft-average threshold of `align run`'s output after self-training rounds (with
+#: --rounds 1: 0.5). Chosen on en-fr dev per round (eval/results/selftrain_rounds_enfr.md):
+#: 0.5 / 0.55 / 0.6 give round 1 9.7 / 10.1 / 10.9, round 2 7.0 / 7.0 / 7.2, round 3 (of
+#: 1 + 2 + 2 epochs) 6.6 / 6.3 / 6.3 — self-training sharpens the posteriors, and the last
+#: round is best a little above 0.5
 THRESHOLD = 0.55
 #: -H soft-average threshold of the alignments that guide the next self-training round: the
 #: best one for round 1 on en-fr dev (the 0.5 row above)
