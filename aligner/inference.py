@@ -200,9 +200,9 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     scores count as 0); a word's row is the mean of its subwords' rows, summed within each
     word of the other side. So for fwd every target word's column sums to 1 over the source
     words, for rev every source word's row sums to 1 over the target words. Without
-    ``renormalize`` (a model whose rows sum to p(aligned))
-    the rows are taken as they are: a column (fwd) / row (rev) sums to p(word aligned).
-    (``leaves_unaligned_mass`` of the model and method, aligner/models/base.py)
+    ``renormalize`` (a model whose rows sum to p(aligned): ``leaves_unaligned_mass`` of the
+    model and method, aligner/models/base.py) the rows are taken as they are: a column (fwd) /
+    row (rev) sums to p(word aligned).
     """
     enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
                             else (pair.tgt_word_index, pair.src_word_index))

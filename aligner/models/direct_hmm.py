@@ -492,6 +492,19 @@ def mixture_log_probs(log_prior: torch.Tensor, source_hidden: torch.Tensor,
     return total, torch.cat(norms, dim=1)
 
 
+def empty_word_mixture(log_lexicon: torch.Tensor, gate: torch.Tensor
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The empty word's gated mixture (``DirectHMMConfig.null_word``): (log emission, log link
+    part), both (..., J+1).
+
+    log_lexicon (..., J+2): log p_lex(e | j) of the J+1 positions, the empty word's last;
+    gate (..., 1): the logit of p0. link part = log(1 − p0) + log p_lex(e | j), emission =
+    logaddexp(link part, log p0 + log p_lex(e | ∅)).
+    """
+    link = log_lexicon[..., :-1] + F.logsigmoid(-gate)
+    return torch.logaddexp(link, log_lexicon[..., -1:] + F.logsigmoid(gate)), link
+
+
 # -- layers ----------------------------------------------------------------------------------
 
 class HMMContext(nn.Module):
@@ -939,9 +952,7 @@ class DirectHMM(AlignmentModel):
         null = self.null_source.to(source_hidden.dtype).expand(source_hidden.size(0), 1, -1)
         log_lexicon = self.log_lexicon(torch.cat([source_hidden, null], dim=1), target_hidden,
                                        tgt_out, smoothing, shortlist)        # (B, I+1, J+2)
-        gate = self.null_gate(target_hidden).float()                           # (B, I+1, 1)
-        link = log_lexicon[..., :-1] + F.logsigmoid(-gate)
-        return torch.logaddexp(link, log_lexicon[..., -1:] + F.logsigmoid(gate)), link
+        return empty_word_mixture(log_lexicon, self.null_gate(target_hidden).float())
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
              label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
@@ -1062,8 +1073,7 @@ class FirstOrderHMM(DirectHMM):
                                   activation=self.config.lexicon_activation)
         log_emission = logit - log_norm
         if gate is not None:
-            log_emission = torch.logaddexp(log_emission[:, :-1] + F.logsigmoid(-gate),
-                                           log_emission[:, -1:] + F.logsigmoid(gate))
+            log_emission, _ = empty_word_mixture(log_emission, gate)
         return torch.log_softmax(log_prior + log_emission, dim=-1)
 
     @staticmethod
@@ -1098,8 +1108,8 @@ class FirstOrderHMM(DirectHMM):
                        ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """−Σ_sentences log Z (forward algorithm; backward by autograd), the token count, and
         (with ``posterior``) log γ (B, I+1, J+1), γ = ∂ log Z / ∂ (link part of the emission,
-        :meth:`emissions`) the forward–backward posterior of the links (the distribution ``hmm-posterior`` extracts),
-        differentiable by double backward (create_graph)."""
+        :meth:`emissions`) the forward–backward posterior of the links (the distribution
+        ``hmm-posterior`` extracts), differentiable by double backward (create_graph)."""
         log_alpha, log_emission, log_link = self.scores(src, tgt_in, tgt_out, label_smoothing,
                                                         lazy=True)
         log_z = self.log_z(log_alpha, log_emission, src, tgt_out)

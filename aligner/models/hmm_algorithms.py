@@ -108,8 +108,11 @@ def zero_order_posterior(log_alignment: torch.Tensor, log_emission: torch.Tensor
     Sums to 1 over real source positions j; exactly 0 at padded ones. ``log_link`` (B, I, J):
     the part of each emission that counts as a link (an emission that mixes in an empty word,
     aligner/models/direct_hmm.py): then α(j|i)·exp(log_link) / Σ_j' α(j'|i)·p(e_i|j'), rows
-    summing to p(e_i aligned).
+    summing to p(e_i aligned). None, or ``log_emission`` itself: all of it.
     """
+    if log_link is None or log_link is log_emission:      # no empty word: one softmax
+        return torch.softmax(_zero_order_joint(log_alignment, log_emission, source_mask),
+                             dim=-1)
     return zero_order_log_posterior(log_alignment, log_emission, source_mask, log_link).exp()
 
 
@@ -118,7 +121,7 @@ def zero_order_log_posterior(log_alignment: torch.Tensor, log_emission: torch.Te
                              log_link: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log of :func:`zero_order_posterior`, (B, I, J) (about -1e30 at padded positions)."""
     joint = _zero_order_joint(log_alignment, log_emission, source_mask)
-    if log_link is None:
+    if log_link is None or log_link is log_emission:      # no empty word: one log-softmax
         return torch.log_softmax(joint, dim=-1)
     link = _zero_order_joint(log_alignment, log_link, source_mask)
     return link - torch.logsumexp(joint, dim=-1, keepdim=True)
