@@ -170,8 +170,9 @@ def test_chunking_changes_neither_loss_nor_gradient(cls):
 
 
 @pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
-def test_alignment_at_position_i_ignores_later_target_words(cls):
-    model = _model(cls)
+@pytest.mark.parametrize("context", ["mlp", "attention"])
+def test_alignment_at_position_i_ignores_later_target_words(cls, context):
+    model = _model(cls, context=context)
     src, tgt_in, tgt_out = _batch([([4, 5, 6], [7, 8, 9])])
     log_alpha, _, _ = model.decode(src, tgt_in)
     changed = tgt_in.clone()
@@ -198,8 +199,12 @@ def _paths(model, pair):
     return scores
 
 
-def test_hmm1_loss_equals_brute_force_over_all_alignment_paths():
-    model = _model(FirstOrderHMM)
+@pytest.mark.parametrize("options", [{}, {"context": "attention"}, {"alignment_dim": 4},
+                                     {"context": "attention", "alignment_dim": 4}])
+def test_hmm1_loss_equals_brute_force_over_all_alignment_paths(options):
+    """Also with the faster decoder (cross-attention context, narrower alignment features):
+    the same HMM over the model's own scores."""
+    model = _model(FirstOrderHMM, **options)
     pair = ([4, 5], [7, 8, 9])                     # 3 states, 4 target positions: 81 paths
     scores = _paths(model, pair)
     log_z = math.log(sum(math.exp(s) for s in scores.values()))
@@ -295,6 +300,30 @@ def test_unknown_method_and_options_are_user_errors():
         _config(lexicon_chunk=-1)
     with pytest.raises(AlignerError, match="forward_algorithm"):
         _config(forward_algorithm="scan")
+    with pytest.raises(AlignerError, match="context must be one of mlp, attention: additive"):
+        _config(context="additive")
+    with pytest.raises(AlignerError, match="alignment_dim must be >= 0"):
+        _config(alignment_dim=-1)
+
+
+def test_decoder_context_and_alignment_width_set_the_layers():
+    """context="attention": the lower decoder layers hold the transformer's cross-attention and
+    no HMMContext; alignment_dim a: the first-order features are a wide (0 = d_model)."""
+    from aligner.models.direct_hmm import HMMContext
+    from aligner.models.transformer import MultiHeadAttention
+
+    def count(model, kind):
+        return sum(isinstance(m, kind) for m in model.modules())
+
+    default = _model(FirstOrderHMM, dec_layers=3)
+    assert count(default, HMMContext) == 2
+    assert default.output_layer.first_order.keys(torch.zeros(1, 3, 16)).shape == (1, 4, 3, 16)
+    faster = _model(FirstOrderHMM, dec_layers=3, context="attention", alignment_dim=4)
+    assert count(faster, HMMContext) == 0
+    assert all(isinstance(layer.cross_attn, MultiHeadAttention) for layer in faster.layers)
+    assert faster.output_layer.first_order.keys(torch.zeros(1, 3, 16)).shape == (1, 4, 3, 4)
+    assert sum(p.numel() for p in faster.parameters()) < sum(
+        p.numel() for p in default.parameters())
 
 
 def test_registry_builds_both_kinds_from_a_saved_config():
@@ -307,15 +336,18 @@ def test_registry_builds_both_kinds_from_a_saved_config():
         build_model("hmm0", dict(config, lexicon_chnk=4))
 
 
-@pytest.mark.parametrize("cls,method,activation", [(ZeroOrderHMM, "hmm-posterior", "relu"),
-                                                   (FirstOrderHMM, "hmm-viterbi", "relu"),
-                                                   (FirstOrderHMM, "hmm-viterbi", "linear")])
-def test_training_learns_a_monotone_word_translation(cls, method, activation):
+@pytest.mark.parametrize("cls,method,activation,options", [
+    (ZeroOrderHMM, "hmm-posterior", "relu", {}),
+    (FirstOrderHMM, "hmm-viterbi", "relu", {}),
+    (FirstOrderHMM, "hmm-viterbi", "linear", {}),
+    (FirstOrderHMM, "hmm-posterior", "linear", {"context": "attention", "alignment_dim": 8})])
+def test_training_learns_a_monotone_word_translation(cls, method, activation, options):
     """Target = word-by-word translation (id + 3) of the source: alignments become the diagonal
-    (with either lexicon activation)."""
+    (with either lexicon activation, and with the faster decoder)."""
     torch.manual_seed(0)
     model = cls(_config(d_model=32, n_heads=2, d_ff=64, dec_layers=2, src_vocab_size=16,
-                        tgt_vocab_size=16, lexicon_chunk=0, lexicon_activation=activation))
+                        tgt_vocab_size=16, lexicon_chunk=0, lexicon_activation=activation,
+                        **options))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
 
@@ -438,11 +470,13 @@ def test_chunked_lexicon_backward_passes_gradcheck(with_bias):
     assert torch.autograd.gradcheck(function, inputs)
 
 
-@pytest.mark.parametrize("kind,null_word", [("hmm0", "false"), ("hmm1", "false"),
-                                            ("hmm0", "true"), ("hmm1", "true")])
-def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, null_word):
+@pytest.mark.parametrize("kind,null_word,context", [("hmm0", "false", "mlp"),
+                                                    ("hmm1", "false", "mlp"),
+                                                    ("hmm0", "true", "mlp"),
+                                                    ("hmm1", "true", "attention")])
+def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, null_word, context):
     """`align train --model hmmK -M ...` then `align extract` of each method, both directions
-    (and with the empty word)."""
+    (and with the empty word, and the faster decoder)."""
     import json
 
     from click.testing import CliRunner
@@ -465,8 +499,10 @@ def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, nu
         "--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers", "2",
         "--ff-dim", "32", "--max-tokens", "200", "--max-updates", "2", "--warmup", "1", "-q",
         "-M", "lexicon_chunk=2", "-M", "lexicon_sample=8", "-M", "lexicon_dim=8",
-        "-M", f"null_word={null_word}")
+        "-M", f"null_word={null_word}", "-M", f"context={context}", "-M", "alignment_dim=4")
     config = json.loads((model / "config.json").read_text())
+    assert config["models"]["fwd"]["context"] == context
+    assert config["models"]["rev"]["alignment_dim"] == 4
     assert config["models"]["fwd"]["lexicon_chunk"] == 2
     assert config["models"]["rev"]["null_word"] == (null_word == "true")
     assert config["models"]["rev"]["lexicon_dim"] == 8
@@ -588,18 +624,22 @@ def test_lexicon_shortlist_normalizes_over_frequent_and_observed_words_only(cls)
                               atol=1e-6)
 
 
-def test_first_order_scores_equal_the_key_side_formula():
-    """W_o applied to the queries (I·d²) instead of the J·(J+1) keys (J²·d²): the same
-    log α as q_i · W_o·relu(W_a·h_j + W_b·h_j' + D[jump]) / √d, softmax over j."""
+@pytest.mark.parametrize("dim", [0, 3])
+def test_first_order_scores_equal_the_key_side_formula(dim):
+    """W_o applied to the queries (I·a²) instead of the J·(J+1) keys (J²·a²): the same
+    log α as q_i · W_o·relu(W_a·h_j + W_b·h_j' + D[jump]) / √a, softmax over j (features of
+    width a = d_model or `dim`)."""
     from aligner.models.direct_hmm import FirstOrderAlignment
 
     torch.manual_seed(3)
-    layer = FirstOrderAlignment(8, max_jump=2)
+    layer = FirstOrderAlignment(8, max_jump=2, dim=dim)
+    width = dim or 8
     memory, s_prev = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
     mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     got = layer(s_prev, memory, mask)                                     # (B, I, J+1, J)
     keys = layer.w_o(layer.keys(memory))                                  # W_o on every key
-    scores = torch.einsum("bid,bkjd->bikj", layer.query(s_prev), keys) / math.sqrt(8)
+    assert keys.shape == (2, 6, 5, width)
+    scores = torch.einsum("bid,bkjd->bikj", layer.query(s_prev), keys) / math.sqrt(width)
     want = torch.log_softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1)
     assert got.shape == (2, 4, 6, 5)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
