@@ -177,7 +177,7 @@ def test_pinned_train_defaults():
         "checkpoint_interval", "device", "seed")} == {
         "model_kind": "hmm1", "directions": "fwd,rev", "tokenize": False,
         "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
-        "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.1,
+        "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
         "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
         "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 2,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
