@@ -179,6 +179,10 @@ def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
     assert config["extra"]["init_from"] == str((model / "previous_round").resolve())
     assert "weights of" in (model / "train.log").read_text()
     assert not (model / "previous_round").exists()
+    # round 1's training log is kept beside its alignments (train.log is the last round's)
+    round1_log = (model / "selftrain.round1.log").read_text()
+    assert "command: align" in round1_log and "weights of" not in round1_log
+    assert "done:" in round1_log
     # the output is the round-2 model's: what align extract gives with the kept model
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "o").read_text() == (tmp_path / "x").read_text()

@@ -193,6 +193,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             init_dir = None
             if round_number > 1:  # the previous round's alignments guide this one
                 guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
+                # this round rewrites the directory: the previous round's log is kept aside
+                _keep_round_log(model_dir, round_number - 1)
                 train_config = dataclasses.replace(train_config, guide_weight=self_guide_weight)
                 if fine_tune:  # its weights are the start: kept aside, the round rewrites
                     init_dir = _keep_previous_round(model_dir)
@@ -251,6 +253,14 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 
 #: where `align run` keeps the previous round's model while the next round fine-tunes it
 PREVIOUS_ROUND_DIR = "previous_round"
+
+
+def _keep_round_log(model_dir: str, round_number: int) -> None:
+    """MODEL_DIR/train.log -> MODEL_DIR/selftrain.round{N}.log (the next round's training
+    removes train.log with the rest of the previous run; the last round's stays train.log)."""
+    log = os.path.join(model_dir, C.LOG_NAME)
+    if os.path.exists(log):
+        os.replace(log, os.path.join(model_dir, f"selftrain.round{round_number}.log"))
 
 
 def _keep_previous_round(model_dir: str) -> str:
