@@ -36,11 +36,11 @@ EPOCHS = 2
 #: first guided by the previous round's own alignments of the bitext. On en-fr 25k: 2 x 1
 #: epoch gives dev 7.9 in 16 min 48 s, 1 x 2 epochs 8.4 in 15 min 1 s
 #: (eval/results/whole_job_enfr.md)
-#: Three rounds: with FINE_TUNE_EPOCHS 1 (1 + 1 + 1 epochs) the whole job on en-fr 25k takes
-#: 16 min 24 s at dev 6.9 / trial 8.3, against 16 min 26 s at 7.0 / 8.9 for two rounds of
-#: 1 + 2 epochs (eval/results/whole_job_enfr.md, selftrain_rounds_enfr.md); without dropout
-#: 6.8 / 7.2, each round faster; a fourth round: 6.5 / 7.2 for a third more time
-#: (eval/results/dropout_enfr.md)
+#: Three rounds: with FINE_TUNE_EPOCHS 1 (1 + 1 + 1 epochs) and dropout 0.1 the whole job on
+#: en-fr 25k took 16 min 24 s at dev 6.9 / trial 8.3, against 16 min 26 s at 7.0 / 8.9 for two
+#: rounds of 1 + 2 epochs (eval/results/whole_job_enfr.md, selftrain_rounds_enfr.md); without
+#: dropout (the recipe now) 6.8 / 7.2, each round faster; a fourth round: 6.5 / 7.2 for a
+#: third more time (eval/results/dropout_enfr.md)
 ROUNDS = 3
 EPOCHS_PER_ROUND = 1
 #: `align run`: a round after the first fine-tunes the previous round's model (align train
@@ -53,9 +53,9 @@ FINE_TUNE_ROUNDS = True
 SELF_GUIDE_WEIGHT = 0.5
 #: `align run`: passes over the bitext of a fine-tuned round. On en-fr dev, two rounds: 7.0
 #: after 2 epochs against 7.6 after 1 (eval/results/selftrain_finetune_enfr.md); three rounds:
-#: 1 + 2 + 2 epochs give 6.3 / trial 7.7 but take 25 min 25 s, past the whole job's 20-minute
-#: budget on 2 cores, so the default is 1 + 1 + 1 (6.9 / 8.3, 16 min 24 s);
-#: `align run --fine-tune-epochs 2` for the best alignments
+#: 1 + 2 + 2 epochs gave 6.3 / trial 7.7 but took 25 min 25 s, past the whole job's 20-minute
+#: budget on 2 cores, so the default is 1 + 1 + 1 (6.9 / 8.3, 16 min 24 s; all with dropout
+#: 0.1, `--fine-tune-epochs 2` not measured without it)
 FINE_TUNE_EPOCHS = 1
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"

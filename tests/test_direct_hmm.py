@@ -306,6 +306,19 @@ def test_unknown_method_and_options_are_user_errors():
         _config(alignment_dim=-1)
 
 
+def test_a_config_saved_before_the_decoder_options_loads_the_same_model():
+    """config.json of a model trained before `context` and `alignment_dim` existed: the
+    defaults give the same parameter names and shapes (strict state-dict load)."""
+    from aligner.models import build_model
+
+    saved = _model(FirstOrderHMM, dec_layers=3)
+    old_config = saved.config.to_dict()
+    del old_config["context"], old_config["alignment_dim"]
+    loaded = build_model("hmm1", old_config)
+    loaded.load_state_dict(saved.state_dict(), strict=True)
+    assert any(name.startswith("layers.0.context.") for name in loaded.state_dict())
+
+
 def test_decoder_context_and_alignment_width_set_the_layers():
     """context="attention": the lower decoder layers hold the transformer's cross-attention and
     no HMMContext; alignment_dim a: the first-order features are a wide (0 = d_model)."""
@@ -499,10 +512,12 @@ def test_align_train_and_extract_every_method_through_the_cli(tmp_path, kind, nu
         "--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers", "2",
         "--ff-dim", "32", "--max-tokens", "200", "--max-updates", "2", "--warmup", "1", "-q",
         "-M", "lexicon_chunk=2", "-M", "lexicon_sample=8", "-M", "lexicon_dim=8",
-        "-M", f"null_word={null_word}", "-M", f"context={context}", "-M", "alignment_dim=4")
+        "-M", f"null_word={null_word}", "-M", f"context={context}",
+        *(("-M", "alignment_dim=4") if kind == "hmm1" else ()))
     config = json.loads((model / "config.json").read_text())
     assert config["models"]["fwd"]["context"] == context
-    assert config["models"]["rev"]["alignment_dim"] == 4
+    if kind == "hmm1":
+        assert config["models"]["rev"]["alignment_dim"] == 4
     assert config["models"]["fwd"]["lexicon_chunk"] == 2
     assert config["models"]["rev"]["null_word"] == (null_word == "true")
     assert config["models"]["rev"]["lexicon_dim"] == 8

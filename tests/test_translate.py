@@ -27,11 +27,11 @@ KINDS = ("transformer", "hmm0", "hmm1", "alignment-layer")
 
 
 def tiny(kind: str, markov_order: int = 0, seed: int = 0, src_vocab: int = V_SRC,
-         tgt_vocab: int = V_TGT):
+         tgt_vocab: int = V_TGT, **options):
     torch.manual_seed(seed)
     config = dict(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=16, n_heads=2,
                   enc_layers=1, dec_layers=2, d_ff=32, dropout=0.0, max_positions=40,
-                  markov_order=markov_order)
+                  markov_order=markov_order, **options)
     return build_model(kind, config).eval()
 
 
@@ -91,6 +91,18 @@ def test_hypothesis_log_prob_equals_the_full_models_sequence_log_prob(kind, mark
         assert hypothesis.log_prob == pytest.approx(expected, abs=1e-4)
         assert hypothesis.score == pytest.approx(hypothesis.log_prob
                                                  / (len(hypothesis.tokens) + 1))
+
+
+@pytest.mark.parametrize("kind,options", [("hmm0", {"context": "attention"}),
+                                          ("hmm1", {"context": "attention", "alignment_dim": 4})])
+def test_decoding_with_the_faster_decoder_options_equals_the_full_model(kind, options):
+    """decode_step with the cross-attention context (and narrower first-order features): the
+    same sequence log-probabilities as the full model."""
+    model = tiny(kind, **options)
+    src = sources([5, 6, 7, 8], [9, 10])
+    for row, hypothesis in enumerate(beam_search(model, src, [7, 6], beam=3, len_penalty=1.0)):
+        expected = full_log_prob(model, src[row], hypothesis.tokens, True)
+        assert hypothesis.log_prob == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "hmm0", "hmm1"])

@@ -12,7 +12,8 @@ Architecture (pre-norm, like aligner/models/transformer.py):
   the *HMM context* in place of cross-attention and its residual:
   c_i = Σ_j α_h(j|i) · W1·relu(W2·h_j + W3·s_i), per head h (the relu features are split into H
   head slices, each weighted by its own head's α_h; W1 is applied after the sum, which equals
-  applying it inside because W1 is linear), then a feed-forward block with residual.
+  applying it inside because W1 is linear), then a feed-forward block with residual. With
+  ``context="attention"`` the transformer's cross-attention with its residual instead.
 * Last layer (:class:`HMMOutputLayer`): causal self-attention (with residual) gives s_i^(L), then
   - lexicon  log p_lex(e_i | j) = log_softmax(W4·relu(W5·h_j + W6·s_i^(L)))[e_i]
     (hidden size k = ``lexicon_dim``, default d; W4 tied to the target embedding when k = d and
@@ -142,8 +143,9 @@ class DirectHMMConfig(TransformerConfig):
     #: 1.24x the training speed on CPU but dev AER 11.1 against 9.7 after one epoch
     #: (eval/results/decoder_context.md), so "mlp" stays the default
     context: str = "mlp"
-    #: first-order model: width a of the alignment features relu(W_a·h_j + W_b·h_j' + D[jump])
-    #: (0 = d_model), a (B, J+1, J, a) tensor per batch (eval/results/decoder_context.md)
+    #: first-order model (hmm1; hmm0 has no such features and ignores it): width a of the
+    #: alignment features relu(W_a·h_j + W_b·h_j' + D[jump]) (0 = d_model), a (B, J+1, J, a)
+    #: tensor per batch (eval/results/decoder_context.md)
     alignment_dim: int = 0
     #: first-order forward algorithm: "loop" over target positions or log-semiring "tree"
     #: reduction (same value; the loop is faster on CPU, see eval/results/hmm_forward.md)
@@ -662,9 +664,10 @@ class FirstOrderAlignment(nn.Module):
     @staticmethod
     def log_probs(queries: torch.Tensor, offsets: Optional[torch.Tensor], keys: torch.Tensor,
                   src_pad_mask: torch.Tensor, log: bool = True) -> torch.Tensor:
-        """log α (B, c, J+1, J) of c target positions from their :meth:`queries` (B, c, d) and
-        bias terms (B, c) or None, and ``keys(memory)`` (B, J+1, J, d): one batched matrix
-        product (B, c, d) x (B, d, (J+1)·J) with the bias and the 1/√d scale fused in.
+        """log α (B, c, J+1, J) of c target positions from their :meth:`queries` (B, c, a) and
+        bias terms (B, c) or None, and ``keys(memory)`` (B, J+1, J, a): one batched matrix
+        product (B, c, a) x (B, a, (J+1)·J) with the bias and the 1/√a scale fused in (a: the
+        feature width, ``alignment_dim`` or d_model).
         ``log=False``: α itself (a softmax instead of log_softmax, then exp)."""
         batch, steps, dim = queries.shape
         previous, states = keys.size(1), keys.size(2)
@@ -689,9 +692,9 @@ class FirstOrderScores:
     :meth:`transitions` as a ``TransitionFn`` and ask for ``chunk`` positions at a time.
     """
 
-    queries: torch.Tensor        # (B, I+1, d) W_oᵀ·W_q·s_i^(L-1)
+    queries: torch.Tensor        # (B, I+1, a) W_oᵀ·W_q·s_i^(L-1)
     offsets: Optional[torch.Tensor]  # (B, I+1) (W_q·s_i^(L-1))·b_o; None without autograd
-    keys: torch.Tensor           # (B, J+2, J+1, d) FirstOrderAlignment.keys(memory)
+    keys: torch.Tensor           # (B, J+2, J+1, a) FirstOrderAlignment.keys(memory)
     src_pad_mask: torch.Tensor   # (B, J+1) True at padding
 
     def __call__(self, start: int, stop: int, log: bool = True) -> torch.Tensor:
