@@ -55,6 +55,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--profile", type=int, default=0,
+                        help="afterwards, torch-profile this many steps of the first variant and "
+                             "print its operators by self CPU time, grouped by input shape "
+                             "(stderr)")
     args = parser.parse_args()
 
     import torch
@@ -107,6 +111,16 @@ def main() -> None:
         print(f"batch {number + 1}/{len(batches)} {tuple(batch.src.shape)}->"
               f"{tuple(batch.tgt_out.shape)}: " + ", ".join(
                   f"{r['name']} {r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s" for r in runs),
+              file=sys.stderr)
+
+    if args.profile:
+        from torch.profiler import profile
+        with profile(record_shapes=True) as profiler:
+            for batch in batches[args.warmup:args.warmup + args.profile]:
+                step(runs[0], batch)
+        print(profiler.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15),
               file=sys.stderr)
 
     reference = runs[0]["tokens"] / runs[0]["seconds"]

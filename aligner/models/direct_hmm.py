@@ -138,8 +138,9 @@ class DirectHMMConfig(TransformerConfig):
     max_jump: int = 16
     #: the lower decoder layers' source context: "mlp" (:class:`HMMContext`, c_i = W1·Σ_j α(j|i)·
     #: relu(W2·h_j + W3·s_i), Wang et al. 2018's direct HMM; a (B, I, J, d) feature tensor
-    #: per layer, the largest elementwise cost of a training step) or "attention" (the
-    #: transformer's cross-attention with a residual). On en-fr 25k, with alignment_dim 32:
+    #: per layer, with the first-order features the largest elementwise costs of a training
+    #: step) or "attention" (the transformer's cross-attention with a residual). On en-fr 25k,
+    #: with alignment_dim 32:
     #: 1.24x the training speed on CPU but dev AER 11.1 against 9.7 after one epoch
     #: (eval/results/decoder_context.md), so "mlp" stays the default
     context: str = "mlp"
