@@ -123,8 +123,10 @@ class TrainConfig:
 
     Batches hold at most `max_tokens` padded tokens (max(source, target) length × sentences);
     one update accumulates the gradients of `update_freq` batches. The learning rate warms up
-    linearly over `warmup` updates to `lr`, then decays as lr · sqrt(warmup / update)
-    (inverse square root). Training stops after `max_updates` updates or `max_epochs` epochs,
+    linearly over `warmup` updates to `lr`, then decays (`lr_schedule`): "inverse-sqrt" as
+    lr · sqrt(warmup / update), or "linear" to lr / (T - warmup + 1) at the last update T
+    (the run's max_updates, or max_epochs × updates per epoch: see learning_rate). Training
+    stops after `max_updates` updates or `max_epochs` epochs,
     whichever comes first (0 = no limit; at least one must be set). A checkpoint (validation,
     params.last.pt, training state, and params.best.pt when validation improved) is written every
     `checkpoint_interval` updates and at the end.
@@ -134,6 +136,8 @@ class TrainConfig:
     update_freq: int = 1
     lr: float = 5e-4
     warmup: int = 1000
+    #: decay after the warm-up: one of constants.LR_SCHEDULES
+    lr_schedule: str = "inverse-sqrt"
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
@@ -159,6 +163,9 @@ class TrainConfig:
         check_condition(self.update_freq >= 1, "--update-freq must be at least 1")
         check_condition(self.lr > 0, "--lr must be positive")
         check_condition(self.warmup >= 0, "--warmup must be >= 0")
+        check_condition(self.lr_schedule in C.LR_SCHEDULES,
+                        f"--lr-schedule must be one of {', '.join(C.LR_SCHEDULES)}: "
+                        f"{self.lr_schedule}")
         check_condition(0.0 <= self.label_smoothing < 1.0, "--label-smoothing must be in [0, 1)")
         check_condition(self.clip_norm >= 0, "--clip-norm must be >= 0 (0 = no clipping)")
         check_condition(self.max_updates >= 0 and self.max_epochs >= 0,

@@ -37,3 +37,5 @@ SOFT_HEURISTICS = ("soft-average",)
 ALIGN_RUN_SETTINGS = "align_run"
 
 DEFAULT_SEED = 1
+#: learning-rate decays after the warm-up (TrainConfig.lr_schedule; aligner.train.learning_rate)
+LR_SCHEDULES = ("inverse-sqrt", "linear")

@@ -24,8 +24,8 @@ MODEL_OPTIONS: Dict[str, Any] = dict(d_model=128, n_heads=4, enc_layers=3, dec_l
                                      tie_embeddings=True, markov_order=0, lexicon_dim=64,
                                      lexicon_sample=0, lexicon_activation="linear")
 #: small batches and a high learning rate: the most progress per CPU second
-TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, max_tokens=1200, label_smoothing=0.1,
-                                clip_norm=1.0)
+TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
+                                max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
 #: weight of the agreement term between the directions (aligner/agreement.py; 0 = the
 #: directions train apart, in parallel on a CPU)
 AGREEMENT_WEIGHT = 0.0

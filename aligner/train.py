@@ -61,11 +61,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def learning_rate(config: TrainConfig, update: int) -> float:
-    """Learning rate of update number `update` (1-based): linear warm-up, then lr·sqrt(w/u)."""
+def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> float:
+    """Learning rate of update number `update` (1-based) of a run of `total_updates` updates.
+
+    Linear warm-up over config.warmup updates to config.lr, then config.lr_schedule:
+    "inverse-sqrt" decays as lr·sqrt(w/u) (total_updates unused); "linear" decays as
+    lr·(T - u + 1)/(T - w + 1) with T = total_updates, from lr at u = w to lr/(T - w + 1) at
+    the last update u = T (never 0: every update still moves the weights; w = 1 when there is
+    no warm-up, so that update 1 has the full lr), as sockeye's
+    linear-decay or fairseq's polynomial_decay with power 1. With warmup >= T the run never
+    leaves the warm-up.
+    """
+    warm = update / config.warmup if config.warmup else 1.0
+    if config.lr_schedule == "linear":
+        check_condition(total_updates > 0, "the linear learning-rate schedule needs the run's "
+                                           "number of updates")
+        decay = (total_updates - update + 1) / max(total_updates - max(config.warmup, 1) + 1, 1)
+        return config.lr * max(min(warm, decay), 0.0)
     if config.warmup == 0:
         return config.lr
-    return config.lr * min(update / config.warmup, math.sqrt(config.warmup / update))
+    return config.lr * min(warm, math.sqrt(config.warmup / update))
 
 
 def autocast_context(device: torch.device) -> contextlib.AbstractContextManager:
@@ -233,6 +248,11 @@ class Trainer:
                             f"{corpus.directory}: the encoded corpus has no guide links "
                             f"(--guide-weight without --guide?)")
         self.state = TrainState()
+        # updates of the whole run (this rank's batches; the progress bar's total and the
+        # linear learning-rate schedule's end): max_updates or max_epochs, the earlier of both
+        per_epoch = math.ceil(len(self.batcher) / config.update_freq)
+        self.total_updates = min(n for n in (config.max_updates,
+                                             config.max_epochs * per_epoch) if n > 0)
 
     # -- files -----------------------------------------------------------------------------
     def _path(self, name: str) -> Optional[str]:
@@ -352,7 +372,7 @@ class Trainer:
         if self.config.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.config.clip_norm)
         self.state.updates += 1
-        lr = learning_rate(self.config, self.state.updates)
+        lr = learning_rate(self.config, self.state.updates, self.total_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -375,7 +395,7 @@ class Trainer:
             self.state.best_score, self.state.best_update = score, self.state.updates
         row = {"update": self.state.updates, "epoch": self.epochs_done(),
                "train_loss": train_loss, "train_ppl": math.exp(min(train_loss, 100.0)),
-               "lr": learning_rate(self.config, max(self.state.updates, 1)),
+               "lr": learning_rate(self.config, max(self.state.updates, 1), self.total_updates),
                "tokens_per_s": tokens_per_s, "elapsed_s": elapsed, **scores}
         self.state.metrics.append(row)
         logger.info("[%s] checkpoint %d: train loss %.3f, valid ppl %s, valid AER %s%s",
@@ -391,9 +411,7 @@ class Trainer:
             self.load_checkpoint()
         config = self.config
         start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
-        total = config.max_updates or config.max_epochs * math.ceil(
-            len(self.batcher) / config.update_freq)
-        bar = _progress_bar(total, self.state.updates, self.name, self.progress,
+        bar = _progress_bar(self.total_updates, self.state.updates, self.name, self.progress,
                             self.progress_position)
         # loss sums and token counts of this rank: since the last log line / checkpoint
         window = [0.0, 0.0]
@@ -415,7 +433,7 @@ class Trainer:
                 speed = (self.state.tokens - start_tokens) / max(time.time() - start, 1e-9)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed:.0f}")
                 logger.debug("[%s] update %d: loss %.3f, lr %.2e, %.0f tokens/s", self.name,
-                             self.state.updates, loss, learning_rate(config, self.state.updates),
+                             self.state.updates, loss, learning_rate(config, self.state.updates, self.total_updates),
                              speed)
                 window = [0.0, 0.0]
             if self.state.updates % config.checkpoint_interval == 0:

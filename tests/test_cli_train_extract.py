@@ -165,6 +165,21 @@ def test_extract_user_errors_are_one_line(tmp_path, corpus):
     run(*base, "--direction", "fwd", "--checkpoint", "last")  # fwd alone still works
 
 
+def test_lr_schedule_option_is_recorded_and_followed(tmp_path, corpus):
+    """--lr-schedule linear: config.json records it; the last update runs at lr / (T - w + 1)."""
+    from aligner.train import read_metrics
+
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 4,
+        "--directions", "fwd", "--lr-schedule", "linear", *TINY)
+    config = json.loads((model / C.CONFIG_NAME).read_text())
+    assert config["training"]["lr_schedule"] == "linear"
+    rows = read_metrics(str(model / "fwd" / C.METRICS_NAME))
+    # TINY: --lr 3e-3 --warmup 2 --checkpoint-interval 2: updates 2 and 4
+    assert [row["update"] for row in rows] == [2, 4]
+    assert [row["lr"] for row in rows] == pytest.approx([3e-3, 3e-3 / 3])
+
+
 def test_pinned_train_defaults():
     """The defaults users and scripts rely on (sockeye's test_arguments idea)."""
     from aligner.cli.train import command
@@ -173,13 +188,13 @@ def test_pinned_train_defaults():
     assert {k: defaults[k] for k in (
         "model_kind", "directions", "tokenize", "bpe_merges", "joint_bpe", "d_model", "heads",
         "encoder_layers", "decoder_layers", "ff_dim", "dropout", "max_tokens", "update_freq",
-        "lr", "warmup", "label_smoothing", "clip_norm", "max_updates", "max_epochs",
-        "checkpoint_interval", "device", "seed")} == {
+        "lr", "warmup", "lr_schedule", "label_smoothing", "clip_norm", "max_updates",
+        "max_epochs", "checkpoint_interval", "device", "seed")} == {
         "model_kind": "hmm1", "directions": "fwd,rev", "tokenize": False,
         "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
         "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
         "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
-        "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 2,
+        "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 2,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
     from aligner.cli.extract import command as extract_command
 

@@ -200,6 +200,14 @@ def test_rounds_afresh_train_from_new_weights(tmp_path):
     assert config["data"]["guide"] == str(model / "selftrain.round1.align")
     assert "init_from" not in config["extra"]
     assert "weights of" not in (model / "train.log").read_text()
+    # one round over the same directory: the earlier run's round files are not left behind
+    # (nor a previous_round of a cut-off run)
+    (model / "previous_round").mkdir()
+    assert (model / "selftrain.round1.log").exists()
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "1",
+            "--model-dir", model, "--overwrite", *TINY)
+    assert sorted(p.name for p in model.iterdir() if "round" in p.name) == []
 
 
 def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):

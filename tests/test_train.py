@@ -57,6 +57,41 @@ def test_learning_rate_schedule_by_hand():
     assert learning_rate(config(lr=0.1, warmup=0), 7) == 0.1   # no warm-up: constant
 
 
+def test_linear_learning_rate_schedule_by_hand():
+    # warm-up over 4 updates, then (T - u + 1) / (T - w + 1) of lr with T = 10, w = 4
+    cfg = config(lr=1.0, warmup=4, lr_schedule="linear")
+    rates = [learning_rate(cfg, u, 10) for u in range(1, 11)]
+    assert rates == pytest.approx([0.25, 0.5, 0.75, 1.0, 6 / 7, 5 / 7, 4 / 7, 3 / 7, 2 / 7,
+                                   1 / 7])
+    # no warm-up: the full rate at update 1, 1/T of it at the last
+    no_warmup = config(lr=1.0, warmup=0, lr_schedule="linear")
+    assert [learning_rate(no_warmup, u, 4) for u in (1, 2, 4)] == pytest.approx([1, 0.75, 0.25])
+    # a warm-up longer than the run: still warming up at its end
+    assert learning_rate(config(lr=1.0, warmup=8, lr_schedule="linear"), 4, 4) == 0.5
+    with pytest.raises(AlignerError, match="number of updates"):
+        learning_rate(cfg, 3)
+    with pytest.raises(AlignerError, match="--lr-schedule must be one of"):
+        config(lr_schedule="cosine")
+
+
+@pytest.mark.parametrize("limits, total", [(dict(max_updates=7, max_epochs=0), 7),
+                                           (dict(max_updates=0, max_epochs=2), None),
+                                           (dict(max_updates=3, max_epochs=2), 3)])
+def test_linear_schedule_ends_at_the_runs_last_update(tmp_path, limits, total):
+    """The Trainer's schedule spans the run it will do: max_updates, or max_epochs of batches."""
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
+    model = make_model((src_vocab, tgt_vocab), dropout=0.0)
+    trainer = Trainer(model, corpus, "fwd", config(lr=1.0, warmup=2, lr_schedule="linear",
+                                                   checkpoint_interval=1, **limits),
+                      None, CPU, progress=False)
+    summary = trainer.run()
+    total = total or 2 * len(trainer.batcher)
+    assert summary.updates == total
+    rates = [row["lr"] for row in summary.metrics]
+    assert rates[0] == 0.5 and rates[-1] == pytest.approx(1 / (total - 1))
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1 / (total - 1))
+
+
 def test_tiny_model_trains_and_loss_falls(tmp_path):
     corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
     model = make_model((src_vocab, tgt_vocab), dropout=0.0)

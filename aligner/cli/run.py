@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -218,6 +219,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                             if round_number == rounds else None)
             if init_dir is not None:
                 shutil.rmtree(init_dir)
+            if round_number == 1:  # the directory is this run's now (or was empty)
+                _remove_earlier_rounds(model_dir)
             trained = time.time()
             seconds["training"] += trained - start
             last = round_number == rounds
@@ -253,6 +256,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 
 #: where `align run` keeps the previous round's model while the next round fine-tunes it
 PREVIOUS_ROUND_DIR = "previous_round"
+
+
+def _remove_earlier_rounds(model_dir: str) -> None:
+    """Remove what an earlier `align run --model-dir` left beside its model and the training
+    run that has just replaced it (--overwrite): its rounds' alignments and logs
+    (selftrain.roundN.align / .log) and a previous_round it was cut off with — so that every
+    selftrain.* file in the directory is this run's."""
+    for name in os.listdir(model_dir):
+        path = os.path.join(model_dir, name)
+        if re.fullmatch(r"selftrain\.round\d+\.(align|log)", name) and os.path.isfile(path):
+            os.unlink(path)
+        elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path):
+            shutil.rmtree(path)
 
 
 def _keep_round_log(model_dir: str, round_number: int) -> None:

@@ -153,7 +153,11 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="Batches per update (gradient accumulation).")
 @click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=float, help="Peak learning rate.")
 @click.option("--warmup", default=recipe.TRAINING["warmup"], show_default=True, type=click.IntRange(min=0),
-              help="Linear warm-up updates (then inverse square root decay).")
+              help="Linear warm-up updates (then --lr-schedule).")
+@click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
+              default=recipe.TRAINING["lr_schedule"], show_default=True,
+              help="Decay after the warm-up: inverse square root, or linear to almost 0 at the "
+                   "last update (--max-updates, or --max-epochs of the corpus).")
 @click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=click.FloatRange(0, 1))
 @click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=click.FloatRange(min=0),
               help="Gradient norm clipping (0 = off).")
@@ -215,7 +219,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             max_positions: int, tie_embeddings: bool, markov_order: int,
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
             layer_keys: Optional[str],
-            max_tokens: int, update_freq: int, lr: float, warmup: int, label_smoothing: float,
+            max_tokens: int, update_freq: int, lr: float, warmup: int, lr_schedule: str,
+            label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
             valid_gold_format: str, valid_method: str, guide: Optional[str],
@@ -264,7 +269,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"--layer-keys applies to --model {', '.join(layer_kinds)} only")
         model_options["layer_keys"] = layer_keys
     train_config = TrainConfig(max_tokens=max_tokens, update_freq=update_freq, lr=lr,
-                               warmup=warmup, label_smoothing=label_smoothing,
+                               warmup=warmup, lr_schedule=lr_schedule,
+                               label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device, seed=seed,
