@@ -124,9 +124,9 @@ class TrainConfig:
     Batches hold at most `max_tokens` padded tokens (max(source, target) length × sentences);
     one update accumulates the gradients of `update_freq` batches. The learning rate warms up
     linearly over `warmup` updates to `lr`, then decays (`lr_schedule`): "inverse-sqrt" as
-    lr · sqrt(warmup / update), or "linear" to lr / (T - warmup + 1) at the last update T
-    (the run's max_updates, or max_epochs × updates per epoch: see learning_rate). Training
-    stops after `max_updates` updates or `max_epochs` epochs,
+    lr · sqrt(warmup / update), or "linear" to lr / (T - max(warmup, 1) + 1) at the run's last
+    update T (see aligner.train.learning_rate; such a run resumes only with the same
+    max_updates and max_epochs). Training stops after `max_updates` updates or `max_epochs` epochs,
     whichever comes first (0 = no limit; at least one must be set). A checkpoint (validation,
     params.last.pt, training state, and params.best.pt when validation improved) is written every
     `checkpoint_interval` updates and at the end.
@@ -262,12 +262,16 @@ class RunConfig:
         return cls.from_dict(values, what=path)
 
     def differences(self, other: "RunConfig") -> List[str]:
-        """Names of settings that differ from `other`, ignoring RESUMABLE_CHANGES."""
+        """Names of settings that differ from `other`, ignoring RESUMABLE_CHANGES — but for
+        the run's length (max_updates, max_epochs) under the linear learning-rate schedule,
+        whose decay ends at the run's last update: resumed with another length it would jump."""
         mine, theirs = self.to_dict(), other.to_dict()
+        linear = "linear" in (self.training.lr_schedule, other.training.lr_schedule)
         for values in (mine, theirs):
             values.pop("package_version")
             for key in RESUMABLE_CHANGES:
-                values["training"].pop(key)
+                if not (linear and key in ("max_updates", "max_epochs")):
+                    values["training"].pop(key)
         return sorted(_diff_keys(mine, theirs))
 
 

@@ -4,7 +4,7 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
 
 * only parameters with ``requires_grad`` are optimized (a model kind can freeze a base network
   and train a new part with the same loop);
-* Adam with linear warm-up and inverse-square-root decay; gradient clipping; gradient
+* Adam with linear warm-up, then inverse-square-root or linear decay; gradient clipping; gradient
   accumulation over ``update_freq`` batches; the loss of an update is the sum over its tokens
   divided by the number of tokens of the whole update (all batches, all ranks);
 * a checkpoint every ``checkpoint_interval`` updates and at the end: validation (perplexity and,
@@ -68,9 +68,9 @@ def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> f
     "inverse-sqrt" decays as lr·sqrt(w/u) (total_updates unused); "linear" decays as
     lr·(T - u + 1)/(T - w + 1) with T = total_updates, from lr at u = w to lr/(T - w + 1) at
     the last update u = T (never 0: every update still moves the weights; w = 1 when there is
-    no warm-up, so that update 1 has the full lr), as sockeye's
-    linear-decay or fairseq's polynomial_decay with power 1. With warmup >= T the run never
-    leaves the warm-up.
+    no warm-up, so that update 1 has the full lr): fairseq's polynomial_decay with power 1,
+    but ending at lr/(T - w + 1) instead of 0. With warmup >= T the run never leaves the
+    warm-up.
     """
     warm = update / config.warmup if config.warmup else 1.0
     if config.lr_schedule == "linear":
@@ -249,10 +249,10 @@ class Trainer:
                             f"(--guide-weight without --guide?)")
         self.state = TrainState()
         # updates of the whole run (this rank's batches; the progress bar's total and the
-        # linear learning-rate schedule's end): max_updates or max_epochs, the earlier of both
-        per_epoch = math.ceil(len(self.batcher) / config.update_freq)
-        self.total_updates = min(n for n in (config.max_updates,
-                                             config.max_epochs * per_epoch) if n > 0)
+        # linear learning-rate schedule's end): max_updates or max_epochs, whichever limit is
+        # reached first; an update may take batches of two epochs (_next_batches)
+        by_epochs = math.ceil(config.max_epochs * len(self.batcher) / config.update_freq)
+        self.total_updates = min(n for n in (config.max_updates, by_epochs) if n > 0)
 
     # -- files -----------------------------------------------------------------------------
     def _path(self, name: str) -> Optional[str]:
@@ -433,7 +433,8 @@ class Trainer:
                 speed = (self.state.tokens - start_tokens) / max(time.time() - start, 1e-9)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speed:.0f}")
                 logger.debug("[%s] update %d: loss %.3f, lr %.2e, %.0f tokens/s", self.name,
-                             self.state.updates, loss, learning_rate(config, self.state.updates, self.total_updates),
+                             self.state.updates, loss,
+                             learning_rate(config, self.state.updates, self.total_updates),
                              speed)
                 window = [0.0, 0.0]
             if self.state.updates % config.checkpoint_interval == 0:

@@ -178,6 +178,11 @@ def test_lr_schedule_option_is_recorded_and_followed(tmp_path, corpus):
     # TINY: --lr 3e-3 --warmup 2 --checkpoint-interval 2: updates 2 and 4
     assert [row["update"] for row in rows] == [2, 4]
     assert [row["lr"] for row in rows] == pytest.approx([3e-3, 3e-3 / 3])
+    # resumed with another length, the decay would jump: refused (inverse-sqrt resumes)
+    line = error_line(run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+                          "--max-updates", 8, "--directions", "fwd", "--lr-schedule", "linear",
+                          "--resume", *TINY, ok=False))
+    assert "cannot resume, these settings differ from the saved run: training.max_updates" in line
 
 
 def test_pinned_train_defaults():

@@ -201,13 +201,21 @@ def test_rounds_afresh_train_from_new_weights(tmp_path):
     assert "init_from" not in config["extra"]
     assert "weights of" not in (model / "train.log").read_text()
     # one round over the same directory: the earlier run's round files are not left behind
-    # (nor a previous_round of a cut-off run)
+    # (nor a previous_round of a cut-off run), but for the one this run is guided by; files
+    # of the user stay
     (model / "previous_round").mkdir()
+    (model / "notes.txt").write_text("mine\n")
+    (model / "selftrain.round2.align").write_text("")
+    guide = (model / "selftrain.round1.align").read_text()
     assert (model / "selftrain.round1.log").exists()
     with restored_aligner_logger():
         run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "1",
+            "--guide", model / "selftrain.round1.align",
             "--model-dir", model, "--overwrite", *TINY)
-    assert sorted(p.name for p in model.iterdir() if "round" in p.name) == []
+    assert sorted(p.name for p in model.iterdir() if "round" in p.name) == [
+        "selftrain.round1.align"]
+    assert (model / "selftrain.round1.align").read_text() == guide
+    assert (model / "notes.txt").read_text() == "mine\n"
 
 
 def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned, tmp_path):

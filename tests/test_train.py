@@ -74,19 +74,24 @@ def test_linear_learning_rate_schedule_by_hand():
         config(lr_schedule="cosine")
 
 
-@pytest.mark.parametrize("limits, total", [(dict(max_updates=7, max_epochs=0), 7),
-                                           (dict(max_updates=0, max_epochs=2), None),
-                                           (dict(max_updates=3, max_epochs=2), 3)])
+@pytest.mark.parametrize("limits, total", [
+    (dict(max_updates=7, max_epochs=0), 7),
+    (dict(max_updates=0, max_epochs=2), 10),   # 5 batches an epoch at max_tokens 50
+    (dict(max_updates=3, max_epochs=2), 3),
+    # 2 batches an update: the 10 batches of 2 epochs in 5 updates (the third takes one
+    # batch of each epoch), not 2 x ceil(5 / 2) = 6
+    (dict(max_updates=0, max_epochs=2, update_freq=2), 5)])
 def test_linear_schedule_ends_at_the_runs_last_update(tmp_path, limits, total):
     """The Trainer's schedule spans the run it will do: max_updates, or max_epochs of batches."""
     corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
     model = make_model((src_vocab, tgt_vocab), dropout=0.0)
     trainer = Trainer(model, corpus, "fwd", config(lr=1.0, warmup=2, lr_schedule="linear",
-                                                   checkpoint_interval=1, **limits),
+                                                   max_tokens=50, checkpoint_interval=1,
+                                                   **limits),
                       None, CPU, progress=False)
+    assert len(trainer.batcher) == 5
     summary = trainer.run()
-    total = total or 2 * len(trainer.batcher)
-    assert summary.updates == total
+    assert summary.updates == total == trainer.total_updates
     rates = [row["lr"] for row in summary.metrics]
     assert rates[0] == 0.5 and rates[-1] == pytest.approx(1 / (total - 1))
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1 / (total - 1))

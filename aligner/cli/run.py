@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -220,7 +221,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             if init_dir is not None:
                 shutil.rmtree(init_dir)
             if round_number == 1:  # the directory is this run's now (or was empty)
-                _remove_earlier_rounds(model_dir)
+                _remove_earlier_rounds(model_dir, keep=guide)
             trained = time.time()
             seconds["training"] += trained - start
             last = round_number == rounds
@@ -258,17 +259,24 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 PREVIOUS_ROUND_DIR = "previous_round"
 
 
-def _remove_earlier_rounds(model_dir: str) -> None:
+def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
     """Remove what an earlier `align run --model-dir` left beside its model and the training
     run that has just replaced it (--overwrite): its rounds' alignments and logs
-    (selftrain.roundN.align / .log) and a previous_round it was cut off with — so that every
-    selftrain.* file in the directory is this run's."""
-    for name in os.listdir(model_dir):
+    (selftrain.roundN.align / .log) and a previous_round it was cut off with, so that no
+    round file of another run is taken for this run's. `keep`: a file that stays (this run's
+    --guide, which may be such a file). Each removal is logged."""
+    logger = logging.getLogger("aligner")
+    for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
+        if keep is not None and os.path.exists(keep) and os.path.samefile(path, keep):
+            continue
         if re.fullmatch(r"selftrain\.round\d+\.(align|log)", name) and os.path.isfile(path):
             os.unlink(path)
-        elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path):
+        elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
+        else:
+            continue
+        logger.info("removed %s (an earlier run's)", path)
 
 
 def _keep_round_log(model_dir: str, round_number: int) -> None:

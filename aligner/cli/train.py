@@ -156,8 +156,9 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="Linear warm-up updates (then --lr-schedule).")
 @click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
               default=recipe.TRAINING["lr_schedule"], show_default=True,
-              help="Decay after the warm-up: inverse square root, or linear to almost 0 at the "
-                   "last update (--max-updates, or --max-epochs of the corpus).")
+              help="Decay after the warm-up: inverse square root, or linear to lr/(T-w+1) at "
+                   "the run's last update T (--max-updates or --max-epochs, whichever limit "
+                   "comes first; --resume then needs the same limits).")
 @click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=click.FloatRange(0, 1))
 @click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=click.FloatRange(min=0),
               help="Gradient norm clipping (0 = off).")
