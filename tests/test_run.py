@@ -22,13 +22,14 @@ def test_the_recipe_is_pinned():
                                         d_ff=512, dropout=0.0, max_positions=1024,
                                         tie_embeddings=True, markov_order=0, lexicon_dim=64,
                                         lexicon_sample=0, lexicon_activation="linear")
-    assert recipe.TRAINING == dict(lr=3e-3, warmup=150, max_tokens=1200, label_smoothing=0.1,
-                                   clip_norm=1.0)
+    assert recipe.TRAINING == dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
+                                   max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \
         (2, "hmm-posterior", "soft-average", 0.55)
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
             recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS,
-            recipe.SELF_GUIDE_THRESHOLD) == (3, 1, True, 0.5, 1, 0.5)
+            recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_LR_SCHEDULE) == \
+        (3, 1, True, 0.5, 1, 0.5, "linear")
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -200,6 +201,8 @@ def test_rounds_afresh_train_from_new_weights(tmp_path):
     assert config["data"]["guide"] == str(model / "selftrain.round1.align")
     assert "init_from" not in config["extra"]
     assert "weights of" not in (model / "train.log").read_text()
+    # a round from new weights keeps round 1's schedule (--fine-tune-lr-schedule: fine-tuned)
+    assert config["training"]["lr_schedule"] == "inverse-sqrt"
     # one round over the same directory: the earlier run's round files are not left behind
     # (nor a previous_round of a cut-off run), but for the one this run is guided by; files
     # of the user stay
@@ -247,6 +250,13 @@ def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
     assert config["training"]["max_epochs"] == 3 and config["training"]["max_updates"] == 0
     header, *rows = (model / "fwd" / "metrics.tsv").read_text().splitlines()
     assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3
+    # a fine-tuned round decays linearly (recipe.FINE_TUNE_LR_SCHEDULE); round 1 did not
+    assert config["training"]["lr_schedule"] == "linear"
+    with restored_aligner_logger():
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "1", "--epochs", "1",
+            "--model-dir", model, "--overwrite", *TINY[2:])
+    config = json.loads((model / "config.json").read_text())
+    assert config["training"]["lr_schedule"] == "inverse-sqrt"
 
 
 def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_threshold(

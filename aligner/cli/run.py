@@ -96,6 +96,11 @@ from aligner.utils import check_condition, check_writable
 @click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
               type=click.IntRange(min=1),
               help="Training passes over the bitext per direction in a fine-tuned round.")
+@click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
+              default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
+              help="Learning-rate decay of a fine-tuned round (as align train --lr-schedule; "
+                   "round 1 and --afresh rounds take the recipe's "
+                   f"{recipe.TRAINING['lr_schedule']}).")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop each direction after this many updates (0 = --epochs decides).")
 @click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
@@ -117,6 +122,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
+            fine_tune_lr_schedule: str,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
@@ -127,7 +133,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
     directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds
     of one epoch: the second and the third fine-tune the previous round's model, guided by its
-    own alignments of the bitext (self-training). Exactly one output line per input line, in
+    own alignments of the bitext (self-training), with a linearly decaying learning rate. Exactly one output line per input line, in
     input order; a line with an empty side, or too long for the model, gets an empty line (and
     a warning).
     """
@@ -200,6 +206,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 train_config = dataclasses.replace(train_config, guide_weight=self_guide_weight)
                 if fine_tune:  # its weights are the start: kept aside, the round rewrites
                     init_dir = _keep_previous_round(model_dir)
+                    train_config = dataclasses.replace(train_config,
+                                                       lr_schedule=fine_tune_lr_schedule)
                     if not max_updates:
                         train_config = dataclasses.replace(train_config,
                                                            max_epochs=fine_tune_epochs)
