@@ -5,7 +5,9 @@ these values). Sources: eval/results/enfr_hmm1.md (hmm1 on en-fr 25k Hansards, h
 with -H soft-average, sizes and schedule) and eval/results/linear_lexicon.md (the linear
 lexicon: 2.5x the training speed, better alignments at equal updates), and
 eval/results/selftrain_finetune_enfr.md (self-training: round 2 fine-tunes round 1's model);
-and eval/results/selftrain_rounds_enfr.md (a third round, the output threshold). The whole job
+and eval/results/selftrain_rounds_enfr.md (a third round, the output threshold);
+eval/results/dropout_enfr.md (no dropout) and lr_schedule_enfr.md (fine-tuned rounds decay
+linearly). The whole job
 with these defaults (`align run` on the 25k corpus, 2 CPU cores): see
 eval/results/whole_job_enfr.md and quality.md for its time and AER against eflomal.
 """
