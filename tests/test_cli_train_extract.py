@@ -199,7 +199,8 @@ def test_pinned_train_defaults():
         "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
         "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
         "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
-        "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0, "max_updates": 0, "max_epochs": 2,
+        "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0,
+        "max_updates": 0, "max_epochs": 2,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
     from aligner.cli.extract import command as extract_command
 

@@ -133,9 +133,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
     directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds
     of one epoch: the second and the third fine-tune the previous round's model, guided by its
-    own alignments of the bitext (self-training), with a linearly decaying learning rate. Exactly one output line per input line, in
-    input order; a line with an empty side, or too long for the model, gets an empty line (and
-    a warning).
+    own alignments of the bitext (self-training), with a linearly decaying learning rate.
+    Exactly one output line per input line, in input order; a line with an empty side, or too
+    long for the model, gets an empty line (and a warning).
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
