@@ -60,9 +60,10 @@ SELF_GUIDE_WEIGHT = 0.5
 #: 0.1, `--fine-tune-epochs 2` not measured without it)
 FINE_TUNE_EPOCHS = 1
 #: `align run`: learning-rate decay of a fine-tuned round (round 1 keeps TRAINING's
-#: inverse-sqrt): each round ends annealed, in the same time. On en-fr 25k, seed 1, from the
-#: same round 1 (eval/results/lr_schedule_enfr.md): rounds 2 / 3 dev 7.3 / 6.5 against
-#: 7.8 / 6.8 with inverse-sqrt; linear in round 1 too: 10.5 / 7.5 / 6.8 (round 1, from new
+#: inverse-sqrt): each round ends annealed, in the same time. On en-fr 25k, each seed from
+#: the same round 1 (eval/results/lr_schedule_enfr.md): round 3 dev / trial 6.5 / 8.2 and
+#: 6.5 / 8.3 (seeds 1, 2) against 6.8 / 7.2 and 7.2 / 10.0 with inverse-sqrt; de-en test
+#: 25.3 against 24.8 (one seed); linear in round 1 too: 10.5 / 7.5 / 6.8 (round 1, from new
 #: weights, is worse annealed: 10.5 against 9.9)
 FINE_TUNE_LR_SCHEDULE = "linear"
 METHOD = "hmm-posterior"
