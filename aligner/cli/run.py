@@ -263,6 +263,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                        f"{100 * score.recall:.1f} |", err=True)
 
 
+logger = logging.getLogger(__name__)
+
 #: where `align run` keeps the previous round's model while the next round fine-tunes it
 PREVIOUS_ROUND_DIR = "previous_round"
 
@@ -273,7 +275,6 @@ def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
     (selftrain.roundN.align / .log) and a previous_round it was cut off with, so that no
     round file of another run is taken for this run's. `keep`: a file that stays (this run's
     --guide, which may be such a file). Each removal is logged."""
-    logger = logging.getLogger("aligner")
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
         if keep is not None and os.path.exists(keep) and os.path.samefile(path, keep):
