@@ -29,7 +29,7 @@ def test_the_recipe_is_pinned():
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
             recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS,
             recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_LR_SCHEDULE) == \
-        (3, 1, True, 0.5, 1, 0.5, "linear")
+        (4, 1, True, 0.5, 1, 0.5, "linear")
     assert recipe.AGREEMENT_WEIGHT == 0.0
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
@@ -74,7 +74,7 @@ def test_one_line_per_input_line_in_order_with_empty_lines_kept(aligned):
 
 def test_aligning_in_blocks_gives_the_same_files_and_table(aligned, monkeypatch):
     """Without --soft the bitext is read from its files and aligned in blocks (7 lines here,
-    BLOCK_LINES patched; both rounds): the same -o/-f/-r files and AER table as the fixture's
+    BLOCK_LINES patched; every round): the same -o/-f/-r files and AER table as the fixture's
     run, which held everything in memory for --soft."""
     import aligner.inference
 

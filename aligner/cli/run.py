@@ -131,8 +131,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
     The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average, trained in three rounds
-    of one epoch: the second and the third fine-tune the previous round's model, guided by its
+    directions, hmm-posterior alignments combined by -H soft-average, trained in four rounds
+    of one epoch: each after the first fine-tunes the previous round's model, guided by its
     own alignments of the bitext (self-training), with a linearly decaying learning rate.
     Exactly one output line per input line, in input order; a line with an empty side, or too
     long for the model, gets an empty line (and a warning).
