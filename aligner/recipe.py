@@ -6,10 +6,10 @@ with -H soft-average, sizes and schedule) and eval/results/linear_lexicon.md (th
 lexicon: 2.5x the training speed, better alignments at equal updates), and
 eval/results/selftrain_finetune_enfr.md (self-training: round 2 fine-tunes round 1's model);
 and eval/results/selftrain_rounds_enfr.md (a third round, the output threshold);
-eval/results/dropout_enfr.md (no dropout) and lr_schedule_enfr.md (fine-tuned rounds decay
-linearly). The whole job
+eval/results/dropout_enfr.md (no dropout), lr_schedule_enfr.md (fine-tuned rounds decay
+linearly) and rounds4_enfr.md (a fourth round). The whole job
 with these defaults (`align run` on the 25k corpus, 2 CPU cores): see
-eval/results/whole_job_enfr.md and quality.md for its time and AER against eflomal.
+eval/results/rounds4_enfr.md and quality.md for its time and AER against eflomal.
 """
 from __future__ import annotations
 
