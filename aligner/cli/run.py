@@ -28,6 +28,8 @@ from aligner.cli.train import (INPUT, bitext_options, check_bitext_args, check_g
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, check_writable
 
+logger = logging.getLogger(__name__)
+
 
 @click.command("run")
 @bitext_options
@@ -262,8 +264,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             click.echo(f"| {name} | {100 * score.aer:.1f} | {100 * score.precision:.1f} | "
                        f"{100 * score.recall:.1f} |", err=True)
 
-
-logger = logging.getLogger(__name__)
 
 #: where `align run` keeps the previous round's model while the next round fine-tunes it
 PREVIOUS_ROUND_DIR = "previous_round"
