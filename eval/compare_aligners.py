@@ -23,7 +23,8 @@ missing peer gets a "not run" row. Our own aligner joins in two ways:
   directions; a directory joined from two one-direction runs works). Only ``align extract``
   runs here. Time = the training seconds the directory records (``elapsed_s`` of the last row
   of ``DIR/fwd/metrics.tsv`` and ``DIR/rev/metrics.tsv``, plus "preparation took" of
-  ``DIR/train.log``; for an alignment layer also its base's) + the extraction measured here;
+  ``DIR/train.log``; for an alignment layer also its base's; for a self-training run also its
+  earlier rounds', from ``DIR/selftrain.roundN.log``) + the extraction measured here;
   the directions' times are summed even when they were trained in parallel (the notes say
   which). Peak = extraction only. Before anything runs, the model's training text must be the
   benchmark corpus line for line (:func:`check_training_text`: the encoded ``DIR/corpus``
@@ -569,6 +570,13 @@ def last_elapsed_seconds(path: str) -> float:
 _PREPARATION = re.compile(r"preparation took ([0-9.]+)s")
 _PARALLEL = re.compile(r"training (" + "|".join(C.DIRECTIONS) + r")(, \w+)* in parallel: ")
 _DONE = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r")\] done: ")
+# a self-training run's earlier rounds (aligner/self_training.py) leave only their logs,
+# MODEL_DIR/selftrain.roundN.log: each direction's "done ... in Xs" (one per run of a resumed
+# round), "preparation took Xs", and the alignment of the bitext that guided the next round
+_DONE_SECONDS = re.compile(r"\[(" + "|".join(C.DIRECTIONS)
+                           + r")\] done: \d+ updates \(\d+ in this run\) in ([0-9.]+)s")
+_GUIDE_SECONDS = re.compile(r"self-training guide: .* of the bitext took ([0-9.]+)s")
+_ROUND_LOG = re.compile(r"selftrain\.round(\d+)\.log")
 
 
 @dataclass
@@ -638,6 +646,7 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
                 + "; counted into the time column")
         for path in missing:
             record.notes.append(f"training time unknown: {path} is missing (0 s counted)")
+        _add_earlier_rounds(record, prefix, folder)
         done = set(_DONE.findall(log))
         if len(read) > 1:
             if _PARALLEL.search(log):
@@ -656,6 +665,39 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
                                     "processes, possibly in parallel; the time column counts "
                                     "the sum of their training times")
     return record
+
+
+def _add_earlier_rounds(record: TrainingRecord, prefix: str, folder: str) -> None:
+    """Count the rounds before the last of a self-training run in `folder` (its
+    selftrain.roundN.log files; none for other runs): per direction the seconds of its "done"
+    lines, the preparation, and the alignment of the bitext that guided the next round."""
+    logs = sorted((int(m.group(1)), name) for name in os.listdir(folder)
+                  for m in [_ROUND_LOG.fullmatch(name)] if m)
+    if not logs:
+        return
+    parts = {"fwd": 0.0, "rev": 0.0, "preparation": 0.0, "guides": 0.0}
+    unaligned = []
+    for round_number, name in logs:
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
+            log = handle.read()
+        for direction, seconds in _DONE_SECONDS.findall(log):
+            parts[direction] += float(seconds)
+        parts["preparation"] += sum(float(x) for x in _PREPARATION.findall(log))
+        guides = _GUIDE_SECONDS.findall(log)
+        parts["guides"] += sum(float(x) for x in guides)
+        if not guides:
+            unaligned.append(round_number)
+    key = f"{prefix}rounds 1-{logs[-1][0]} "
+    for part, seconds in parts.items():
+        record.seconds[key + part] = seconds
+    record.notes.append(
+        f"self-training: rounds {', '.join(str(r) for r, _ in logs)} before the model's own "
+        f"round, from their logs ({folder}/selftrain.roundN.log): fwd {parts['fwd']:.1f} s, rev "
+        f"{parts['rev']:.1f} s (the training loops), BPE and corpus encoding "
+        f"{parts['preparation']:.1f} s, alignment of the bitext for the next round's guide "
+        f"{parts['guides']:.1f} s; counted into the time column"
+        + (f" (the logs of rounds {', '.join(map(str, unaligned))} do not record their "
+           f"alignment time: written before 2026-11-25)" if unaligned else ""))
 
 
 def describe_line(corpus: Corpus, line: int) -> str:

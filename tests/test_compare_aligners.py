@@ -417,6 +417,33 @@ def test_recorded_training_of_an_agreement_run_is_its_joint_time(tmp_path):
     assert not any("training time unknown" in note for note in record.notes)
 
 
+def test_recorded_training_of_a_self_training_run_counts_its_earlier_rounds(tmp_path):
+    """The last round's metrics.tsv plus, from selftrain.roundN.log, each earlier round's
+    training loops (a resumed round: one "done" line per run), preparation and guide."""
+    model = tmp_path / "m"
+    write_metrics(model / "fwd", 5.0, 12.0)
+    write_metrics(model / "rev", 11.0)
+    write(model / "train.log", ["[2026-11-25 01:00:00 INFO] preparation took 1.0s"])
+    done = "[2026-11-25 00:50:00 INFO] [{}] done: 40 updates ({} in this run) in {}s; best " \
+           "checkpoint at update 40"
+    write(model / "selftrain.round1.log", [
+        "[2026-11-25 00:40:00 INFO] preparation took 2.5s", done.format("fwd", 40, "100.0"),
+        done.format("rev", 40, "90.0"),
+        "[2026-11-25 00:55:00 INFO] self-training guide: m/selftrain.round1.align of the "
+        "bitext took 30.0s"])
+    write(model / "selftrain.round2.log", [
+        "[2026-11-25 00:56:00 INFO] preparation took 0.5s", done.format("fwd", 20, "20.0"),
+        done.format("fwd", 40, "25.0"), done.format("rev", 40, "44.0")])   # no guide line
+    (model / "selftrain.round2.align").write_text("")
+    record = ca.recorded_training(str(model))
+    assert record.seconds == {"fwd": 12.0, "rev": 11.0, "preparation": 1.0,
+                              "rounds 1-2 fwd": 145.0, "rounds 1-2 rev": 134.0,
+                              "rounds 1-2 preparation": 3.0, "rounds 1-2 guides": 30.0}
+    assert record.total == pytest.approx(336.0)
+    note = next(n for n in record.notes if n.startswith("self-training"))
+    assert "rounds 1, 2 before" in note and "the logs of rounds 2 do not record" in note
+
+
 def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_preparation(
         tmp_path):
     model = tmp_path / "m"
@@ -611,7 +638,7 @@ def test_cli_refuses_an_unusable_model_directory_in_one_line(small_files):
 
 TINY_MODEL = ["--bpe-merges", "50", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
               "--decoder-layers", "1", "--ff-dim", "32", "--max-updates", "3", "--device", "cpu",
-              "--threads", "1", "-q"]
+              "--threads", "1", "--rounds", "1", "-q"]
 
 
 @pytest.mark.slow
