@@ -77,7 +77,11 @@ def train_direction(run: DirectionRun, device: torch.device,
     if run.base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
         base_weights = load_checkpoint_file(params_path(run.base_dir, run.direction, "best"))
         model.load_base(base_weights["state_dict"])
-    if run.init_dir is not None and not run.resume:  # fine-tuning (a resumed run has its own)
+    # fine-tuning starts from init_dir's weights; a resumed direction from its own checkpoint
+    # (one cut off before its first checkpoint has none: it starts as the run did)
+    resumable = run.resume and os.path.isfile(
+        os.path.join(direction_dir(run.model_dir, run.direction), C.TRAINING_STATE))
+    if run.init_dir is not None and not resumable:
         load_init_weights(model, run.init_dir, run.direction)
     if context.is_main:
         n_params = sum(p.numel() for p in model.parameters())
@@ -136,6 +140,23 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
     finally:
         training = False
         connection.close()
+
+
+#: `align train` / `align run` train the directions side by side by default from this many
+#: training pairs on (two processes take a few seconds to start)
+PARALLEL_MIN_PAIRS = 1000
+
+
+def default_parallel_directions(device: torch.device, directions: Sequence[str],
+                                agreement_weight: float, n_pairs: int) -> bool:
+    """Whether the directions train side by side (:func:`train_directions_in_parallel`) when
+    not asked: on a CPU with 2+ cores, two directions trained apart (no agreement), one process
+    (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2 cores the hmm1 recipe
+    trains 1.1-1.6x faster so (eval/results/parallel_directions.md), to the weights of
+    training them in turn with one thread each."""
+    return (device.type == "cpu" and (os.cpu_count() or 1) >= 2 and len(directions) > 1
+            and agreement_weight == 0 and int(os.environ.get("WORLD_SIZE", "1")) == 1
+            and n_pairs >= PARALLEL_MIN_PAIRS)
 
 
 def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = False,
@@ -764,9 +785,11 @@ def _prepare_like(model_dir: str, other_dir: str, bitext: Bitext, data_config: D
     """Stage 2 (`other_dir` = the base) or ``--init-from`` (the model fine-tuned): the other
     model directory's preprocessing and vocabularies (copied into `model_dir`) and the training
     corpus (and guide) encoded with them into MODEL_DIR/corpus (rank 0 only)."""
+    start = time.time()
     pre, src_vocab, tgt_vocab = load_preprocessing(other_dir)
     source, target = tokenize_bitext(pre, bitext)
     _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
                      bitext)
     logger.info("preprocessing and vocabularies of %s", other_dir)
+    logger.info("preparation took %.1fs", time.time() - start)
     return pre, src_vocab, tgt_vocab

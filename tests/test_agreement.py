@@ -135,9 +135,10 @@ def test_training_with_agreement_makes_the_directions_agree(cls):
 
 # -- through the command line ----------------------------------------------------------------
 
+#: one training run each (--rounds 1; self-training rounds: tests/test_self_training.py)
 TINY = ["--bpe-merges", "0", "--d-model", "32", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "2", "--ff-dim", "64", "--max-tokens", "300", "--warmup", "5",
-        "--lr", "3e-3", "--max-epochs", "0", "--dropout", "0", "-q"]
+        "--lr", "3e-3", "--max-epochs", "0", "--dropout", "0", "-q", "--rounds", "1"]
 
 
 @pytest.fixture(scope="module")

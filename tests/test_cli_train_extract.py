@@ -194,14 +194,15 @@ def test_pinned_train_defaults():
         "model_kind", "directions", "tokenize", "bpe_merges", "joint_bpe", "d_model", "heads",
         "encoder_layers", "decoder_layers", "ff_dim", "dropout", "max_tokens", "update_freq",
         "lr", "warmup", "lr_schedule", "label_smoothing", "clip_norm", "max_updates",
-        "max_epochs", "checkpoint_interval", "device", "seed")} == {
+        "max_epochs", "checkpoint_interval", "device", "seed", "rounds")} == {
         "model_kind": "hmm1", "directions": "fwd,rev", "tokenize": False,
         "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
         "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
         "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
         "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0,
-        "max_updates": 0, "max_epochs": 2,
-        "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED}
+        "max_updates": 0, "max_epochs": None,
+        "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED,
+        "rounds": None}
     from aligner.cli.extract import command as extract_command
 
     defaults = {p.name: p.default for p in extract_command.params}

@@ -24,7 +24,16 @@ def test_train_defaults_are_the_recipe():
          options["d_ff"], options["dropout"], options["max_positions"],
          options["tie_embeddings"], options["markov_order"])
     assert {key: defaults[key] for key in recipe.TRAINING} == recipe.TRAINING
-    assert defaults["max_epochs"] == recipe.EPOCHS and defaults["max_updates"] == 0
+    # None: recipe.EPOCHS_PER_ROUND a round with self-training rounds, recipe.EPOCHS with
+    # --rounds 1; rounds: recipe.ROUNDS for the HMMs in both directions
+    # (tests/test_self_training.py)
+    assert defaults["max_epochs"] is None and defaults["max_updates"] == 0
+    assert defaults["rounds"] is None
+    assert (defaults["self_guide_weight"], defaults["self_guide_threshold"],
+            defaults["fine_tune"], defaults["fine_tune_epochs"],
+            defaults["fine_tune_lr_schedule"]) == \
+        (recipe.SELF_GUIDE_WEIGHT, recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_ROUNDS,
+         recipe.FINE_TUNE_EPOCHS, recipe.FINE_TUNE_LR_SCHEDULE)
     assert defaults["bpe_merges"] is None          # recipe.bpe_merges(number of pairs)
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
     assert defaults["directions"] == "fwd,rev"

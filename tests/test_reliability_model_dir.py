@@ -17,9 +17,10 @@ from conftest import restored_aligner_logger
 from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 
+#: one training run each (--rounds 1; self-training rounds: tests/test_self_training.py)
 TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
-        "--lr", "3e-3", "--checkpoint-interval", "2", "-q"]
+        "--lr", "3e-3", "--checkpoint-interval", "2", "-q", "--rounds", "1"]
 
 
 @pytest.fixture(scope="module")

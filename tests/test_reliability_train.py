@@ -19,9 +19,10 @@ from aligner.utils import AlignerError
 from synthetic import monotone_corpus, write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
+#: one training run each (--rounds 1; self-training rounds: tests/test_self_training.py)
 TINY = ["--bpe-merges", "20", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
         "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens", "200", "--warmup", "2",
-        "--lr", "3e-3", "--checkpoint-interval", "2", "--device", "cpu", "-q"]
+        "--lr", "3e-3", "--checkpoint-interval", "2", "--device", "cpu", "-q", "--rounds", "1"]
 
 
 def invoke(*args):

@@ -1,23 +1,20 @@
 """`align run`: align a whole bitext in one command, as eflomal-align or fast_align do.
 
-Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, then
-writes the symmetrized word alignments of every input line. Only parses options and wires
-train_model_dir (aligner.train_run) to aligner.inference, block by block (memory does not grow
-with the corpus, except with --soft); torch is imported inside.
+Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, in
+self-training rounds (aligner.self_training), then writes the symmetrized word alignments of
+every input line (aligner.corpus_alignment, block by block: memory does not grow with the
+corpus, except with --soft). Only parses options and wires the two; torch is imported inside.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import itertools
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -114,8 +111,9 @@ logger = logging.getLogger(__name__)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default; on a CPU the two directions "
-                   "train at the same time, each with half).")
+              help="CPU threads for torch (0 = torch's default; on a CPU with 2+ cores the "
+                   "two directions of a bitext of 1,000+ pairs train at the same time, each "
+                   "with half).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
@@ -145,10 +143,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
+    from aligner.corpus_alignment import align_bitext
     from aligner.prep import PrepConfig
-    from aligner.train_run import train_model_dir
+    from aligner.self_training import SelfTraining, train_rounds
+    from aligner.train_run import TrainRequest, default_parallel_directions
 
-    start = time.time()
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
     check_bitext_args(source, target, joint, "the bitext")
@@ -192,60 +191,36 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         temporary = tempfile.mkdtemp(prefix="align-run-")
         model_dir = os.path.join(temporary, "model")
     # apart, the directions train faster side by side; agreement trains them in one loop
-    parallel = (torch_device.type == "cpu" and (os.cpu_count() or 1) >= 2
-                and agreement_weight == 0)
+    parallel = default_parallel_directions(torch_device, C.DIRECTIONS, agreement_weight,
+                                           n_lines)
     logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
                 n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
-    seconds = {"training": 0.0, "alignment": 0.0}
+    request = TrainRequest(
+        model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
+        # pairs the model cannot take (subwords + EOS): skipped in training
+        DataConfig(max_len=min(DataConfig.max_len, int(model_options["max_positions"]) - 1),
+                   guide=guide or ""),
+        train_config, overwrite=overwrite, quiet=quiet, argv=["align"] + sys.argv[1:],
+        parallel_directions=parallel,
+        # the model's align extract defaults: the output's
+        extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic, "threshold": threshold}})
+    plan = SelfTraining(rounds=rounds, guide_weight=self_guide_weight,
+                        guide_threshold=self_guide_threshold, heuristic=heuristic,
+                        output_threshold=threshold, fine_tune=fine_tune,
+                        fine_tune_epochs=fine_tune_epochs,
+                        fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist)
     try:
-        for round_number in range(1, rounds + 1):
-            init_dir = None
-            if round_number > 1:  # the previous round's alignments guide this one
-                guide = os.path.join(model_dir, f"selftrain.round{round_number - 1}.align")
-                # this round rewrites the directory: the previous round's log is kept aside
-                _keep_round_log(model_dir, round_number - 1)
-                train_config = dataclasses.replace(train_config, guide_weight=self_guide_weight)
-                if fine_tune:  # its weights are the start: kept aside, the round rewrites
-                    init_dir = _keep_previous_round(model_dir)
-                    train_config = dataclasses.replace(train_config,
-                                                       lr_schedule=fine_tune_lr_schedule)
-                    if not max_updates:
-                        train_config = dataclasses.replace(train_config,
-                                                           max_epochs=fine_tune_epochs)
-                logger.info("self-training round %d of %d, guided by %s%s", round_number,
-                            rounds, guide, ", from its model's weights" if fine_tune else "")
-            train_model_dir(model_dir, bitext, recipe.MODEL_KIND, model_options,
-                            PrepConfig(bpe_merges=merges),
-                            # pairs the model cannot take (subwords + EOS): skipped in training
-                            DataConfig(max_len=min(DataConfig.max_len,
-                                                   int(model_options["max_positions"]) - 1),
-                                       guide=guide or ""),
-                            train_config, overwrite=overwrite or round_number > 1,
-                            quiet=quiet, argv=["align"] + sys.argv[1:],
-                            parallel_directions=parallel, init_dir=init_dir,
-                            # the last round's model: align extract's defaults, the output's
-                            extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic,
-                                                        "threshold": threshold}}
-                            if round_number == rounds else None)
-            if init_dir is not None:
-                shutil.rmtree(init_dir)
-            if round_number == 1:  # the directory is this run's now (or was empty)
-                _remove_earlier_rounds(model_dir, keep=guide)
-            trained = time.time()
-            seconds["training"] += trained - start
-            last = round_number == rounds
-            outputs = ({heuristic: output, "fwd": forward_links, "rev": reverse_links} if last
-                       else {heuristic: os.path.join(model_dir,
-                                                     f"selftrain.round{round_number}.align")})
-            gold_rows, matrices, links = _align_bitext(
-                model_dir, bitext, torch_device, shortlist, heuristic,
-                threshold if last else self_guide_threshold, outputs, gold_lines,
-                keep_soft=last and soft is not None, quiet=quiet)
-            if matrices is not None:
-                write_results(output, matrices.pop("alignments"), soft, matrices)
-            start = time.time()
-            seconds["alignment"] += start - trained
+        trained = train_rounds(request, plan)
+        aligning = time.time()
+        gold_rows, matrices, links = align_bitext(
+            model_dir, bitext, torch_device, recipe.METHOD, shortlist, heuristic, threshold,
+            {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
+            keep_soft=soft is not None, quiet=quiet)
+        if matrices is not None:
+            write_results(output, matrices.pop("alignments"), soft, matrices)
+        seconds = {"training": trained.training_seconds,
+                   "alignment": trained.alignment_seconds + time.time() - aligning}
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -312,74 +287,3 @@ def _keep_previous_round(model_dir: str) -> str:
         elif os.path.isfile(path):
             shutil.copy2(path, kept)
     return kept
-
-
-def _align_bitext(model_dir: str, bitext, device, shortlist: int, heuristic: str,
-                  threshold: float, outputs: Dict[str, Optional[str]], gold_lines: range,
-                  keep_soft: bool, quiet: bool
-                  ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
-    """Align every line of `bitext` with the model in `model_dir` (the recipe's method), block
-    by block (inference.BLOCK_LINES lines; one block with `keep_soft`), writing each block's
-    lines to `outputs` ({"fwd" / "rev" / heuristic: Pharaoh file, '-' = stdout, or None}).
-
-    Returns (the links of `gold_lines` per direction and for the heuristic; with `keep_soft`
-    the soft matrices named as in the --soft .npz plus "alignments", the heuristic's links of
-    every line, for :func:`aligner.cli.extract.write_results` — the heuristic's output is then
-    left to it; the number of links the heuristic wrote).
-    """
-    from aligner import inference
-    from aligner.formats import bitext_blocks, format_links
-    from aligner.model_dir import LoadedModelDir
-    from aligner.soft_symmetrize import soft_average
-    from aligner.symmetrize import symmetrize
-    from aligner.utils import atomic_output
-
-    loaded = LoadedModelDir.load(model_dir, device=device)
-    options = {"shortlist": shortlist} if shortlist else {}
-    gold_rows: Dict[str, List[Set[Tuple[int, int]]]] = {"fwd": [], "rev": [], heuristic: []}
-    kept: Dict[str, Any] = {"alignments": []} if keep_soft else {}
-    paths = {name: path for name, path in outputs.items()
-             if path is not None and not (keep_soft and name == heuristic)}
-    n_links = 0
-    size = len(bitext) if keep_soft else inference.BLOCK_LINES
-    with contextlib.ExitStack() as stack:
-        files = {name: stack.enter_context(atomic_output(path)) for name, path in paths.items()}
-        workers = stack.enter_context(inference.DirectionWorkers())   # one pair for all blocks
-        for block in bitext_blocks(bitext, size, bitext.source_name, bitext.target_name):
-            first = block.first_line - 1                 # 0-based input line of the block's 0
-            pairs = inference.encode_bitext(loaded, block)
-            gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
-            hard_lines = (range(len(pairs)) if ({"fwd", "rev"} & files.keys()
-                                                or heuristic in C.HEURISTICS) else gold_here)
-            hard: Dict[str, List[Set[Tuple[int, int]]]] = {}
-            for direction in C.DIRECTIONS:
-                links = inference.align_pairs(
-                    loaded.models[direction], [pairs[k] for k in hard_lines], direction,
-                    recipe.METHOD, device=device, options=options, progress=not quiet) \
-                    if len(hard_lines) else []
-                hard[direction] = [set() for _ in pairs]
-                for k, line_links in zip(hard_lines, links):
-                    hard[direction][k] = line_links
-            soft: Dict[str, List[Any]] = {}
-            if heuristic in C.SOFT_HEURISTICS or keep_soft:   # one pass, used twice
-                soft = inference.soft_alignments_by_direction(
-                    loaded.models, pairs, C.DIRECTIONS, recipe.METHOD, device=device,
-                    options=options, progress=not quiet, parallel=workers)
-                if keep_soft:
-                    kept.update({f"{d}_{first + k}": m for d in C.DIRECTIONS
-                                 for k, m in enumerate(soft[d])})
-            if heuristic in C.SOFT_HEURISTICS:
-                hard[heuristic] = [soft_average(f, r, threshold)
-                                   for f, r in zip(soft["fwd"], soft["rev"])]
-            else:
-                hard[heuristic] = [symmetrize(f, r, heuristic)
-                                   for f, r in zip(hard["fwd"], hard["rev"])]
-            for name, handle in files.items():
-                handle.writelines(format_links(links) + "\n" for links in hard[name])
-            if keep_soft:
-                kept["alignments"].extend(hard[heuristic])
-            n_links += sum(map(len, hard[heuristic]))
-            for name in gold_rows:
-                gold_rows[name].extend(hard[name][k] for k in gold_here)
-            del block, pairs, hard, soft   # freed before the next block is read
-    return gold_rows, (kept if keep_soft else None), n_links

@@ -164,8 +164,10 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="Gradient norm clipping (0 = off).")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many updates per direction (0 = no limit).")
-@click.option("--max-epochs", default=recipe.EPOCHS, show_default=True, type=click.IntRange(min=0),
-              help="Stop after this many epochs (0 = no limit).")
+@click.option("--max-epochs", default=None, type=click.IntRange(min=0),
+              help=f"Stop after this many epochs (0 = no limit); with --rounds, round 1's  "
+                   f"[default: {recipe.EPOCHS_PER_ROUND} with self-training rounds, "
+                   f"{recipe.EPOCHS} with --rounds 1]")
 @click.option("--checkpoint-interval", default=1000, show_default=True,
               type=click.IntRange(min=1), help="Updates between checkpoints.")
 @click.option("--valid-src", type=INPUT, help="Validation source sentences.")
@@ -186,6 +188,32 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--guide-weight", default=1.0, show_default=True,
               type=click.FloatRange(min=0),
               help="Weight of the guide's cross-entropy term (with --guide).")
+@click.option("--rounds", default=None, type=click.IntRange(min=1),
+              help=f"Self-training (hmm0, hmm1, both directions): after each round but the "
+                   f"last, the round's own alignments of the training bitext (-H "
+                   f"{recipe.HEURISTIC}) guide the next round, which fine-tunes the round's "
+                   f"model (round 1 takes --guide, if given; 1 = one plain training)  "
+                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions, else 1]")
+@click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Weight of the guide term in a self-training round (--guide-weight is "
+                   "--guide's, in round 1).")
+@click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
+              default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
+              help="Threshold of -H soft-average for the alignments that guide the next "
+                   "self-training round.")
+@click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
+              show_default=True,
+              help="Self-training: each round after the first starts from the previous "
+                   "round's model (as --init-from), or from new weights.")
+@click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
+              type=click.IntRange(min=1),
+              help="Passes over the bitext in a fine-tuned self-training round (unless "
+                   "--max-updates).")
+@click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
+              default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
+              help="Learning-rate decay of a fine-tuned self-training round (round 1 takes "
+                   "--lr-schedule).")
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
@@ -196,11 +224,13 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default, usually all cores).")
-@click.option("--parallel-directions", is_flag=True,
+@click.option("--parallel-directions/--serial-directions", default=None,
               help="CPU: train fwd and rev at the same time, each in its own process with "
                    "half of --threads (the same weights as training them in turn with that "
                    "many threads; faster where more threads help a model less than a second "
-                   "process, see eval/results/parallel_directions.md).")
+                   "process, see eval/results/parallel_directions.md), or one after the "
+                   "other  [default: side by side on a CPU with 2+ cores from 1,000 training "
+                   "pairs on, unless --agreement-weight or torchrun]")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --model-dir (same data and settings; "
                    "only --max-updates, --max-epochs, --checkpoint-interval and --device may "
@@ -225,12 +255,21 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
             valid_gold_format: str, valid_method: str, guide: Optional[str],
-            guide_weight: float, agreement_weight: float, device: str, seed: int, threads: int,
-            parallel_directions: bool, resume: bool, ignore_data_change: bool,
+            guide_weight: float, rounds: Optional[int], self_guide_weight: float,
+            self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
+            fine_tune_lr_schedule: str, agreement_weight: float, device: str, seed: int,
+            threads: int,
+            parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
     Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
+
+    With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
+    self-training rounds of one epoch, each after the first fine-tuning the previous round's
+    model guided by its own alignments of the bitext (kept as MODEL_DIR/selftrain.roundN.align),
+    with a linearly decaying learning rate; align extract MODEL_DIR then gives the recipe's
+    alignments (hmm-posterior, -H soft-average at the recorded threshold).
 
     Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
     DistributedDataParallel on all processes; rank 0 writes the model directory.
@@ -238,12 +277,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.config import DataConfig, TrainConfig
     from aligner.formats import open_bitext, read_bitext, read_gold
     from aligner.models import MODELS, model_class
+    from aligner.log import setup_logging
     from aligner.prep import PrepConfig
-    from aligner.train_run import TrainRequest, train
+    from aligner.self_training import SelfTraining, check_rounds, default_rounds, train_rounds
+    from aligner.train_run import TrainRequest
 
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
+    if rounds is None:
+        rounds = default_rounds(model_kind, direction_list)
+    check_rounds(model_kind, direction_list, rounds)
+    if max_epochs is None:
+        max_epochs = recipe.EPOCHS_PER_ROUND if rounds > 1 else recipe.EPOCHS
     check_bitext_args(source, target, joint, "the training bitext")
     check_condition((valid_src is None) == (valid_tgt is None),
                     "give both --valid-src and --valid-tgt")
@@ -292,8 +338,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
                         f"validation pairs")
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
+    if parallel_directions is None:
+        from aligner.distributed import resolve_device
+        from aligner.train_run import default_parallel_directions
+
+        parallel_directions = default_parallel_directions(
+            resolve_device(device), direction_list, agreement_weight, len(bitext))
+    plan = SelfTraining(rounds=rounds, guide_weight=self_guide_weight,
+                        guide_threshold=self_guide_threshold, fine_tune=fine_tune,
+                        fine_tune_epochs=fine_tune_epochs,
+                        fine_tune_lr_schedule=fine_tune_lr_schedule)
+    setup_logging(quiet=quiet, verbose=verbose)   # the messages between rounds
     try:
-        summaries = train(TrainRequest(
+        summaries = train_rounds(TrainRequest(
             model_dir=model_dir, bitext=bitext, model_kind=model_kind,
             model_options=model_options, prep_config=prep_config,
             data_config=DataConfig(max_len=max_len, max_ratio=max_ratio, guide=guide or ""),
@@ -301,7 +358,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
             argv=["align"] + sys.argv[1:], base_dir=base_dir,
             parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
-            init_dir=init_dir))
+            init_dir=init_dir), plan).summaries
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
@@ -311,4 +368,5 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         for direction, summary in summaries.items():
             click.echo(f"align train: {direction}: {summary.updates} updates, "
                        f"{summary.epochs} epochs, {summary.tokens_per_s:.0f} target tokens/s, "
-                       f"final train loss {summary.last_train_loss:.3f}", err=True)
+                       f"final train loss {summary.last_train_loss:.3f}"
+                       + (f" (round {rounds} of {rounds})" if rounds > 1 else ""), err=True)

@@ -1,0 +1,261 @@
+"""Self-training rounds: train, align the training bitext, train again guided by those links.
+
+What `align train --rounds N` and `align run --rounds N` do (the recipe: four rounds,
+aligner/recipe.py). Round 1 is the request as given (with its --guide, if any). After each
+round but the last, the round's model aligns its own training bitext (the kind's first
+extraction method, both directions combined by the plan's heuristic at ``guide_threshold``)
+into ``MODEL_DIR/selftrain.round{r}.align``, and round r+1 trains guided by that file at
+``guide_weight`` — fine-tuning round r's weights (``align train --init-from``; they are kept
+aside in ``MODEL_DIR/previous_round`` while round r+1 rewrites the directory) for
+``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new weights (``fine_tune`` off).
+
+The model directory ends as the last round's run; beside it stay each earlier round's links
+and training log (``selftrain.round{r}.align`` / ``.log``). config.json records the round in
+``extra["self_training"]`` (which makes ``--resume`` continue the round a run was cut off in,
+or the next one when that round's links are written) and, for the last round, the output
+heuristic and threshold as `align extract`'s defaults (``extra[constants.ALIGN_RUN_SETTINGS]``).
+
+Needs a kind that trains with a guide (hmm0, hmm1), both directions, and one process: under
+torchrun each round is one command (``align extract`` of the bitext, then ``align train
+--guide ... --init-from ...``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from aligner import constants as C
+from aligner import recipe
+from aligner.config import RunConfig
+from aligner.utils import check_condition
+
+logger = logging.getLogger(__name__)
+
+#: where the previous round's model is kept while the next round fine-tunes it
+PREVIOUS_ROUND_DIR = "previous_round"
+#: config.json ``extra`` key of a self-training round: {"round": r}
+SELF_TRAINING_KEY = "self_training"
+#: the log line of a round's alignment of the bitext (the next round's guide) and its time
+ALIGNED_MESSAGE = "self-training guide"
+
+
+@dataclass(frozen=True)
+class SelfTraining:
+    """How the rounds after the first train (the defaults are the recipe's).
+
+    rounds: rounds in all (1 = one plain training). guide_weight: weight of the guide term
+    in rounds 2..N. guide_threshold: soft-average threshold of the links that guide the next
+    round. heuristic: how the two directions' alignments are combined, for the guides and the
+    output. output_threshold: the soft-average threshold recorded for `align extract` (the
+    last round's model). fine_tune: round r+1 starts from round r's weights (else from new
+    ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
+    bitext (unless the request limits updates) and learning-rate decay. shortlist: the
+    lexicon shortlist of the guides' extraction (0 = exact).
+    """
+
+    rounds: int = recipe.ROUNDS
+    guide_weight: float = recipe.SELF_GUIDE_WEIGHT
+    guide_threshold: float = recipe.SELF_GUIDE_THRESHOLD
+    heuristic: str = recipe.HEURISTIC
+    output_threshold: float = recipe.THRESHOLD
+    fine_tune: bool = recipe.FINE_TUNE_ROUNDS
+    fine_tune_epochs: int = recipe.FINE_TUNE_EPOCHS
+    fine_tune_lr_schedule: str = recipe.FINE_TUNE_LR_SCHEDULE
+    shortlist: int = 0
+
+
+@dataclass
+class RoundsResult:
+    """What :func:`train_rounds` did: the last round's training summary per direction, and
+    the seconds spent training and aligning the bitext (the guides), over every round."""
+
+    summaries: Dict[str, "TrainSummary"]
+    training_seconds: float = 0.0
+    alignment_seconds: float = 0.0
+
+
+def guide_path(model_dir: str, round_number: int) -> str:
+    """MODEL_DIR/selftrain.round{N}.align: round N's links of the bitext, round N+1's guide."""
+    return os.path.join(model_dir, f"selftrain.round{round_number}.align")
+
+
+def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
+    """`align train`'s default --rounds: the recipe's for a kind that trains with a guide in
+    both directions on one process; 1 otherwise (the transformer, the alignment layer, one
+    direction, torchrun)."""
+    from aligner.train_run import supports_guide
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return (recipe.ROUNDS if supports_guide(model_kind) and tuple(directions) == C.DIRECTIONS
+            and not distributed else 1)
+
+
+def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> None:
+    """Refuse (one line) rounds > 1 where a round cannot align the bitext or train on it."""
+    from aligner.train_run import supports_guide
+
+    if rounds == 1:
+        return
+    check_condition(supports_guide(model_kind),
+                    f"--rounds {rounds}: self-training trains with a guide, implemented for "
+                    f"the direct HMMs (hmm0, hmm1), not '{model_kind}'")
+    check_condition(tuple(directions) == C.DIRECTIONS,
+                    f"--rounds {rounds}: self-training guides a round by both directions' "
+                    f"alignments; train --directions fwd,rev")
+    check_condition(int(os.environ.get("WORLD_SIZE", "1")) == 1,
+                    f"--rounds {rounds}: not under torchrun; train one round per command "
+                    f"(--rounds 1): align extract the bitext, then align train --guide "
+                    f"LINKS --init-from PREVIOUS_MODEL")
+
+
+def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
+                  ) -> "TrainRequest":
+    """The training request of round `round_number` (1-based) of `plan` on `request` (round
+    1's; its resume flag is left to the caller)."""
+    extra = dict(request.extra or {})
+    if plan.rounds > 1:
+        extra[SELF_TRAINING_KEY] = {"round": round_number}
+        extra.pop(C.ALIGN_RUN_SETTINGS, None)
+        if round_number == plan.rounds:   # the output's defaults, for align extract
+            extra[C.ALIGN_RUN_SETTINGS] = {"symmetrize": plan.heuristic,
+                                           "threshold": plan.output_threshold}
+    if round_number == 1:
+        return dataclasses.replace(request, extra=extra or None)
+    model_dir, config = request.model_dir, request.train_config
+    config = dataclasses.replace(config, guide_weight=plan.guide_weight)
+    init_dir = None
+    if plan.fine_tune:
+        init_dir = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
+        config = dataclasses.replace(config, lr_schedule=plan.fine_tune_lr_schedule)
+        if not config.max_updates:
+            config = dataclasses.replace(config, max_epochs=plan.fine_tune_epochs)
+    return dataclasses.replace(
+        request, train_config=config, extra=extra, overwrite=True, init_dir=init_dir,
+        data_config=dataclasses.replace(request.data_config,
+                                        guide=guide_path(model_dir, round_number - 1)))
+
+
+def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
+    """Train `plan.rounds` rounds into ``request.model_dir`` (see the module docstring);
+    ``request`` is round 1's. With ``request.resume`` the directory's run continues: the round
+    recorded in its config.json (:func:`resume_point`). Returns the last round's summaries and
+    the time spent."""
+    from aligner.corpus_alignment import align_bitext
+    from aligner.distributed import resolve_device
+    from aligner.models import model_class
+    from aligner.train_run import train
+
+    check_rounds(request.model_kind, request.directions, plan.rounds)
+    model_dir = request.model_dir
+    first, resume_first = (resume_point(model_dir, plan) if request.resume else (1, False))
+    result = RoundsResult(summaries={})
+    if first > plan.rounds:
+        logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
+    for round_number in range(first, plan.rounds + 1):
+        start = time.time()
+        this_round = round_request(request, plan, round_number)
+        if round_number == first and resume_first:
+            this_round = dataclasses.replace(this_round, resume=True, overwrite=False)
+        elif round_number > first:
+            this_round = dataclasses.replace(this_round, resume=False)
+        if round_number > 1:
+            logger.info("self-training round %d of %d, guided by %s%s", round_number,
+                        plan.rounds, this_round.data_config.guide,
+                        ", from its model's weights" if plan.fine_tune else "")
+            if not this_round.resume:   # this round rewrites the directory
+                _keep_round_log(model_dir, round_number - 1)
+                if plan.fine_tune:
+                    _keep_previous_round(model_dir)
+        result.summaries = train(this_round)
+        if round_number == 1 and not this_round.resume:   # the directory is this run's now
+            _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
+        aligned = time.time()
+        result.training_seconds += aligned - start
+        if round_number < plan.rounds:    # the next round's guide
+            align_bitext(model_dir, request.bitext,
+                         resolve_device(request.train_config.device),
+                         model_class(request.model_kind).METHODS[0], plan.shortlist,
+                         plan.heuristic, plan.guide_threshold,
+                         {plan.heuristic: guide_path(model_dir, round_number)},
+                         quiet=request.quiet)
+            result.alignment_seconds += time.time() - aligned
+            # (into the round's log: eval/compare_aligners.py counts it as training time)
+            logger.info("%s: %s of the bitext took %.1fs", ALIGNED_MESSAGE,
+                        guide_path(model_dir, round_number), time.time() - aligned)
+        # the round's start is not needed once its links (or the last model) are written
+        shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
+    return result
+
+
+def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, bool]:
+    """(the round to go on with, whether its training is resumed) for ``--resume`` in
+    `model_dir`: the round its config.json records (1 for a run without rounds), resumed —
+    or the next one, trained anew, when that round's links are already written; past the
+    last round (plan.rounds + 1) when the last, fine-tuned round is trained (its start,
+    previous_round, is removed then)."""
+    from aligner.model_dir import config_path
+
+    check_condition(os.path.isfile(config_path(model_dir)),
+                    f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing")
+    saved = RunConfig.load(config_path(model_dir))
+    round_number = int(saved.extra.get(SELF_TRAINING_KEY, {}).get("round", 1))
+    check_condition(round_number <= plan.rounds,
+                    f"{model_dir}: holds round {round_number} of a self-training run; "
+                    f"--rounds {plan.rounds} ends before it")
+    if round_number < plan.rounds and os.path.isfile(guide_path(model_dir, round_number)):
+        return round_number + 1, False
+    if (round_number == plan.rounds > 1 and plan.fine_tune
+            and not os.path.isdir(os.path.join(model_dir, PREVIOUS_ROUND_DIR))):
+        return plan.rounds + 1, False   # removed once the last round was trained: done
+    return round_number, True
+
+
+def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
+    """Remove what an earlier run left beside its model and the training run that has just
+    replaced it (--overwrite): its rounds' alignments and logs (selftrain.roundN.align / .log)
+    and a previous_round it was cut off with, so that no round file of another run is taken
+    for this run's. `keep`: a file that stays (this run's --guide, which may be such a file).
+    Each removal is logged."""
+    for name in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, name)
+        if keep is not None and os.path.exists(keep) and os.path.samefile(path, keep):
+            continue
+        if re.fullmatch(r"selftrain\.round\d+\.(align|log)", name) and os.path.isfile(path):
+            os.unlink(path)
+        elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            continue
+        logger.info("removed %s (an earlier run's)", path)
+
+
+def _keep_round_log(model_dir: str, round_number: int) -> None:
+    """MODEL_DIR/train.log -> MODEL_DIR/selftrain.round{N}.log (the next round's training
+    removes train.log with the rest of the previous run; the last round's stays train.log)."""
+    log = os.path.join(model_dir, C.LOG_NAME)
+    if os.path.exists(log):
+        os.replace(log, os.path.join(model_dir, f"selftrain.round{round_number}.log"))
+
+
+def _keep_previous_round(model_dir: str) -> str:
+    """Copy what the next round starts from (config, preprocessing, vocabularies, every
+    direction's best weights) to MODEL_DIR/previous_round; returns that directory."""
+    from aligner.model_dir import RUN_ENTRIES
+
+    kept = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
+    shutil.rmtree(kept, ignore_errors=True)
+    os.makedirs(kept)
+    for name in RUN_ENTRIES:
+        path = os.path.join(model_dir, name)
+        if name in C.DIRECTIONS:
+            os.makedirs(os.path.join(kept, name))
+            shutil.copy2(os.path.join(path, C.PARAMS_BEST), os.path.join(kept, name))
+        elif os.path.isfile(path):
+            shutil.copy2(path, kept)
+    return kept

@@ -1,0 +1,200 @@
+"""`align train --rounds`: self-training rounds (aligner/self_training.py), as `align run`
+trains them, and --resume of a run cut off between or inside rounds."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aligner import recipe
+from aligner.formats import read_pharaoh
+from aligner.self_training import default_rounds
+from cli_runner import error_line, run
+from conftest import restored_aligner_logger
+from synthetic import monotone_corpus, write_corpus
+
+#: a tiny hmm1 with align run's data limit (max_len = max_positions - 1); --max-epochs 0: the
+#: updates decide, as align run's --max-updates does
+TRAIN_TINY = ["--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers",
+              "1", "--ff-dim", "32", "--max-positions", "12", "--max-len", "11",
+              "--bpe-merges", "0", "--threads", "1", "--max-epochs", "0", "-q"]
+RUN_TINY = ["-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1", "-M", "dec_layers=1",
+            "-M", "d_ff=32", "-M", "max_positions=12", "--bpe-merges", "0", "--threads", "1",
+            "-q"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    sources[5] = []                                 # an empty line: an empty guide line
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    return src, tgt
+
+
+def _config(model_dir):
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
+    """align train --rounds 3 + align extract (no flags) = align run --rounds 3: the same
+    guides between the rounds, the same output; the directory records the last round and the
+    output's threshold for align extract."""
+    src, tgt = corpus
+    model, kept = tmp_path / "m", tmp_path / "r"
+    with restored_aligner_logger():
+        result = run("train", "-s", src, "-t", tgt, "-o", model, "--rounds", "3",
+                     "--max-updates", "3", *TRAIN_TINY[:-1])
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "3",
+            "--max-updates", "3", "--model-dir", kept, *RUN_TINY)
+    assert "(round 3 of 3)" in result.output
+    for round_number in (1, 2):
+        name = f"selftrain.round{round_number}.align"
+        assert (model / name).read_text() == (kept / name).read_text()
+        assert len(read_pharaoh(str(model / name))) == 12
+        assert (model / f"selftrain.round{round_number}.log").exists()
+    assert not (model / "selftrain.round3.align").exists()
+    assert not (model / "previous_round").exists()
+    config = _config(model)
+    assert config["extra"]["self_training"] == {"round": 3}
+    assert config["extra"]["align_run"] == {"symmetrize": recipe.HEURISTIC,
+                                            "threshold": recipe.THRESHOLD}
+    assert config["data"]["guide"] == str(model / "selftrain.round2.align")
+    assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
+    assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
+    assert config["extra"]["init_from"] == str((model / "previous_round").resolve())
+    run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
+    assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
+
+
+def test_self_training_options_reach_the_rounds(tmp_path, corpus):
+    src, tgt = corpus
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--rounds", "2", "--max-updates", "2",
+            "--self-guide-weight", "0.25", "--afresh", "--self-guide-threshold", "0.3",
+            *TRAIN_TINY)
+    config = _config(model)
+    assert config["training"]["guide_weight"] == 0.25
+    assert "init_from" not in config["extra"]          # --afresh: new weights
+    assert config["training"]["lr_schedule"] == recipe.TRAINING["lr_schedule"]
+    # without --max-updates a fine-tuned round trains --fine-tune-epochs
+    other = tmp_path / "e"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", other, "--rounds", "2",
+            "--fine-tune-epochs", "3", "--fine-tune-lr-schedule", "inverse-sqrt",
+            *TRAIN_TINY[:-5], "--max-epochs", "1", "-q")
+    config = _config(other)
+    assert (config["training"]["max_epochs"], config["training"]["max_updates"]) == (3, 0)
+    assert config["training"]["lr_schedule"] == "inverse-sqrt"
+
+
+def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, corpus,
+                                                                     monkeypatch):
+    assert default_rounds("hmm1", ("fwd", "rev")) == recipe.ROUNDS > 1
+    assert default_rounds("hmm0", ("fwd", "rev")) == recipe.ROUNDS
+    assert default_rounds("transformer", ("fwd", "rev")) == 1
+    assert default_rounds("alignment-layer", ("fwd", "rev")) == 1
+    assert default_rounds("hmm1", ("fwd",)) == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")              # torchrun: one round per command
+    assert default_rounds("hmm1", ("fwd", "rev")) == 1
+    monkeypatch.delenv("WORLD_SIZE")
+    src, tgt = corpus
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", "1", *TRAIN_TINY)
+    assert _config(model)["extra"]["self_training"] == {"round": recipe.ROUNDS}
+    assert sorted(p.name for p in model.glob("selftrain.round*.align")) == [
+        f"selftrain.round{r}.align" for r in range(1, recipe.ROUNDS)]
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", tmp_path / "one", "--rounds", "1",
+            "--max-updates", "1", *TRAIN_TINY)
+    config = _config(tmp_path / "one")
+    assert "self_training" not in config["extra"] and "align_run" not in config["extra"]
+    assert not list((tmp_path / "one").glob("selftrain.*"))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "transformer"], "implemented for the direct HMMs (hmm0, hmm1), not "
+                                 "'transformer'"),
+    (["--directions", "fwd"], "both directions' alignments; train --directions fwd,rev"),
+])
+def test_rounds_that_cannot_self_train_are_refused(tmp_path, corpus, extra, message):
+    src, tgt = corpus
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--rounds", "2",
+                          *extra, *TRAIN_TINY, ok=False))
+    assert message in line and "--rounds 2" in line
+    assert not (tmp_path / "m").exists()
+
+
+def test_rounds_are_refused_under_torchrun(tmp_path, corpus, monkeypatch):
+    src, tgt = corpus
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--rounds", "2",
+                          *TRAIN_TINY, ok=False))
+    assert "not under torchrun" in line and "--init-from" in line
+
+
+def _interrupt_alignment(monkeypatch):
+    """The first alignment of the bitext (after round 1's training) is cut off."""
+    import aligner.corpus_alignment
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aligner.corpus_alignment, "align_bitext", cut_off)
+
+
+def _interrupt_training(monkeypatch):
+    """Round 2 is cut off right after fwd's first checkpoint (rev has not started): round 1
+    writes 4 checkpoints (2 per direction at --max-updates 4 --checkpoint-interval 2)."""
+    from aligner.train import Trainer
+
+    save = Trainer.save_checkpoint
+    calls = []
+
+    def save_then_cut_off(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        calls.append(self.direction)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_cut_off)
+
+
+@pytest.mark.parametrize("interrupt", [_interrupt_alignment, _interrupt_training])
+def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypatch,
+                                                      interrupt):
+    """Cut off (Ctrl-C) between or inside rounds, the same command plus --resume ends with
+    the directory an uninterrupted run writes."""
+    src, tgt = corpus
+    args = ["--rounds", "3", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", whole, *args)
+        with monkeypatch.context() as patch:
+            interrupt(patch)
+            line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args, ok=False))
+        assert "interrupted; continue with the same command plus --resume" in line
+        run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
+    for name in ("selftrain.round1.align", "selftrain.round2.align"):
+        assert (cut / name).read_text() == (whole / name).read_text()
+    assert _config(cut)["extra"] == {
+        **_config(whole)["extra"], "init_from": str((cut / "previous_round").resolve())}
+    for model in (whole, cut):
+        run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / f"{model.name}.x",
+            "--soft", tmp_path / f"{model.name}.npz", "-q")
+    assert (tmp_path / "cut.x").read_text() == (tmp_path / "whole.x").read_text()
+    import numpy as np
+    whole_soft, cut_soft = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "cut.npz")
+    assert sorted(whole_soft.files) == sorted(cut_soft.files)
+    for name in whole_soft.files:
+        np.testing.assert_allclose(cut_soft[name], whole_soft[name], rtol=1e-5, atol=1e-6)
+    # resumed once more, the finished run has nothing left to train
+    weights = (cut / "fwd" / "params.best.pt").read_bytes()
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
+    assert (cut / "fwd" / "params.best.pt").read_bytes() == weights
+    # more rounds than the directory's run has: refused, as a changed setting is
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args[2:], "--rounds", "2",
+                          "--resume", ok=False))
+    assert "holds round 3 of a self-training run; --rounds 2 ends before it" in line
