@@ -30,7 +30,8 @@ HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-f
 DEFAULT_HEURISTIC = "grow-diag"
 # Combine the two directions' soft alignments instead of their links (aligner.soft_symmetrize).
 SOFT_HEURISTICS = ("soft-average",)
-#: config.json ``extra`` key where `align run` records the -H and --threshold of its output
+#: config.json ``extra`` key where `align run` (and a self-training `align train`,
+#: aligner/self_training.py) records the -H and --threshold of its output
 #: ({"symmetrize": ..., "threshold": ...}): `align extract` takes them as its defaults for that
 #: model directory, so that it gives the same links on the same text (with the same
 #: --shortlist, which is not recorded)

@@ -400,8 +400,9 @@ class LoadedModelDir:
     def symmetrization(self, heuristic: Optional[str] = None,
                        threshold: Optional[float] = None) -> Tuple[str, float]:
         """(heuristic, soft-average threshold) with the defaults filled in: those `align run`
-        recorded in config.json (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it
-        trained, else the model kind's ``BEST_HEURISTIC`` and
+        (or a self-training `align train`) recorded in config.json
+        (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it trained, else the model
+        kind's ``BEST_HEURISTIC`` and
         aligner.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
         recorded heuristic."""
         from aligner.soft_symmetrize import DEFAULT_THRESHOLD

@@ -1,4 +1,5 @@
-"""The best measured recipe: what `align run` trains and extracts when given no model flags.
+"""The best measured recipe: what `align train` (then `align extract`) and `align run` train
+and extract when given no model flags.
 
 One place for it, so that changing the recipe is one deliberate commit (tests/test_run.py pins
 these values). Sources: eval/results/enfr_hmm1.md (hmm1 on en-fr 25k Hansards, hmm-posterior
@@ -31,11 +32,12 @@ TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
 #: weight of the agreement term between the directions (aligner/agreement.py; 0 = the
 #: directions train apart, in parallel on a CPU)
 AGREEMENT_WEIGHT = 0.0
-#: `align train`: passes over the corpus per direction (1,204 updates of 1,200 tokens on the
-#: 25k en-fr pairs)
+#: `align train --rounds 1` (one plain training, and kinds that cannot self-train): passes
+#: over the corpus per direction (1,204 updates of 1,200 tokens on the 25k en-fr pairs)
 EPOCHS = 2
-#: `align run`: self-training rounds, each of EPOCHS_PER_ROUND epochs, every round after the
-#: first guided by the previous round's own alignments of the bitext. Four rounds (1 + 1 + 1 +
+#: `align train` (hmm0, hmm1) and `align run`: self-training rounds (aligner/self_training.py),
+#: each of EPOCHS_PER_ROUND epochs, every round after the first guided by the previous
+#: round's own alignments of the bitext. Four rounds (1 + 1 + 1 +
 #: 1 epochs, the fine-tuned ones with FINE_TUNE_LR_SCHEDULE): en-fr 25k dev / trial 6.2 / 7.2
 #: and 6.2 / 7.4 (seeds 1, 2) against 6.5 / 8.2 and 6.5 / 8.3 after three, de-en 24.4 against
 #: 25.3, each fourth round paired with the same three; the whole job 32 min against 24 on 2
@@ -45,21 +47,21 @@ EPOCHS = 2
 #: dropout 6.8 / 7.2, and a fourth round with inverse-sqrt fine-tuning 6.5 / 7.2 (dropout_enfr.md)
 ROUNDS = 4
 EPOCHS_PER_ROUND = 1
-#: `align run`: a round after the first fine-tunes the previous round's model (align train
+#: a self-training round after the first fine-tunes the previous round's model (align train
 #: --init-from) instead of training new weights: on en-fr 25k dev 8.0 against 8.4 (fwd / rev
 #: 14.9 / 13.8 against 15.9 / 14.8; eval/results/selftrain_finetune_enfr.md)
 FINE_TUNE_ROUNDS = True
-#: `align run`: weight of the guide term in a self-training round (the previous round's own
+#: weight of the guide term in a self-training round (the previous round's own
 #: alignments; --guide-weight, for another aligner's --guide, stays 1). With fine-tuned
 #: rounds on en-fr dev: 0.25 / 0.5 / 1 -> 7.9 / 7.6 / 8.0 (eval/results/selftrain_finetune_enfr.md)
 SELF_GUIDE_WEIGHT = 0.5
-#: `align run`: passes over the bitext of a fine-tuned round. On en-fr dev, two rounds: 7.0
+#: passes over the bitext of a fine-tuned round. On en-fr dev, two rounds: 7.0
 #: after 2 epochs against 7.6 after 1 (eval/results/selftrain_finetune_enfr.md); three rounds
 #: with dropout 0.1: 1 + 2 + 2 epochs gave 6.3 / trial 7.7 in 25 min 25 s against 1 + 1 + 1's
 #: 6.9 / 8.3 in 16 min 24 s. One epoch a round: the time goes to more rounds instead (four
 #: rounds of one epoch, ROUNDS; `--fine-tune-epochs 2` not measured without dropout)
 FINE_TUNE_EPOCHS = 1
-#: `align run`: learning-rate decay of a fine-tuned round (round 1 keeps TRAINING's
+#: learning-rate decay of a fine-tuned round (round 1 keeps TRAINING's
 #: inverse-sqrt): each round ends annealed, in the same time. On en-fr 25k, each seed from
 #: the same round 1 (eval/results/lr_schedule_enfr.md): round 3 dev / trial 6.5 / 8.2 and
 #: 6.5 / 8.3 (seeds 1, 2) against 6.8 / 7.2 and 7.2 / 10.0 with inverse-sqrt; de-en test
@@ -70,11 +72,12 @@ FINE_TUNE_EPOCHS = 1
 FINE_TUNE_LR_SCHEDULE = "linear"
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
-#: -H soft-average threshold of `align run`'s output after self-training rounds (with
-#: --rounds 1: 0.5). Chosen on en-fr dev per round (eval/results/selftrain_rounds_enfr.md):
-#: 0.5 / 0.55 / 0.6 give round 1 9.7 / 10.1 / 10.9, round 2 7.0 / 7.0 / 7.2, round 3 (of
-#: 1 + 2 + 2 epochs) 6.6 / 6.3 / 6.3 — self-training sharpens the posteriors, and the last
-#: round is best a little above 0.5
+#: -H soft-average threshold of the output after self-training rounds (`align run`'s, and
+#: `align extract`'s default for the model directory; with --rounds 1: 0.5). Chosen on en-fr
+#: dev per round (eval/results/selftrain_rounds_enfr.md): 0.5 / 0.55 / 0.6 give round 1
+#: 9.7 / 10.1 / 10.9, round 2 7.0 / 7.0 / 7.2, round 3 (of 1 + 2 + 2 epochs) 6.6 / 6.3 / 6.3
+#: — self-training sharpens the posteriors, and the last round is best a little above 0.5;
+#: the four-round model: 6.49 / 6.23 / 6.24 (0.65: 6.31; rounds4_enfr.md)
 THRESHOLD = 0.55
 #: -H soft-average threshold of the alignments that guide the next self-training round: the
 #: best one for round 1 on en-fr dev (the 0.5 row above)

@@ -11,9 +11,10 @@ aside in ``MODEL_DIR/previous_round`` while round r+1 rewrites the directory) fo
 
 The model directory ends as the last round's run; beside it stay each earlier round's links
 and training log (``selftrain.round{r}.align`` / ``.log``). config.json records the round in
-``extra["self_training"]`` (which makes ``--resume`` continue the round a run was cut off in,
-or the next one when that round's links are written) and, for the last round, the output
-heuristic and threshold as `align extract`'s defaults (``extra[constants.ALIGN_RUN_SETTINGS]``).
+``extra["self_training"]`` and, for the last round, the output heuristic and threshold as
+`align extract`'s defaults (``extra[constants.ALIGN_RUN_SETTINGS]``). ``selftrain.json`` names
+the round that began last: ``--resume`` continues a run in the round it was cut off in, or
+begins the next when that round's links are written (:func:`resume_point`).
 
 Needs a kind that trains with a guide (hmm0, hmm1), both directions, and one process: under
 torchrun each round is one command (``align extract`` of the bitext, then ``align train
@@ -22,6 +23,7 @@ torchrun each round is one command (``align extract`` of the bitext, then ``alig
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -33,7 +35,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from aligner import constants as C
 from aligner import recipe
 from aligner.config import RunConfig
-from aligner.utils import check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ logger = logging.getLogger(__name__)
 PREVIOUS_ROUND_DIR = "previous_round"
 #: config.json ``extra`` key of a self-training round: {"round": r}
 SELF_TRAINING_KEY = "self_training"
+#: MODEL_DIR/selftrain.json: {"round": N}, written when round N (N > 1) begins, once its
+#: start is kept aside: what --resume reads
+STATE_NAME = "selftrain.json"
 #: the log line of a round's alignment of the bitext (the next round's guide) and its time
 ALIGNED_MESSAGE = "self-training guide"
 
@@ -92,7 +97,7 @@ def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
     from aligner.train_run import supports_guide
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return (recipe.ROUNDS if supports_guide(model_kind) and tuple(directions) == C.DIRECTIONS
+    return (recipe.ROUNDS if supports_guide(model_kind) and set(directions) == set(C.DIRECTIONS)
             and not distributed else 1)
 
 
@@ -105,7 +110,7 @@ def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> Non
     check_condition(supports_guide(model_kind),
                     f"--rounds {rounds}: self-training trains with a guide, implemented for "
                     f"the direct HMMs (hmm0, hmm1), not '{model_kind}'")
-    check_condition(tuple(directions) == C.DIRECTIONS,
+    check_condition(set(directions) == set(C.DIRECTIONS),
                     f"--rounds {rounds}: self-training guides a round by both directions' "
                     f"alignments; train --directions fwd,rev")
     check_condition(int(os.environ.get("WORLD_SIZE", "1")) == 1,
@@ -143,9 +148,9 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
 
 def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     """Train `plan.rounds` rounds into ``request.model_dir`` (see the module docstring);
-    ``request`` is round 1's. With ``request.resume`` the directory's run continues: the round
-    recorded in its config.json (:func:`resume_point`). Returns the last round's summaries and
-    the time spent."""
+    ``request`` is round 1's. With ``request.resume`` the directory's run continues where it
+    was cut off (:func:`resume_point`). Returns the last round's summaries and the time
+    spent."""
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import resolve_device
     from aligner.models import model_class
@@ -153,28 +158,36 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
     model_dir = request.model_dir
-    first, resume_first = (resume_point(model_dir, plan) if request.resume else (1, False))
     result = RoundsResult(summaries={})
-    if first > plan.rounds:
+    if request.resume and plan.rounds == 1:   # one ordinary run: train() resumes it
+        result.summaries = train(request)
+        return result
+    first, mode = resume_point(model_dir, plan) if request.resume else (1, FRESH)
+    if mode == DONE:
         logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
+        return result
+    if (mode == FRESH and request.overwrite and os.path.isdir(model_dir)
+            and int(os.environ.get("RANK", "0")) == 0):
+        # an earlier run's round files must not be taken for this run's
+        _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
     for round_number in range(first, plan.rounds + 1):
         start = time.time()
-        this_round = round_request(request, plan, round_number)
-        if round_number == first and resume_first:
-            this_round = dataclasses.replace(this_round, resume=True, overwrite=False)
-        elif round_number > first:
-            this_round = dataclasses.replace(this_round, resume=False)
+        mode = mode if round_number == first else FRESH
+        this_round = dataclasses.replace(
+            round_request(request, plan, round_number), resume=mode == RESUME,
+            overwrite=mode == RESTART or (mode == FRESH and (round_number > 1
+                                                             or request.overwrite)))
         if round_number > 1:
-            logger.info("self-training round %d of %d, guided by %s%s", round_number,
+            logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
                         plan.rounds, this_round.data_config.guide,
-                        ", from its model's weights" if plan.fine_tune else "")
-            if not this_round.resume:   # this round rewrites the directory
+                        ", from its model's weights" if plan.fine_tune else "",
+                        {RESUME: " (resumed)", RESTART: " (again)"}.get(mode, ""))
+            if mode == FRESH:   # this round rewrites the directory: keep what it starts from
                 _keep_round_log(model_dir, round_number - 1)
                 if plan.fine_tune:
                     _keep_previous_round(model_dir)
+                _write_state(model_dir, round_number)
         result.summaries = train(this_round)
-        if round_number == 1 and not this_round.resume:   # the directory is this run's now
-            _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide
@@ -193,40 +206,69 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     return result
 
 
-def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, bool]:
-    """(the round to go on with, whether its training is resumed) for ``--resume`` in
-    `model_dir`: the round its config.json records (1 for a run without rounds), resumed —
-    or the next one, trained anew, when that round's links are already written; past the
-    last round (plan.rounds + 1) when the last, fine-tuned round is trained (its start,
-    previous_round, is removed then)."""
+#: how :func:`train_rounds` starts a round: anew (keeping the previous round's model aside
+#: first), anew from the start already kept (cut off before its training wrote anything to
+#: resume), resumed from its checkpoints; or not at all (the run is finished)
+FRESH, RESTART, RESUME, DONE = "fresh", "restart", "resume", "done"
+
+
+def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
+    """(the round to go on with, how: FRESH / RESTART / RESUME / DONE) for ``--resume`` of a
+    self-training run in `model_dir`.
+
+    MODEL_DIR/selftrain.json names the round that began last (none: round 1). Its links
+    written, the next round begins (FRESH). Otherwise, when its training wrote its config.json
+    (the round recorded there), it is resumed — DONE instead for a fine-tuned last round whose
+    start, previous_round, is removed (that happens once it is trained); when not (cut off
+    while it prepared), a round after the first trains again from the start kept aside
+    (RESTART), and round 1 is left to train() (which refuses a directory without a run)."""
     from aligner.model_dir import config_path
 
-    check_condition(os.path.isfile(config_path(model_dir)),
-                    f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing")
-    saved = RunConfig.load(config_path(model_dir))
-    round_number = int(saved.extra.get(SELF_TRAINING_KEY, {}).get("round", 1))
+    state = os.path.join(model_dir, STATE_NAME)
+    round_number = 1
+    if os.path.isfile(state):
+        with open(state, encoding="utf-8") as handle:
+            try:
+                round_number = int(json.load(handle)["round"])
+            except (ValueError, KeyError, TypeError):
+                raise AlignerError(f"{state}: not a self-training state (expected "
+                                   f'{{"round": N}}); use --overwrite to start anew') from None
     check_condition(round_number <= plan.rounds,
                     f"{model_dir}: holds round {round_number} of a self-training run; "
                     f"--rounds {plan.rounds} ends before it")
     if round_number < plan.rounds and os.path.isfile(guide_path(model_dir, round_number)):
-        return round_number + 1, False
+        return round_number + 1, FRESH
+    saved_round = None
+    if os.path.isfile(config_path(model_dir)):
+        saved = RunConfig.load(config_path(model_dir))
+        saved_round = saved.extra.get(SELF_TRAINING_KEY, {}).get("round")
+    if round_number > 1 and saved_round != round_number:
+        return round_number, RESTART
     if (round_number == plan.rounds > 1 and plan.fine_tune
             and not os.path.isdir(os.path.join(model_dir, PREVIOUS_ROUND_DIR))):
-        return plan.rounds + 1, False   # removed once the last round was trained: done
-    return round_number, True
+        return plan.rounds + 1, DONE
+    return round_number, RESUME
+
+
+def _write_state(model_dir: str, round_number: int) -> None:
+    """MODEL_DIR/selftrain.json = {"round": N}, atomically: round N's start is kept."""
+    with atomic_output(os.path.join(model_dir, STATE_NAME)) as handle:
+        json.dump({"round": round_number}, handle)
+        handle.write("\n")
 
 
 def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
-    """Remove what an earlier run left beside its model and the training run that has just
-    replaced it (--overwrite): its rounds' alignments and logs (selftrain.roundN.align / .log)
-    and a previous_round it was cut off with, so that no round file of another run is taken
-    for this run's. `keep`: a file that stays (this run's --guide, which may be such a file).
+    """Remove what an earlier run left beside its model (before an --overwrite run trains):
+    its rounds' alignments and logs (selftrain.roundN.align / .log), its selftrain.json and a
+    previous_round it was cut off with, so that no round file of another run is taken for
+    this run's. `keep`: a file that stays (this run's --guide, which may be such a file).
     Each removal is logged."""
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
         if keep is not None and os.path.exists(keep) and os.path.samefile(path, keep):
             continue
-        if re.fullmatch(r"selftrain\.round\d+\.(align|log)", name) and os.path.isfile(path):
+        if (re.fullmatch(r"selftrain\.(round\d+\.(align|log)|json)", name)
+                and os.path.isfile(path)):
             os.unlink(path)
         elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)

@@ -150,11 +150,12 @@ PARALLEL_MIN_PAIRS = 1000
 def default_parallel_directions(device: torch.device, directions: Sequence[str],
                                 agreement_weight: float, n_pairs: int) -> bool:
     """Whether the directions train side by side (:func:`train_directions_in_parallel`) when
-    not asked: on a CPU with 2+ cores, two directions trained apart (no agreement), one process
-    (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2 cores the hmm1 recipe
+    not asked: on a CPU with 2+ cores and torch threads, two directions trained apart (no
+    agreement), one process (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2 cores the hmm1 recipe
     trains 1.1-1.6x faster so (eval/results/parallel_directions.md), to the weights of
     training them in turn with one thread each."""
     return (device.type == "cpu" and (os.cpu_count() or 1) >= 2 and len(directions) > 1
+            and torch.get_num_threads() >= len(directions)   # --threads 1: one core
             and agreement_weight == 0 and int(os.environ.get("WORLD_SIZE", "1")) == 1
             and n_pairs >= PARALLEL_MIN_PAIRS)
 
@@ -439,13 +440,15 @@ def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: tor
     them together with the agreement term (aligner/agreement.py) from the encoded corpus in
     MODEL_DIR/corpus."""
     from aligner.agreement import AgreementPair, AgreementTrainer
-    from aligner.model_dir import build_direction_model
+    from aligner.model_dir import JOINT_DIR, build_direction_model
 
     context = context or DistributedContext()
     seed_everything(config.training.seed)
     models = {direction: build_direction_model(config, direction)
               for direction in C.DIRECTIONS}
-    if init_dir is not None and not resume:
+    # a resumed run continues from its joint checkpoint; one cut off before it has none
+    resumable = resume and os.path.isfile(os.path.join(model_dir, JOINT_DIR, C.TRAINING_STATE))
+    if init_dir is not None and not resumable:
         for direction, model in models.items():
             load_init_weights(model, init_dir, direction)
     pair = AgreementPair(models["fwd"], models["rev"], config.training.agreement_weight)

@@ -24,8 +24,8 @@ from typing import Dict, List, Tuple
 
 #: label -> extra `align train` options; the first is the reference (ratio 1)
 CONFIGURATIONS: List[Tuple[str, List[str]]] = [
-    ("sequential, 2 threads", ["--threads", "2"]),
-    ("sequential, 1 thread", ["--threads", "1"]),
+    ("sequential, 2 threads", ["--threads", "2", "--serial-directions"]),
+    ("sequential, 1 thread", ["--threads", "1", "--serial-directions"]),
     ("parallel, 2 threads (1 per direction)", ["--threads", "2", "--parallel-directions"]),
 ]
 #: which sequential run each parallel run must equal (same threads per direction)
@@ -64,6 +64,7 @@ def main() -> None:
     base = ["align", "train", "-s", args.source, "-t", args.target, "--model", args.model,
             "--max-updates", str(args.max_updates), "--max-epochs", "0",
             "--checkpoint-interval", str(args.max_updates), "--device", "cpu", "-q",
+            "--rounds", "1",
             "--overwrite", *shlex.split(args.train_args)]
     seconds: Dict[str, List[float]] = {label: [] for label, _ in CONFIGURATIONS}
     dirs = {}

@@ -69,6 +69,7 @@ from aligner import constants as C  # noqa: E402
 from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
                              read_bitext, read_gold, read_pharaoh, write_pharaoh)
 from aligner.metrics import AERScore, score_aer  # noqa: E402
+from aligner.self_training import ALIGNED_MESSAGE  # noqa: E402
 from aligner.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
 
@@ -81,7 +82,7 @@ DIRECTIONS = C.DIRECTIONS
 HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # A column only `align` rows fill: the two directions' soft alignments averaged and
 # thresholded (`align extract --direction both -H soft-average`: at 0.5, or at the threshold
-# `align run` recorded in its model directory); peers give no probabilities, their cell stays
+# `align run` or a self-training `align train` recorded in its model directory); peers give no probabilities, their cell stays
 # empty.
 SOFT_COLUMN = "soft-average"
 COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
@@ -448,7 +449,8 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               "(`align` rows only: peers give no probabilities) = `align extract -H "
               "soft-average`, links where the mean of the two directions' word-level "
               "probabilities exceeds the threshold (`aligner.soft_symmetrize`): 0.5, or the "
-              "one `align run` recorded in its model directory (0.55 for its default)",
+              "one `align run` or a self-training `align train` recorded in its model "
+              "directory (0.55 for their default)",
               "- time: wall seconds of the system's commands (training and alignment of the "
               "whole corpus, or training plus extraction of the gold lines); peak: largest "
               "resident set of one process (MiB)"]
@@ -573,9 +575,9 @@ _DONE = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r")\] done: ")
 # a self-training run's earlier rounds (aligner/self_training.py) leave only their logs,
 # MODEL_DIR/selftrain.roundN.log: each direction's "done ... in Xs" (one per run of a resumed
 # round), "preparation took Xs", and the alignment of the bitext that guided the next round
-_DONE_SECONDS = re.compile(r"\[(" + "|".join(C.DIRECTIONS)
+_DONE_SECONDS = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r"|fwd\+rev"
                            + r")\] done: \d+ updates \(\d+ in this run\) in ([0-9.]+)s")
-_GUIDE_SECONDS = re.compile(r"self-training guide: .* of the bitext took ([0-9.]+)s")
+_GUIDE_SECONDS = re.compile(re.escape(ALIGNED_MESSAGE) + r": .* of the bitext took ([0-9.]+)s")
 _ROUND_LOG = re.compile(r"selftrain\.round(\d+)\.log")
 
 
@@ -675,29 +677,37 @@ def _add_earlier_rounds(record: TrainingRecord, prefix: str, folder: str) -> Non
                   for m in [_ROUND_LOG.fullmatch(name)] if m)
     if not logs:
         return
-    parts = {"fwd": 0.0, "rev": 0.0, "preparation": 0.0, "guides": 0.0}
-    unaligned = []
+    parts = {"fwd": 0.0, "rev": 0.0, "fwd+rev": 0.0, "preparation": 0.0, "guides": 0.0}
+    unaligned, undone = [], []
     for round_number, name in logs:
         with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
             log = handle.read()
-        for direction, seconds in _DONE_SECONDS.findall(log):
+        done = _DONE_SECONDS.findall(log)
+        if not done:
+            undone.append(round_number)
+        for direction, seconds in done:
             parts[direction] += float(seconds)
         parts["preparation"] += sum(float(x) for x in _PREPARATION.findall(log))
         guides = _GUIDE_SECONDS.findall(log)
         parts["guides"] += sum(float(x) for x in guides)
         if not guides:
             unaligned.append(round_number)
+    if not parts["fwd+rev"]:   # agreement training logs both directions as one
+        del parts["fwd+rev"]
     key = f"{prefix}rounds 1-{logs[-1][0]} "
     for part, seconds in parts.items():
         record.seconds[key + part] = seconds
+    loops = ", ".join(f"{d} {parts[d]:.1f} s" for d in ("fwd", "rev", "fwd+rev") if d in parts)
     record.notes.append(
         f"self-training: rounds {', '.join(str(r) for r, _ in logs)} before the model's own "
-        f"round, from their logs ({folder}/selftrain.roundN.log): fwd {parts['fwd']:.1f} s, rev "
-        f"{parts['rev']:.1f} s (the training loops), BPE and corpus encoding "
+        f"round, from their logs ({folder}/selftrain.roundN.log): {loops} (the training "
+        f"loops), BPE and corpus encoding "
         f"{parts['preparation']:.1f} s, alignment of the bitext for the next round's guide "
         f"{parts['guides']:.1f} s; counted into the time column"
         + (f" (the logs of rounds {', '.join(map(str, unaligned))} do not record their "
-           f"alignment time: written before 2026-11-25)" if unaligned else ""))
+           f"alignment time: written before 2026-11-25)" if unaligned else "")
+        + (f"; the logs of rounds {', '.join(map(str, undone))} record no finished training "
+           f"(cut off?): their training time is missing" if undone else ""))
 
 
 def describe_line(corpus: Corpus, line: int) -> str:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from aligner.config import RunConfig
 from aligner.data import EncodedCorpus
 from aligner.formats import read_pharaoh
+from aligner.self_training import ALIGNED_MESSAGE
 from aligner.symmetrize import symmetrize
 from aligner.utils import AlignerError
 from conftest import ROOT, SAMPLE
@@ -424,12 +425,13 @@ def test_recorded_training_of_a_self_training_run_counts_its_earlier_rounds(tmp_
     write_metrics(model / "fwd", 5.0, 12.0)
     write_metrics(model / "rev", 11.0)
     write(model / "train.log", ["[2026-11-25 01:00:00 INFO] preparation took 1.0s"])
-    done = "[2026-11-25 00:50:00 INFO] [{}] done: 40 updates ({} in this run) in {}s; best " \
-           "checkpoint at update 40"
+    # the lines as aligner.train.Trainer.run and aligner.self_training.train_rounds log them
+    done = "[2026-11-25 00:50:00 INFO] [{}] done: 40 updates ({} in this run) in {}s, 500 " \
+           "target tokens/s; best checkpoint at update 40"
     write(model / "selftrain.round1.log", [
         "[2026-11-25 00:40:00 INFO] preparation took 2.5s", done.format("fwd", 40, "100.0"),
         done.format("rev", 40, "90.0"),
-        "[2026-11-25 00:55:00 INFO] self-training guide: m/selftrain.round1.align of the "
+        f"[2026-11-25 00:55:00 INFO] {ALIGNED_MESSAGE}: m/selftrain.round1.align of the "
         "bitext took 30.0s"])
     write(model / "selftrain.round2.log", [
         "[2026-11-25 00:56:00 INFO] preparation took 0.5s", done.format("fwd", 20, "20.0"),
@@ -442,6 +444,16 @@ def test_recorded_training_of_a_self_training_run_counts_its_earlier_rounds(tmp_
     assert record.total == pytest.approx(336.0)
     note = next(n for n in record.notes if n.startswith("self-training"))
     assert "rounds 1, 2 before" in note and "the logs of rounds 2 do not record" in note
+    assert "record no finished training" not in note
+    # agreement rounds log both directions as one; a round cut off logs no "done"
+    write(model / "selftrain.round2.log", [
+        done.format("fwd+rev", 40, "50.0").replace("00:50", "00:57")])
+    write(model / "selftrain.round3.log", ["[2026-11-25 01:10:00 INFO] preparation took 1s"])
+    record = ca.recorded_training(str(model))
+    assert record.seconds["rounds 1-3 fwd+rev"] == 50.0
+    assert record.seconds["rounds 1-3 fwd"] == 100.0
+    note = next(n for n in record.notes if n.startswith("self-training"))
+    assert "the logs of rounds 3 record no finished training" in note
 
 
 def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_preparation(

@@ -165,3 +165,34 @@ def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
     assert "align: error: terminated (SIGTERM)" in stderr and "Traceback" not in stderr
     time.sleep(1)
     assert not [pid for pid in workers if _alive(pid)]
+
+
+def test_directions_train_side_by_side_by_default_where_it_pays(monkeypatch):
+    """align train / align run without --parallel-directions: side by side on a CPU with 2+
+    cores and torch threads, both directions apart, one process, 1,000+ pairs."""
+    import os
+
+    import torch
+
+    from aligner.train_run import PARALLEL_MIN_PAIRS, default_parallel_directions
+
+    cpu, both = torch.device("cpu"), ("fwd", "rev")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert default_parallel_directions(cpu, both, 0.0, PARALLEL_MIN_PAIRS)
+        assert not default_parallel_directions(cpu, both, 0.0, PARALLEL_MIN_PAIRS - 1)
+        assert not default_parallel_directions(cpu, both, 1.0, 10 ** 6)      # agreement
+        assert not default_parallel_directions(cpu, ("fwd",), 0.0, 10 ** 6)
+        assert not default_parallel_directions(torch.device("cuda"), both, 0.0, 10 ** 6)
+        monkeypatch.setenv("WORLD_SIZE", "2")                                # torchrun
+        assert not default_parallel_directions(cpu, both, 0.0, 10 ** 6)
+        monkeypatch.delenv("WORLD_SIZE")
+        torch.set_num_threads(1)                                             # --threads 1
+        assert not default_parallel_directions(cpu, both, 0.0, 10 ** 6)
+        monkeypatch.setattr(os, "cpu_count", lambda: 1)
+        torch.set_num_threads(2)
+        assert not default_parallel_directions(cpu, both, 0.0, 10 ** 6)
+    finally:
+        torch.set_num_threads(threads)

@@ -3,6 +3,8 @@ trains them, and --resume of a run cut off between or inside rounds."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
@@ -10,7 +12,7 @@ from aligner import recipe
 from aligner.formats import read_pharaoh
 from aligner.self_training import default_rounds
 from cli_runner import error_line, run
-from conftest import restored_aligner_logger
+from conftest import ROOT, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 #: a tiny hmm1 with align run's data limit (max_len = max_positions - 1); --max-epochs 0: the
@@ -61,9 +63,18 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     assert config["data"]["guide"] == str(model / "selftrain.round2.align")
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
-    assert config["extra"]["init_from"] == str((model / "previous_round").resolve())
+    assert config["extra"]["init_from"] == os.path.abspath(model / "previous_round")
+    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3}
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
+    # eval/compare_aligners.py counts every round's training, from the rounds' real logs
+    sys.path.insert(0, str(ROOT / "eval"))
+    import compare_aligners
+
+    record = compare_aligners.recorded_training(str(model))
+    for part in ("fwd", "rev", "preparation", "guides"):
+        assert record.seconds[f"rounds 1-2 {part}"] > 0, part
+    assert not any("do not record" in note for note in record.notes)
 
 
 def test_self_training_options_reach_the_rounds(tmp_path, corpus):
@@ -95,6 +106,7 @@ def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, co
     assert default_rounds("transformer", ("fwd", "rev")) == 1
     assert default_rounds("alignment-layer", ("fwd", "rev")) == 1
     assert default_rounds("hmm1", ("fwd",)) == 1
+    assert default_rounds("hmm1", ("rev", "fwd")) == recipe.ROUNDS   # the order is the user's
     monkeypatch.setenv("WORLD_SIZE", "2")              # torchrun: one round per command
     assert default_rounds("hmm1", ("fwd", "rev")) == 1
     monkeypatch.delenv("WORLD_SIZE")
@@ -161,7 +173,29 @@ def _interrupt_training(monkeypatch):
     monkeypatch.setattr(Trainer, "save_checkpoint", save_then_cut_off)
 
 
-@pytest.mark.parametrize("interrupt", [_interrupt_alignment, _interrupt_training])
+def _interrupt_after_the_links(monkeypatch):
+    """Cut off once round 1's links are written, as round 2 begins."""
+    import aligner.self_training
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aligner.self_training, "_keep_round_log", cut_off)
+
+
+def _interrupt_preparation(monkeypatch):
+    """Round 2 is cut off while it encodes the corpus: its --overwrite has removed round 1's
+    config.json and weights (kept aside in previous_round), its own are not written yet."""
+    import aligner.train_run
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aligner.train_run, "_prepare_like", cut_off)
+
+
+@pytest.mark.parametrize("interrupt", [_interrupt_alignment, _interrupt_after_the_links,
+                                       _interrupt_preparation, _interrupt_training])
 def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypatch,
                                                       interrupt):
     """Cut off (Ctrl-C) between or inside rounds, the same command plus --resume ends with
@@ -175,11 +209,20 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
             interrupt(patch)
             line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args, ok=False))
         assert "interrupted; continue with the same command plus --resume" in line
+        if interrupt is _interrupt_preparation:
+            assert not (cut / "config.json").exists()
         run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
+    round2_log = (cut / "selftrain.round2.log").read_text()
+    if interrupt is _interrupt_training:   # fwd went on from its checkpoint, rev began
+        assert "[fwd] resumed at update 2" in round2_log
+        assert "[rev] resumed" not in round2_log
+    else:
+        assert "resumed at update" not in round2_log
     for name in ("selftrain.round1.align", "selftrain.round2.align"):
         assert (cut / name).read_text() == (whole / name).read_text()
     assert _config(cut)["extra"] == {
-        **_config(whole)["extra"], "init_from": str((cut / "previous_round").resolve())}
+        **_config(whole)["extra"], "init_from": os.path.abspath(cut / "previous_round")}
+    assert not (cut / "previous_round").exists()
     for model in (whole, cut):
         run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / f"{model.name}.x",
             "--soft", tmp_path / f"{model.name}.npz", "-q")
@@ -189,12 +232,45 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
     assert sorted(whole_soft.files) == sorted(cut_soft.files)
     for name in whole_soft.files:
         np.testing.assert_allclose(cut_soft[name], whole_soft[name], rtol=1e-5, atol=1e-6)
-    # resumed once more, the finished run has nothing left to train
-    weights = (cut / "fwd" / "params.best.pt").read_bytes()
+    # resumed once more, the finished run has nothing left to train: not even a log line
+    weights, log = (cut / "fwd" / "params.best.pt").read_bytes(), (cut / "train.log").read_text()
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
     assert (cut / "fwd" / "params.best.pt").read_bytes() == weights
+    assert (cut / "train.log").read_text() == log
     # more rounds than the directory's run has: refused, as a changed setting is
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args[2:], "--rounds", "2",
                           "--resume", ok=False))
     assert "holds round 3 of a self-training run; --rounds 2 ends before it" in line
+
+
+def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, corpus,
+                                                                      monkeypatch):
+    """A self-training run over another one's directory (--overwrite), cut off in round 1,
+    resumes round 1: the earlier run's round-1 links and state are gone before it trains."""
+    src, tgt = corpus
+    args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--seed", "7")
+        assert (model / "selftrain.round1.align").exists()
+        from aligner.train import Trainer
+
+        save, calls = Trainer.save_checkpoint, []
+
+        def save_then_cut_off(self, *a, **k):
+            save(self, *a, **k)
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Trainer, "save_checkpoint", save_then_cut_off)
+            error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--overwrite",
+                           ok=False))
+        assert not list(model.glob("selftrain.*"))
+        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume")
+        assert "[fwd] resumed at update 2" in (model / "selftrain.round1.log").read_text()
+        run("train", "-s", src, "-t", tgt, "-o", tmp_path / "whole", *args)
+    assert (model / "selftrain.round1.align").read_text() == \
+        (tmp_path / "whole" / "selftrain.round1.align").read_text()

@@ -79,15 +79,16 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                                       "symmetrized. Output is always source-target.")
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)), default=None,
-              help=f"Heuristic for --direction both [default: align run's, for its model "
-                   f"directories; else the model kind's best: "
+              help=f"Heuristic for --direction both [default: the one recorded by align run "
+                   f"or a self-training align train, for their model directories; else the model kind's best: "
                    f"soft-average for hmm0/hmm1, {C.DEFAULT_HEURISTIC} for the others]. The Moses "
                    f"heuristics combine the two directions' links; soft-average links (i, j) "
                    f"when the mean of the two directions' word-level probabilities (as "
                    f"written by --soft) exceeds --threshold.")
 @click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
-              help="Probability threshold of -H soft-average  [default: the one align run "
-                   "aligned with, for its model directories; else 0.5]")
+              help="Probability threshold of -H soft-average  [default: the one recorded by "
+                   "align run or a self-training align train (0.55 for the recipe), for their "
+                   "model directories; else 0.5]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -171,7 +172,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
-    heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # align run's, if any
+    heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
     n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
         if soft is None:   # block by block: the output grows, memory does not

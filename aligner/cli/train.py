@@ -165,9 +165,11 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many updates per direction (0 = no limit).")
 @click.option("--max-epochs", default=None, type=click.IntRange(min=0),
-              help=f"Stop after this many epochs (0 = no limit); with --rounds, round 1's  "
-                   f"[default: {recipe.EPOCHS_PER_ROUND} with self-training rounds, "
-                   f"{recipe.EPOCHS} with --rounds 1]")
+              help=f"Stop after this many epochs (0 = no limit); with self-training rounds, "
+                   f"round 1's (a fine-tuned round trains --fine-tune-epochs), or every "
+                   f"round's with --max-updates  [default: {recipe.EPOCHS} with --rounds 1; "
+                   f"with rounds {recipe.EPOCHS_PER_ROUND}, or no limit with --max-updates "
+                   f"(as align run)]")
 @click.option("--checkpoint-interval", default=1000, show_default=True,
               type=click.IntRange(min=1), help="Updates between checkpoints.")
 @click.option("--valid-src", type=INPUT, help="Validation source sentences.")
@@ -193,7 +195,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    f"last, the round's own alignments of the training bitext (-H "
                    f"{recipe.HEURISTIC}) guide the next round, which fine-tunes the round's "
                    f"model (round 1 takes --guide, if given; 1 = one plain training)  "
-                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions, else 1]")
+                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions, else "
+                   f"and under torchrun 1]")
 @click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Weight of the guide term in a self-training round (--guide-weight is "
@@ -208,8 +211,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    "round's model (as --init-from), or from new weights.")
 @click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
               type=click.IntRange(min=1),
-              help="Passes over the bitext in a fine-tuned self-training round (unless "
-                   "--max-updates).")
+              help="Passes over the bitext in a fine-tuned self-training round (with "
+                   "--max-updates: --max-epochs, as round 1).")
 @click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
               default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
               help="Learning-rate decay of a fine-tuned self-training round (round 1 takes "
@@ -266,7 +269,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
-    self-training rounds of one epoch, each after the first fine-tuning the previous round's
+    self-training rounds of one epoch (one round under torchrun), each after the first fine-tuning the previous round's
     model guided by its own alignments of the bitext (kept as MODEL_DIR/selftrain.roundN.align),
     with a linearly decaying learning rate; align extract MODEL_DIR then gives the recipe's
     alignments (hmm-posterior, -H soft-average at the recorded threshold).
@@ -288,8 +291,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if rounds is None:
         rounds = default_rounds(model_kind, direction_list)
     check_rounds(model_kind, direction_list, rounds)
-    if max_epochs is None:
-        max_epochs = recipe.EPOCHS_PER_ROUND if rounds > 1 else recipe.EPOCHS
+    if max_epochs is None:   # with rounds as align run: --max-updates alone decides
+        max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
+                      else recipe.EPOCHS_PER_ROUND)
     check_bitext_args(source, target, joint, "the training bitext")
     check_condition((valid_src is None) == (valid_tgt is None),
                     "give both --valid-src and --valid-tgt")
