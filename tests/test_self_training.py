@@ -71,10 +71,11 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     sys.path.insert(0, str(ROOT / "eval"))
     import compare_aligners
 
-    record = compare_aligners.recorded_training(str(model))
-    for part in ("fwd", "rev", "preparation", "guides"):
-        assert record.seconds[f"rounds 1-2 {part}"] > 0, part
-    assert not any("do not record" in note for note in record.notes)
+    record = compare_aligners.recorded_training(str(model))   # (tiny: seconds may be 0.0)
+    assert {key for key in record.seconds if key.startswith("rounds")} == {
+        f"rounds 1-2 {part}" for part in ("fwd", "rev", "preparation", "guides")}
+    note = next(note for note in record.notes if note.startswith("self-training"))
+    assert "do not record" not in note and "no finished training" not in note
 
 
 def test_self_training_options_reach_the_rounds(tmp_path, corpus):
