@@ -167,9 +167,9 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--max-epochs", default=None, type=click.IntRange(min=0),
               help=f"Stop after this many epochs (0 = no limit); with self-training rounds, "
                    f"round 1's (a fine-tuned round trains --fine-tune-epochs), or every "
-                   f"round's with --max-updates  [default: {recipe.EPOCHS} with --rounds 1; "
-                   f"with rounds {recipe.EPOCHS_PER_ROUND}, or no limit with --max-updates "
-                   f"(as align run)]")
+                   f"round's with --max-updates  [default: {recipe.EPOCHS_PER_ROUND} with "
+                   f"self-training rounds (no limit with --max-updates, as align run), "
+                   f"{recipe.EPOCHS} with --rounds 1]")
 @click.option("--checkpoint-interval", default=1000, show_default=True,
               type=click.IntRange(min=1), help="Updates between checkpoints.")
 @click.option("--valid-src", type=INPUT, help="Validation source sentences.")
@@ -195,8 +195,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    f"last, the round's own alignments of the training bitext (-H "
                    f"{recipe.HEURISTIC}) guide the next round, which fine-tunes the round's "
                    f"model (round 1 takes --guide, if given; 1 = one plain training)  "
-                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions, else "
-                   f"and under torchrun 1]")
+                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions; 1 for "
+                   f"the other kinds and under torchrun]")
 @click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Weight of the guide term in a self-training round (--guide-weight is "
@@ -232,8 +232,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    "half of --threads (the same weights as training them in turn with that "
                    "many threads; faster where more threads help a model less than a second "
                    "process, see eval/results/parallel_directions.md), or one after the "
-                   "other  [default: side by side on a CPU with 2+ cores from 1,000 training "
-                   "pairs on, unless --agreement-weight or torchrun]")
+                   "other  [default: side by side on a CPU with 2+ cores and threads, from "
+                   "1,000 training pairs on, unless --agreement-weight or torchrun]")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --model-dir (same data and settings; "
                    "only --max-updates, --max-epochs, --checkpoint-interval and --device may "
