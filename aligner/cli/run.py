@@ -21,7 +21,7 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.train import (INPUT, bitext_options, check_bitext_args, check_gold_in_range,
-                               parse_key_values, set_threads)
+                               parse_key_values, self_training_options, set_threads)
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, check_writable
 
@@ -47,10 +47,6 @@ logger = logging.getLogger(__name__)
                    f"model directory as align extract's default)  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
-@click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
-              default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
-              help="Threshold of -H soft-average for the alignments that guide the next "
-                   "self-training round.")
 @click.option("--shortlist", default=0, show_default=True, type=click.IntRange(min=0),
               help="Normalize the lexicon over this many most frequent words (and the "
                    "sentence's) instead of the vocabulary: faster, approximate (0 = exact; "
@@ -76,14 +72,7 @@ logger = logging.getLogger(__name__)
                    "alignments of the bitext become the --guide of the next round, which "
                    "fine-tunes the round's model (round 1 takes --guide, if given; 1 = one "
                    "plain training).")
-@click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
-              type=click.FloatRange(min=0),
-              help="Weight of the guide term in a self-training round (the previous round's "
-                   "alignments as guide; --guide-weight is --guide's, in round 1).")
-@click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
-              show_default=True,
-              help="Self-training: each round after the first starts from the previous "
-                   "round's model (align train --init-from), or from new weights.")
+@self_training_options
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (as align train --agreement-weight): both directions "
@@ -92,14 +81,6 @@ logger = logging.getLogger(__name__)
               type=click.IntRange(min=1),
               help="Training passes over the bitext per direction in round 1 (and in every "
                    "round with --afresh).")
-@click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
-              type=click.IntRange(min=1),
-              help="Training passes over the bitext per direction in a fine-tuned round.")
-@click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
-              default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
-              help="Learning-rate decay of a fine-tuned round (as align train --lr-schedule; "
-                   "round 1 and --afresh rounds take the recipe's "
-                   f"{recipe.TRAINING['lr_schedule']}).")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop each direction after this many updates (0 = --epochs decides).")
 @click.option("--bpe-merges", default=None, type=click.IntRange(min=0),

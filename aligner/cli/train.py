@@ -90,6 +90,38 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                     f"give {what} as -s/-t or as -i, not both (and not neither)")
 
 
+def self_training_options(function):
+    """The options of self-training rounds after the first (aligner.self_training.SelfTraining;
+    `align train` and `align run`)."""
+    for decorator in reversed([
+        click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT,
+                     show_default=True, type=click.FloatRange(min=0),
+                     help="Weight of the guide term in a self-training round (the previous "
+                          "round's alignments as guide; --guide-weight is --guide's, in "
+                          "round 1)."),
+        click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
+                     default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
+                     help="Threshold of -H soft-average for the alignments that guide the "
+                          "next self-training round."),
+        click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
+                     show_default=True,
+                     help="Self-training: each round after the first starts from the "
+                          "previous round's model (as align train --init-from), or from new "
+                          "weights."),
+        click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
+                     type=click.IntRange(min=1),
+                     help="Passes over the bitext per direction in a fine-tuned self-training "
+                          "round (a run limited by --max-updates: each round as round 1)."),
+        click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
+                     default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
+                     help="Learning-rate decay of a fine-tuned self-training round (round 1 "
+                          f"and --afresh rounds keep round 1's: align train --lr-schedule, "
+                          f"align run the recipe's {recipe.TRAINING['lr_schedule']})."),
+    ]):
+        function = decorator(function)
+    return function
+
+
 @click.command("train")
 @bitext_options
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False),
@@ -197,26 +229,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    f"model (round 1 takes --guide, if given; 1 = one plain training)  "
                    f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions; 1 for "
                    f"the other kinds and under torchrun]")
-@click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT, show_default=True,
-              type=click.FloatRange(min=0),
-              help="Weight of the guide term in a self-training round (--guide-weight is "
-                   "--guide's, in round 1).")
-@click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
-              default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
-              help="Threshold of -H soft-average for the alignments that guide the next "
-                   "self-training round.")
-@click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
-              show_default=True,
-              help="Self-training: each round after the first starts from the previous "
-                   "round's model (as --init-from), or from new weights.")
-@click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
-              type=click.IntRange(min=1),
-              help="Passes over the bitext in a fine-tuned self-training round (with "
-                   "--max-updates: --max-epochs, as round 1).")
-@click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
-              default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
-              help="Learning-rate decay of a fine-tuned self-training round (round 1 takes "
-                   "--lr-schedule).")
+@self_training_options
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
               type=click.FloatRange(min=0),
               help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
