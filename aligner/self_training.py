@@ -181,13 +181,18 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
             logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
                         plan.rounds, this_round.data_config.guide,
                         ", from its model's weights" if plan.fine_tune else "",
-                        {RESUME: " (resumed)", RESTART: " (again)"}.get(mode, ""))
+                        {RESUME: " (resumed)", RESTART: " (again)",
+                         TRAINED: " (trained)"}.get(mode, ""))
             if mode == FRESH:   # this round rewrites the directory: keep what it starts from
                 _keep_round_log(model_dir, round_number - 1)
                 if plan.fine_tune:
                     _keep_previous_round(model_dir)
                 _write_state(model_dir, round_number)
-        result.summaries = train(this_round)
+        if mode == TRAINED:
+            logger.info("round %d is trained (the last of the run in %s): its links of the "
+                        "bitext guide round %d", round_number, model_dir, round_number + 1)
+        else:
+            result.summaries = train(this_round)
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide
@@ -210,18 +215,23 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
 #: first), anew from the start already kept (cut off before its training wrote anything to
 #: resume), resumed from its checkpoints; or not at all (the run is finished)
 FRESH, RESTART, RESUME, DONE = "fresh", "restart", "resume", "done"
+#: ... or not at all, its links of the bitext written next: the last round of a finished
+#: run that --resume with more --rounds goes on from
+TRAINED = "trained"
 
 
 def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
-    """(the round to go on with, how: FRESH / RESTART / RESUME / DONE) for ``--resume`` of a
-    self-training run in `model_dir`.
+    """(the round to go on with, how: FRESH / RESTART / RESUME / TRAINED / DONE) for
+    ``--resume`` of a self-training run in `model_dir`.
 
     MODEL_DIR/selftrain.json names the round that began last (none: round 1). Its links
     written, the next round begins (FRESH). Otherwise, when its training wrote its config.json
     (the round recorded there), it is resumed — DONE instead for a fine-tuned last round whose
-    start, previous_round, is removed (that happens once it is trained); when not (cut off
-    while it prepared), a round after the first trains again from the start kept aside
-    (RESTART), and round 1 is left to train() (which refuses a directory without a run)."""
+    start, previous_round, is removed (that happens once it is trained), and TRAINED for one
+    before plan.rounds (a finished run given more rounds: its links are written next); when
+    not (cut off while it prepared), a round after the first trains again from the start kept
+    aside (RESTART), and round 1 is left to train() (which refuses a directory without a
+    run)."""
     from aligner.model_dir import config_path
 
     state = os.path.join(model_dir, STATE_NAME)
@@ -244,9 +254,11 @@ def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
         saved_round = saved.extra.get(SELF_TRAINING_KEY, {}).get("round")
     if round_number > 1 and saved_round != round_number:
         return round_number, RESTART
-    if (round_number == plan.rounds > 1 and plan.fine_tune
+    if (round_number > 1 and plan.fine_tune
             and not os.path.isdir(os.path.join(model_dir, PREVIOUS_ROUND_DIR))):
-        return plan.rounds + 1, DONE
+        # its start is removed once it is trained: the run ended with this round
+        return (plan.rounds + 1, DONE) if round_number == plan.rounds else (round_number,
+                                                                             TRAINED)
     return round_number, RESUME
 
 

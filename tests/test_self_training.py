@@ -275,3 +275,23 @@ def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, 
         run("train", "-s", src, "-t", tgt, "-o", tmp_path / "whole", *args)
     assert (model / "selftrain.round1.align").read_text() == \
         (tmp_path / "whole" / "selftrain.round1.align").read_text()
+
+
+def test_resume_with_more_rounds_goes_on_from_a_finished_run(tmp_path, corpus):
+    """A finished two-round run given --rounds 3 --resume aligns the bitext with its round-2
+    model and trains round 3: the directory of a three-round run from the start."""
+    src, tgt = corpus
+    args = ["--max-updates", "3", *TRAIN_TINY]
+    two, three = tmp_path / "two", tmp_path / "three"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", two, "--rounds", "2", *args)
+        assert not (two / "selftrain.round2.align").exists()
+        run("train", "-s", src, "-t", tgt, "-o", two, "--rounds", "3", "--resume", *args)
+        run("train", "-s", src, "-t", tgt, "-o", three, "--rounds", "3", *args)
+    for name in ("selftrain.round1.align", "selftrain.round2.align"):
+        assert (two / name).read_text() == (three / name).read_text()
+    assert _config(two)["extra"]["self_training"] == {"round": 3}
+    assert _config(two)["extra"]["align_run"] == _config(three)["extra"]["align_run"]
+    for model in (two, three):
+        run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / f"{model.name}.x", "-q")
+    assert (tmp_path / "two.x").read_text() == (tmp_path / "three.x").read_text()
