@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 PREVIOUS_ROUND_DIR = "previous_round"
 #: config.json ``extra`` key of a self-training round: {"round": r}
 SELF_TRAINING_KEY = "self_training"
-#: MODEL_DIR/selftrain.json: {"round": N}, written when round N (N > 1) begins, once its
-#: start is kept aside: what --resume reads
+#: MODEL_DIR/selftrain.json: {"round": N, "trained": bool}, written when round N (N > 1)
+#: begins, once its start is kept aside, and when its training ends: what --resume reads
 STATE_NAME = "selftrain.json"
 #: the log line of a round's alignment of the bitext (the next round's guide) and its time
 ALIGNED_MESSAGE = "self-training guide"
@@ -189,10 +189,13 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                     _keep_previous_round(model_dir)
                 _write_state(model_dir, round_number)
         if mode == TRAINED:
-            logger.info("round %d is trained (the last of the run in %s): its links of the "
-                        "bitext guide round %d", round_number, model_dir, round_number + 1)
+            _check_trained_round(this_round)
+            logger.info("round %d is trained: its links of the bitext guide round %d",
+                        round_number, round_number + 1)
         else:
             result.summaries = train(this_round)
+            if plan.rounds > 1:
+                _write_state(model_dir, round_number, trained=True)
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide
@@ -224,48 +227,80 @@ def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
     """(the round to go on with, how: FRESH / RESTART / RESUME / TRAINED / DONE) for
     ``--resume`` of a self-training run in `model_dir`.
 
-    MODEL_DIR/selftrain.json names the round that began last (none: round 1). Its links
-    written, the next round begins (FRESH). Otherwise, when its training wrote its config.json
-    (the round recorded there), it is resumed — DONE instead for a fine-tuned last round whose
-    start, previous_round, is removed (that happens once it is trained), and TRAINED for one
-    before plan.rounds (a finished run given more rounds: its links are written next); when
-    not (cut off while it prepared), a round after the first trains again from the start kept
-    aside (RESTART), and round 1 is left to train() (which refuses a directory without a
-    run)."""
+    MODEL_DIR/selftrain.json names the round that began last and whether its training ended
+    (none: round 1 has not ended; train() resumes it or says why not). Its links written, the
+    next round begins (FRESH). Trained, the last round means DONE, an earlier one TRAINED (its
+    links are written next: a run cut off while it aligned, or a finished one given more
+    rounds). Not trained: resumed when its training wrote its config.json (the round recorded
+    there), else (cut off while it prepared) trained again from the start kept aside
+    (RESTART)."""
     from aligner.model_dir import config_path
 
-    state = os.path.join(model_dir, STATE_NAME)
-    round_number = 1
-    if os.path.isfile(state):
-        with open(state, encoding="utf-8") as handle:
-            try:
-                round_number = int(json.load(handle)["round"])
-            except (ValueError, KeyError, TypeError):
-                raise AlignerError(f"{state}: not a self-training state (expected "
-                                   f'{{"round": N}}); use --overwrite to start anew') from None
+    state = _read_state(model_dir)
+    if state is None:
+        return 1, RESUME
+    round_number, trained = state
     check_condition(round_number <= plan.rounds,
                     f"{model_dir}: holds round {round_number} of a self-training run; "
                     f"--rounds {plan.rounds} ends before it")
     if round_number < plan.rounds and os.path.isfile(guide_path(model_dir, round_number)):
         return round_number + 1, FRESH
+    if trained:
+        return (plan.rounds + 1, DONE) if round_number == plan.rounds else (round_number,
+                                                                             TRAINED)
     saved_round = None
     if os.path.isfile(config_path(model_dir)):
         saved = RunConfig.load(config_path(model_dir))
         saved_round = saved.extra.get(SELF_TRAINING_KEY, {}).get("round")
     if round_number > 1 and saved_round != round_number:
         return round_number, RESTART
-    if (round_number > 1 and plan.fine_tune
-            and not os.path.isdir(os.path.join(model_dir, PREVIOUS_ROUND_DIR))):
-        # its start is removed once it is trained: the run ended with this round
-        return (plan.rounds + 1, DONE) if round_number == plan.rounds else (round_number,
-                                                                             TRAINED)
     return round_number, RESUME
 
 
-def _write_state(model_dir: str, round_number: int) -> None:
-    """MODEL_DIR/selftrain.json = {"round": N}, atomically: round N's start is kept."""
+def _read_state(model_dir: str) -> Optional[Tuple[int, bool]]:
+    """(round, trained) of MODEL_DIR/selftrain.json; None without one."""
+    path = os.path.join(model_dir, STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        try:
+            state = json.load(handle)
+            return int(state["round"]), bool(state.get("trained", False))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise AlignerError(f"{path}: not a self-training state (expected "
+                               f'{{"round": N, "trained": true/false}}); use --overwrite to '
+                               f"start anew") from None
+
+
+def _check_trained_round(request: "TrainRequest") -> None:
+    """What train() checks on --resume, for a trained round whose training is not resumed
+    (TRAINED): the bitext is the one the cached corpus was built from, and the settings are the
+    saved run's (but for its bookkeeping in ``extra``: the round, the output's defaults).
+    Attaches MODEL_DIR/train.log (the round's log) to the console logging."""
+    from aligner.log import setup_logging
+    from aligner.model_dir import config_path, load_preprocessing
+    from aligner.train_run import _run_config, check_inputs
+
+    model_dir = request.model_dir
+    check_inputs(model_dir, request.bitext, request.ignore_data_change)
+    saved = RunConfig.load(config_path(model_dir))
+    pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
+    asked = _run_config(dataclasses.replace(request, init_dir=None, extra=None), pre,
+                        len(src_vocab), len(tgt_vocab))
+    asked.models, asked.prep = saved.models, saved.prep   # a fine-tuned round's: its start's
+    differences = [key for key in saved.differences(asked) if not key.startswith("extra")]
+    check_condition(not differences,
+                    f"{model_dir}: cannot resume, these settings differ from the saved run: "
+                    f"{', '.join(differences)} (use --overwrite to start a new run)")
+    setup_logging(quiet=request.quiet, verbose=request.verbose,
+                  logfile=os.path.join(model_dir, C.LOG_NAME))
+
+
+def _write_state(model_dir: str, round_number: int, trained: bool = False) -> None:
+    """MODEL_DIR/selftrain.json = {"round": N, "trained": false}, atomically, once round N's
+    start is kept; "trained": true once its training has ended."""
     with atomic_output(os.path.join(model_dir, STATE_NAME)) as handle:
-        json.dump({"round": round_number}, handle)
+        json.dump({"round": round_number, "trained": trained}, handle)
         handle.write("\n")
 
 

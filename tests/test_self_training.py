@@ -64,7 +64,7 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
     assert config["extra"]["init_from"] == os.path.abspath(model / "previous_round")
-    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3}
+    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3, "trained": True}
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
     # eval/compare_aligners.py counts every round's training, from the rounds' real logs
@@ -295,3 +295,52 @@ def test_resume_with_more_rounds_goes_on_from_a_finished_run(tmp_path, corpus):
     for model in (two, three):
         run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / f"{model.name}.x", "-q")
     assert (tmp_path / "two.x").read_text() == (tmp_path / "three.x").read_text()
+
+
+def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
+    """A round whose training ended is not taken for trained unless the state says so (an
+    --afresh run cut off in round 2, resumed as fine-tuning: refused as other settings), and
+    going on from a trained round checks the data and settings as train() does."""
+    from aligner.train import Trainer
+
+    src, tgt = corpus
+    args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
+    model = tmp_path / "m"
+    save, calls = Trainer.save_checkpoint, []
+
+    def save_then_cut_off(self, *a, **k):
+        save(self, *a, **k)
+        calls.append(1)
+        if len(calls) == 5:                        # round 2, fwd's first checkpoint
+            raise KeyboardInterrupt
+
+    with restored_aligner_logger():
+        Trainer.save_checkpoint = save_then_cut_off
+        try:
+            error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--afresh",
+                           ok=False))
+        finally:
+            Trainer.save_checkpoint = save
+        assert json.loads((model / "selftrain.json").read_text()) == {"round": 2,
+                                                                       "trained": False}
+        config = (model / "config.json").read_text()
+        line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume",
+                              ok=False))      # fine-tuning would start from previous_round
+        assert "previous_round: not a model directory" in line
+        assert (model / "config.json").read_text() == config
+        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume", "--afresh")
+        # finished; more rounds on other data, or with another learning rate: refused
+        sources, targets, _ = monotone_corpus(12, seed=9)
+        other_src, other_tgt, _ = write_corpus(tmp_path, "other", sources, targets)
+        more = [*args[2:], "--rounds", "3", "--resume", "--afresh"]
+        line = error_line(run("train", "-s", other_src, "-t", other_tgt, "-o", model, *more,
+                              ok=False))
+        assert "not the data the run's corpus was built from" in line
+        line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *more, "--lr",
+                              "1e-3", ok=False))
+        assert "settings differ from the saved run: training.lr" in line
+        assert not (model / "selftrain.round2.align").exists()
+        run("train", "-s", src, "-t", tgt, "-o", model, *more)
+    assert (model / "selftrain.round2.align").exists()
+    assert "self-training guide" in (model / "selftrain.round2.log").read_text()
+    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3, "trained": True}

@@ -250,7 +250,8 @@ def self_training_options(function):
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in --model-dir (same data and settings; "
                    "only --max-updates, --max-epochs, --checkpoint-interval and --device may "
-                   "change).")
+                   "change; a self-training run goes on in the round it stopped in, and a "
+                   "finished one given more --rounds trains them).")
 @click.option("--resume-ignore-data-change", "ignore_data_change", is_flag=True,
               help="With --resume: continue on the corpus cached in --model-dir even though "
                    "the training bitext given now differs from the one it was built from "
@@ -379,7 +380,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
-    if not quiet:
+    if not quiet and summaries:   # (none: a finished run resumed)
         if agreement_weight > 0:  # one summary for the pair
             summaries = {"fwd+rev": summaries[direction_list[0]]}
         for direction, summary in summaries.items():
