@@ -279,13 +279,13 @@ def _check_trained_round(request: "TrainRequest") -> None:
     Attaches MODEL_DIR/train.log (the round's log) to the console logging."""
     from aligner.log import setup_logging
     from aligner.model_dir import config_path, load_preprocessing
-    from aligner.train_run import _run_config, check_inputs
+    from aligner.train_run import check_inputs, run_config
 
     model_dir = request.model_dir
     check_inputs(model_dir, request.bitext, request.ignore_data_change)
     saved = RunConfig.load(config_path(model_dir))
     pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
-    asked = _run_config(dataclasses.replace(request, init_dir=None, extra=None), pre,
+    asked = run_config(dataclasses.replace(request, init_dir=None, extra=None), pre,
                         len(src_vocab), len(tgt_vocab))
     asked.models, asked.prep = saved.models, saved.prep   # a fine-tuned round's: its start's
     differences = [key for key in saved.differences(asked) if not key.startswith("extra")]

@@ -604,7 +604,7 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
         context.barrier()
         if not resumed and not context.is_main:
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
-        config = _run_config(request, pre, len(src_vocab), len(tgt_vocab))
+        config = run_config(request, pre, len(src_vocab), len(tgt_vocab))
         if resumed:
             differences = saved.differences(config)
             check_condition(not differences,
@@ -683,7 +683,7 @@ def _open_model_dir(request: TrainRequest) -> bool:
     return resumed
 
 
-def _run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: int
+def run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: int
                 ) -> RunConfig:
     """The run's config.json: the model configs per direction (vocabulary sizes from the data;
     in stage 2 the base's configs plus the kind's own options) and every setting."""
