@@ -78,12 +78,17 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     raise AlignerError(f"--device must be auto, cpu, cuda or cuda:N (got '{name}')")
 
 
+def torchrun_world_size() -> int:
+    """The number of processes torchrun launched (its WORLD_SIZE; 1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed(device_name: str) -> DistributedContext:
     """Join the torchrun process group when launched by torchrun; else a 1-process context.
 
     The backend is NCCL when the device is CUDA and gloo otherwise. Safe to call twice.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = torchrun_world_size()
     if world_size <= 1:
         return DistributedContext()
     rank = int(os.environ["RANK"])

@@ -90,33 +90,35 @@ def guide_path(model_dir: str, round_number: int) -> str:
     return os.path.join(model_dir, f"selftrain.round{round_number}.align")
 
 
+def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
+    """Why rounds after the first cannot align the bitext or train on it; None when they can."""
+    from aligner.distributed import torchrun_world_size
+    from aligner.train_run import supports_guide
+
+    if not supports_guide(model_kind):
+        return (f"self-training trains with a guide, implemented for the direct HMMs (hmm0, "
+                f"hmm1), not '{model_kind}'")
+    if set(directions) != set(C.DIRECTIONS):
+        return ("self-training guides a round by both directions' alignments; train "
+                "--directions fwd,rev")
+    if torchrun_world_size() > 1:
+        return ("not under torchrun; train one round per command (--rounds 1): align extract "
+                "the bitext, then align train --guide LINKS --init-from PREVIOUS_MODEL")
+    return None
+
+
 def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
     """`align train`'s default --rounds: the recipe's for a kind that trains with a guide in
     both directions on one process; 1 otherwise (the transformer, the alignment layer, one
     direction, torchrun)."""
-    from aligner.train_run import supports_guide
-
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return (recipe.ROUNDS if supports_guide(model_kind) and set(directions) == set(C.DIRECTIONS)
-            and not distributed else 1)
+    return recipe.ROUNDS if _why_not_self_training(model_kind, directions) is None else 1
 
 
 def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> None:
     """Refuse (one line) rounds > 1 where a round cannot align the bitext or train on it."""
-    from aligner.train_run import supports_guide
-
-    if rounds == 1:
-        return
-    check_condition(supports_guide(model_kind),
-                    f"--rounds {rounds}: self-training trains with a guide, implemented for "
-                    f"the direct HMMs (hmm0, hmm1), not '{model_kind}'")
-    check_condition(set(directions) == set(C.DIRECTIONS),
-                    f"--rounds {rounds}: self-training guides a round by both directions' "
-                    f"alignments; train --directions fwd,rev")
-    check_condition(int(os.environ.get("WORLD_SIZE", "1")) == 1,
-                    f"--rounds {rounds}: not under torchrun; train one round per command "
-                    f"(--rounds 1): align extract the bitext, then align train --guide "
-                    f"LINKS --init-from PREVIOUS_MODEL")
+    if rounds > 1:
+        reason = _why_not_self_training(model_kind, directions)
+        check_condition(reason is None, f"--rounds {rounds}: {reason}")
 
 
 def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
@@ -286,7 +288,7 @@ def _check_trained_round(request: "TrainRequest") -> None:
     saved = RunConfig.load(config_path(model_dir))
     pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
     asked = run_config(dataclasses.replace(request, init_dir=None, extra=None), pre,
-                        len(src_vocab), len(tgt_vocab))
+                       len(src_vocab), len(tgt_vocab))
     asked.models, asked.prep = saved.models, saved.prep   # a fine-tuned round's: its start's
     differences = [key for key in saved.differences(asked) if not key.startswith("extra")]
     check_condition(not differences,

@@ -151,12 +151,14 @@ def default_parallel_directions(device: torch.device, directions: Sequence[str],
                                 agreement_weight: float, n_pairs: int) -> bool:
     """Whether the directions train side by side (:func:`train_directions_in_parallel`) when
     not asked: on a CPU with 2+ cores and torch threads, two directions trained apart (no
-    agreement), one process (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2 cores the hmm1 recipe
-    trains 1.1-1.6x faster so (eval/results/parallel_directions.md), to the weights of
-    training them in turn with one thread each."""
+    agreement), one process (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2
+    cores the hmm1 recipe trains 1.1-1.6x faster so (eval/results/parallel_directions.md), to
+    the weights of training them in turn with one thread each."""
+    from aligner.distributed import torchrun_world_size
+
     return (device.type == "cpu" and (os.cpu_count() or 1) >= 2 and len(directions) > 1
             and torch.get_num_threads() >= len(directions)   # --threads 1: one core
-            and agreement_weight == 0 and int(os.environ.get("WORLD_SIZE", "1")) == 1
+            and agreement_weight == 0 and torchrun_world_size() == 1
             and n_pairs >= PARALLEL_MIN_PAIRS)
 
 
@@ -684,7 +686,7 @@ def _open_model_dir(request: TrainRequest) -> bool:
 
 
 def run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: int
-                ) -> RunConfig:
+               ) -> RunConfig:
     """The run's config.json: the model configs per direction (vocabulary sizes from the data;
     in stage 2 the base's configs plus the kind's own options) and every setting."""
     from aligner.model_dir import config_path

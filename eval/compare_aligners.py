@@ -82,8 +82,8 @@ DIRECTIONS = C.DIRECTIONS
 HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # A column only `align` rows fill: the two directions' soft alignments averaged and
 # thresholded (`align extract --direction both -H soft-average`: at 0.5, or at the threshold
-# `align run` or a self-training `align train` recorded in its model directory); peers give no probabilities, their cell stays
-# empty.
+# `align run` or a self-training `align train` recorded in its model directory); peers give
+# no probabilities, their cell stays empty.
 SOFT_COLUMN = "soft-average"
 COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
 

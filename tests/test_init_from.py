@@ -14,7 +14,8 @@ from synthetic import monotone_corpus, write_corpus
 #: one training run each (--rounds 1; self-training rounds: tests/test_self_training.py)
 TINY = ["--model", "hmm1", "--bpe-merges", "20", "--d-model", "16", "--heads", "2",
         "--encoder-layers", "1", "--decoder-layers", "1", "--ff-dim", "32",
-        "--max-tokens", "200", "--warmup", "2", "--lr", "3e-3", "--threads", "1", "-q", "--rounds", "1"]
+        "--max-tokens", "200", "--warmup", "2", "--lr", "3e-3", "--threads", "1", "-q",
+        "--rounds", "1"]
 
 
 def weights(model_dir, direction="fwd"):

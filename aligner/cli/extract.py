@@ -80,8 +80,9 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)), default=None,
               help=f"Heuristic for --direction both [default: the one recorded by align run "
-                   f"or a self-training align train, for their model directories; else the model kind's best: "
-                   f"soft-average for hmm0/hmm1, {C.DEFAULT_HEURISTIC} for the others]. The Moses "
+                   f"or a self-training align train, for their model directories; else the "
+                   f"model kind's best: soft-average for hmm0/hmm1, {C.DEFAULT_HEURISTIC} for "
+                   f"the others]. The Moses "
                    f"heuristics combine the two directions' links; soft-average links (i, j) "
                    f"when the mean of the two directions' word-level probabilities (as "
                    f"written by --soft) exceeds --threshold.")

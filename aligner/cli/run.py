@@ -120,11 +120,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
+    from aligner.corpus_alignment import align_bitext
     from aligner.distributed import resolve_device
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
-    from aligner.corpus_alignment import align_bitext
     from aligner.prep import PrepConfig
     from aligner.self_training import SelfTraining, train_rounds
     from aligner.train_run import TrainRequest, default_parallel_directions

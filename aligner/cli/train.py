@@ -283,10 +283,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
-    self-training rounds of one epoch (one round under torchrun), each after the first fine-tuning the previous round's
-    model guided by its own alignments of the bitext (kept as MODEL_DIR/selftrain.roundN.align),
-    with a linearly decaying learning rate; align extract MODEL_DIR then gives the recipe's
-    alignments (hmm-posterior, -H soft-average at the recorded threshold).
+    self-training rounds of one epoch (one round under torchrun), each after the first
+    fine-tuning the previous round's model guided by its own alignments of the bitext (kept
+    as MODEL_DIR/selftrain.roundN.align), with a linearly decaying learning rate; align
+    extract MODEL_DIR then gives the recipe's alignments (hmm-posterior, -H soft-average at
+    the recorded threshold).
 
     Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
     DistributedDataParallel on all processes; rank 0 writes the model directory.
