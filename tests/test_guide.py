@@ -1,6 +1,8 @@
 """Guided alignment training (aligner/guide.py, the HMMs' guide term, align train --guide)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger
+from quality import Bar
 from cli_runner import run
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _batch, _model
@@ -122,48 +125,71 @@ TINY = ["--bpe-merges", "0", "--d-model", "32", "--heads", "2", "--encoder-layer
         "--directions", "fwd", "--dropout", "0", "-q"]
 
 
-@pytest.fixture(scope="module")
-def guided_runs(tmp_path_factory):
+@functools.lru_cache(maxsize=None)
+def _guided_runs(seed: int):
     """hmm0 fwd on a synthetic corpus where every sentence repeats ONE word (the lexicon cannot
     tell the positions apart): without a guide the alignment is arbitrary; the diagonal guide
-    (= gold) and the reversed guide at a high weight decide it."""
-    tmp = tmp_path_factory.mktemp("guide")
-    sources, targets, golds = monotone_corpus(60, vocab=1, min_len=3, max_len=6, seed=1)
-    src, tgt, gold = write_corpus(tmp, "train", sources, targets, golds)
-    reversed_links = [{(len(s) - 1 - i, j) for i, j in g} for s, g in zip(sources, golds)]
-    reverse = tmp / "reversed.talp"
-    reverse.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
-                               for g in reversed_links))
-    results = {}
-    with restored_aligner_logger():
-        for name, extra in (("none", []), ("gold", ["--guide", gold]),
-                            ("reversed", ["--guide", reverse, "--guide-weight", "5"]),
-                            ("reversed-weight-0", ["--guide", reverse, "--guide-weight", "0"])):
-            model = tmp / f"model-{name}"
-            run("train", "-s", src, "-t", tgt, "-o", model, "--model", "hmm0", *TINY, *extra)
-            out = tmp / f"{name}.txt"
-            run("extract", model, "-s", src, "-t", tgt, "--direction", "fwd", "-m",
-                "hmm-posterior", "-o", out, "-q")
-            results[name] = read_pharaoh(str(out))
-    return (results, [GoldAlignment(g, set()) for g in golds],
-            [GoldAlignment(g, set()) for g in reversed_links])
+    (= gold) and the reversed guide at a high weight decide it. Returns (the AER of each run's
+    output against the gold and against the reversed links, whether weight 0 gave the unguided
+    output); `seed`: the corpus and --seed."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        sources, targets, golds = monotone_corpus(60, vocab=1, min_len=3, max_len=6,
+                                                  seed=1 + seed)
+        src, tgt, gold = write_corpus(tmp, "train", sources, targets, golds)
+        reversed_links = [{(len(s) - 1 - i, j) for i, j in g} for s, g in zip(sources, golds)]
+        reverse = tmp / "reversed.talp"
+        reverse.write_text("".join(" ".join(f"{i}-{j}" for i, j in sorted(g)) + "\n"
+                                   for g in reversed_links))
+        results = {}
+        with restored_aligner_logger():
+            for name, extra in (("none", []), ("gold", ["--guide", gold]),
+                                ("reversed", ["--guide", reverse, "--guide-weight", "5"]),
+                                ("reversed-weight-0", ["--guide", reverse,
+                                                       "--guide-weight", "0"])):
+                model = tmp / f"model-{name}"
+                run("train", "-s", src, "-t", tgt, "-o", model, "--model", "hmm0", *TINY,
+                    "--seed", 1 + seed, *extra)
+                out = tmp / f"{name}.txt"
+                run("extract", model, "-s", src, "-t", tgt, "--direction", "fwd", "-m",
+                    "hmm-posterior", "-o", out, "-q")
+                results[name] = read_pharaoh(str(out))
+    references = {"gold": [GoldAlignment(g, set()) for g in golds],
+                  "reversed": [GoldAlignment(g, set()) for g in reversed_links]}
+    aers = {(name, reference): score_aer(links, references[reference]).aer
+            for name, links in results.items() for reference in references}
+    return aers, results["reversed-weight-0"] == results["none"]
 
 
-def test_a_correct_guide_is_learned_and_a_weighted_wrong_one_is_followed(guided_runs):
-    results, gold, reversed_gold = guided_runs
+def _guide_bar(name: str, measure, **bar) -> Bar:
+    return Bar(name, lambda seed: measure(_guided_runs(seed)[0]), margin="MEASURE", **bar)
 
-    def aer(name, reference):
-        return score_aer(results[name], reference).aer
 
-    assert aer("gold", gold) < 0.05
-    assert aer("gold", gold) < aer("none", gold) - 0.2
-    # followed, as its weight says: far closer to the reversed guide than to the gold
-    print({name: (round(aer(name, gold), 3), round(aer(name, reversed_gold), 3))
-           for name in results})
-    assert aer("reversed", reversed_gold) < 0.5 and aer("reversed", gold) > 0.8
-    assert aer("reversed", reversed_gold) < aer("none", reversed_gold) - 0.3
+GUIDE = {
+    "gold learned": _guide_bar("AER of the gold-guided run", lambda a: a["gold", "gold"],
+                               below=0.2),
+    "gold gain": _guide_bar("AER gained by the gold guide",
+                            lambda a: a["none", "gold"] - a["gold", "gold"], above=0.3),
+    "reversed followed": _guide_bar("AER of the reversed-guided run against the reversed "
+                                    "links", lambda a: a["reversed", "reversed"], below=0.6),
+    "reversed not gold": _guide_bar("AER of the reversed-guided run against the gold",
+                                    lambda a: a["reversed", "gold"], above=0.75),
+    "reversed gain": _guide_bar("AER against the reversed links gained by the reversed guide",
+                                lambda a: a["none", "reversed"] - a["reversed", "reversed"],
+                                above=0.2)}
+BARS = list(GUIDE.values())
+
+
+@pytest.mark.quality
+def test_a_correct_guide_is_learned_and_a_weighted_wrong_one_is_followed():
+    aers, weight_0_is_no_guide = _guided_runs(0)
+    for bar in GUIDE.values():   # followed, as its weight says
+        bar.check(0)
     # weight 0 is no guide at all: the same model as unguided training
-    assert results["reversed-weight-0"] == results["none"]
+    assert weight_0_is_no_guide
 
 
 def test_bad_guide_files_are_one_error_line(tmp_path):
