@@ -182,6 +182,9 @@ class AgreementTrainer(Trainer):
             if improved:
                 save_params(model, self._direction_path(direction, C.PARAMS_BEST))
 
+    def weight_models(self) -> Dict[str, AlignmentModel]:
+        return {direction: getattr(self.pair, direction) for direction in C.DIRECTIONS}
+
     def load_weights(self) -> None:
         for direction in C.DIRECTIONS:
             load_params(getattr(self.pair, direction),

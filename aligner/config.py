@@ -187,6 +187,9 @@ class TrainConfig:
 
 #: training options that may differ when a run is resumed (everything else must match)
 RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device")
+#: config.json ``extra`` entries that hold a path (the --init-from and --base model
+#: directories): not compared on resume (:meth:`RunConfig.differences`)
+PATH_EXTRAS = ("init_from", "base")
 
 
 @dataclass
@@ -269,6 +272,13 @@ class RunConfig:
         linear = "linear" in (self.training.lr_schedule, other.training.lr_schedule)
         for values in (mine, theirs):
             values.pop("package_version")
+            # paths say where a file lies, not what it holds: the same run resumed as
+            # `-o ./dir`, from another working directory or after the directory moved names
+            # them otherwise. Whether there is a guide counts; its content is compared by
+            # aligner.train_run.check_inputs.
+            values["data"]["guide"] = bool(values["data"].get("guide"))
+            values["extra"] = {key: value for key, value in (values.get("extra") or {}).items()
+                               if key not in PATH_EXTRAS}
             for key in RESUMABLE_CHANGES:
                 if not (linear and key in ("max_updates", "max_epochs")):
                     values["training"].pop(key)

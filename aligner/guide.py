@@ -135,6 +135,34 @@ def check_guides(alignments: Iterable[Set[Link]], source: Iterable[Sequence[str]
                     f"{n_bitext}: a guide needs one line per training line")
 
 
+def check_guide_file(path: str, bitext: Any, check_links: bool) -> None:
+    """Check a --guide file before a run removes or writes anything: every line parses, one
+    line per bitext line, and (`check_links`: the run trains on the bitext's words as they are,
+    no --tokenize) every link lies inside its sentence pair. One error line naming FILE:LINE;
+    a warning when no line has a link (the guide would add nothing)."""
+    import logging
+
+    from aligner.formats import iter_pharaoh
+
+    links = iter_pharaoh(path)
+    n_links = 0
+    if check_links:
+        for line_links, _, _ in check_guides(links, (src for src, _ in bitext),
+                                             (tgt for _, tgt in bitext), path):
+            n_links += len(line_links)
+    else:
+        n_lines = 0
+        for line_links in links:
+            n_lines += 1
+            n_links += len(line_links)
+        check_condition(n_lines == len(bitext),
+                        f"{path}: {n_lines} lines, but the training bitext has {len(bitext)}: "
+                        f"a guide needs one line per training line")
+    if n_links == 0:
+        logging.getLogger(__name__).warning("%s: the guide has no link on any line: it guides "
+                                            "nothing", path)
+
+
 def encode_guides(pre, alignments: Iterable[Set[Link]], source: Iterable[Sequence[str]],
                   target: Iterable[Sequence[str]], line_numbers: Sequence[int],
                   out_dir: str, name: str) -> Tuple[int, int]:

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Sequence
 
 from aligner import __version__
+from aligner.utils import AlignerError
 
 FORMAT = "[%(asctime)s %(levelname)s] %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -41,12 +42,45 @@ def setup_logging(quiet: bool = False, verbose: bool = False, logfile: Optional[
         setattr(stream, _HANDLER_MARK, True)
         logger.addHandler(stream)
     if logfile is not None:
-        handler = logging.FileHandler(logfile, encoding="utf-8")
+        handler = _LogFile(logfile)
         handler.setLevel(logging.DEBUG if verbose else logging.INFO)
         handler.setFormatter(formatter)
         setattr(handler, _HANDLER_MARK, True)
         logger.addHandler(handler)
     return logger
+
+
+class _LogFile(logging.StreamHandler):
+    """Appends to a log file opened without following a symbolic link (a link's target would
+    get the log: refused, one error line); a write that fails (a full disk) is reported once
+    on stderr as one line, not as a traceback per message."""
+
+    def __init__(self, path: str):
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            descriptor = os.open(path, flags, 0o666)
+        except OSError as error:
+            reason = ("a symbolic link (the log is a plain file: remove the link)"
+                      if os.path.islink(path) else error.strerror)
+            raise AlignerError(f"{path}: cannot open the log: {reason}") from None
+        super().__init__(os.fdopen(descriptor, "a", encoding="utf-8"))
+        self.path = path
+        self.failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            print(f"align: warning: {self.path}: cannot write the log "
+                  f"({getattr(error, 'strerror', None) or error}); later messages go to the "
+                  f"console only", file=sys.stderr)
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except OSError:
+            pass
+        super().close()
 
 
 def log_run_info(logger: logging.Logger, argv: Sequence[str],

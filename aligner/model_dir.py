@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
+import json
 import logging
 import os
 import re
@@ -89,12 +91,15 @@ def params_path(model_dir: str, direction: str, checkpoint: str = "best") -> str
     return os.path.join(model_dir, direction, name)
 
 
-def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
+def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
+                       inputs: Sequence[Optional[str]] = ()) -> bool:
     """Make `model_dir` ready for training; returns True when an earlier run is resumed.
 
     A missing or empty directory is created/used. A non-empty one is refused unless
-    ``resume`` (it must hold a run: config.json) or ``overwrite`` (the files a run writes are
-    removed first; other files are left alone).
+    ``resume`` (it must hold a run: config.json) or ``overwrite``: then the files a run writes
+    are removed first (other files are left alone), and only from a directory that holds a run
+    of ours, none of whose files is a symbolic link or holds one of the run's `inputs`
+    (:func:`check_overwritable`).
     """
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     if os.path.exists(model_dir):
@@ -110,17 +115,83 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool) -> bool:
         return False
     if resume:
         check_condition(os.path.isfile(config_path(model_dir)),
-                        f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing")
+                        f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing"
+                        + (" (its run stopped before training began: start it again with "
+                           "--overwrite)" if holds_run(model_dir) else ""))
         return True
     check_condition(overwrite, f"{model_dir}: directory is not empty; use --resume to continue "
                                f"its run or --overwrite to replace it")
+    check_overwritable(model_dir, inputs)
+    remove_run_files(model_dir)
+    return False
+
+
+def holds_run(model_dir: str) -> bool:
+    """Whether `model_dir` holds a run of ours: a ``version`` file (the first file a run
+    writes) that names a version, or a config.json of ours (older directories)."""
+    version = os.path.join(model_dir, C.VERSION_NAME)
+    if os.path.isfile(version) and not os.path.islink(version):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            with open(version, encoding="utf-8") as handle:
+                if re.fullmatch(r"\d+\.\d+\S*\n?", handle.read(100)):
+                    return True
+    config = config_path(model_dir)
+    if os.path.isfile(config) and not os.path.islink(config):
+        with contextlib.suppress(OSError, ValueError):
+            with open(config, encoding="utf-8") as handle:
+                saved = json.load(handle)
+            return isinstance(saved, dict) and "model_kind" in saved and "models" in saved
+    return False
+
+
+def check_overwritable(model_dir: str, inputs: Sequence[Optional[str]] = ()) -> None:
+    """Refuse (one line, before anything is removed) to --overwrite `model_dir` unless it holds
+    a run of ours (:func:`holds_run`), none of the files a run writes there is a symbolic
+    link (a run never makes one: it points at something of the user's), and none of `inputs`
+    (the run's input files) lies among them."""
+    present = sorted(name for name in os.listdir(model_dir)
+                     if name not in (BASE_DIR, LOCK_NAME))
+    check_condition(holds_run(model_dir),
+                    f"{model_dir}: --overwrite replaces a model directory written by align, and "
+                    f"this one holds no run ({C.VERSION_NAME} and {C.CONFIG_NAME} are missing; "
+                    f"it holds {', '.join(present[:3])}{', ...' if len(present) > 3 else ''}): "
+                    f"nothing was removed; choose a new or empty directory")
     for name in RUN_ENTRIES:
         path = os.path.join(model_dir, name)
-        if os.path.isdir(path):
+        check_condition(not os.path.islink(path),
+                        f"{path}: a symbolic link, which align never writes: --overwrite "
+                        f"would remove what it points to (nothing was removed; remove the "
+                        f"link yourself)")
+    removed = [os.path.realpath(os.path.join(model_dir, name)) for name in RUN_ENTRIES]
+    for path in inputs:
+        if not path or path == "-":
+            continue
+        real = os.path.realpath(path)
+        for entry in removed:
+            check_condition(real != entry and not real.startswith(entry + os.sep),
+                            f"{path}: an input of this run lies in {entry}, which --overwrite "
+                            f"would remove (nothing was removed; move the input or choose "
+                            f"another model directory)")
+
+
+def discard_unstarted_run(model_dir: str) -> None:
+    """Remove what a run that stopped before its training began (no config.json) wrote, so that
+    the corrected command starts in a clean directory; the ``version`` mark stays while other
+    files remain (they belong to a run of ours: --overwrite may still remove them)."""
+    remove_run_files(model_dir)
+    if any(name not in (BASE_DIR, LOCK_NAME) for name in os.listdir(model_dir)):
+        write_version(model_dir)
+
+
+def remove_run_files(model_dir: str) -> None:
+    """Remove what a training run writes at the top level of `model_dir` (RUN_ENTRIES; symbolic
+    links only as links)."""
+    for name in RUN_ENTRIES:
+        path = os.path.join(model_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        elif os.path.exists(path):
+        elif os.path.lexists(path):
             os.unlink(path)
-    return False
 
 
 @dataclass
@@ -152,10 +223,14 @@ def acquire_lock(model_dir: str) -> RunLock:
         fcntl = None
     path = os.path.join(model_dir, LOCK_NAME)
     while True:
-        try:
-            handle = open(path, "a+", encoding="utf-8")
+        try:   # never through a symbolic link: its target would be overwritten
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                                 0o644)
+            handle = os.fdopen(descriptor, "r+", encoding="utf-8")
         except OSError as error:
-            raise AlignerError(f"{path}: cannot open the run lock: {error.strerror}") from None
+            reason = ("a symbolic link (a run lock is a plain file: remove the link)"
+                      if os.path.islink(path) else error.strerror)
+            raise AlignerError(f"{path}: cannot open the run lock: {reason}") from None
         if fcntl is None:
             return _unlocked(path, handle, "this system has no flock")
         try:
@@ -232,25 +307,38 @@ def file_sha256(path: str) -> str:
 def save_checkpoint_file(state: Dict[str, Any], path: str) -> None:
     """torch.save `state` atomically to `path` and record its sha256 in ``path.sha256``.
 
-    The checksum line is in ``sha256sum`` format. The old checksum file is removed before the
-    new weights replace the old ones, so an interruption between the two writes leaves a file
-    without checksum (loaded unverified), never a checksum that belongs to other weights.
+    The checksum line is in ``sha256sum`` format. The new file is written in full (to a
+    temporary file) before anything old is touched: a full disk leaves the old file and its
+    checksum as they were. Then the old checksum file is removed and the new weights replace
+    the old ones, then the new checksum is written: an interruption between those steps leaves
+    a file without checksum (loaded unverified), never a checksum that belongs to other
+    weights.
     """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
     sums = checksum_path(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(sums)
-    with atomic_output(path, "wb") as out:
-        torch.save(state, out)
-    digest = file_sha256(path)
+
+    def drop_old_checksum() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sums)
+
+    with atomic_output(path, "wb", before_replace=drop_old_checksum) as out:
+        out.write(payload)
     with atomic_output(sums) as out:
-        out.write(f"{digest}  {os.path.basename(path)}\n")
+        out.write(f"{hashlib.sha256(payload).hexdigest()}  {os.path.basename(path)}\n")
+
+
+def weights_state(model: AlignmentModel) -> Dict[str, Any]:
+    """``{"state_dict": ..., "extra_state": ...}`` of `model`, on the CPU (what a weights file
+    holds)."""
+    return {"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "extra_state": model.extra_state()}
 
 
 def save_params(model: AlignmentModel, path: str) -> None:
     """Write the model's parameters (and extra state) atomically to `path` (with checksum)."""
-    state = {"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "extra_state": model.extra_state()}
-    save_checkpoint_file(state, path)
+    save_checkpoint_file(weights_state(model), path)
 
 
 def verify_checksum(path: str) -> None:
@@ -292,7 +380,11 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
 
 def load_params(model: AlignmentModel, path: str) -> None:
     """Load a file written by :func:`save_params` into `model` (strict key match)."""
-    state = load_checkpoint_file(path)
+    load_weights_state(model, load_checkpoint_file(path), path)
+
+
+def load_weights_state(model: AlignmentModel, state: Any, path: str) -> None:
+    """Load a :func:`weights_state` dict (read from `path`, named in errors) into `model`."""
     check_condition(isinstance(state, dict) and "state_dict" in state,
                     f"{path}: not a weights file of this toolkit")
     try:
@@ -407,13 +499,36 @@ class LoadedModelDir:
         recorded heuristic."""
         from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 
-        recorded = self.config.extra.get(C.ALIGN_RUN_SETTINGS, {})
+        recorded = recorded_symmetrization(self.path, self.config)
         heuristic = (heuristic or recorded.get("symmetrize")
                      or next(iter(self.models.values())).BEST_HEURISTIC)
         if threshold is None:
             threshold = (recorded["threshold"] if heuristic == recorded.get("symmetrize")
                          and "threshold" in recorded else DEFAULT_THRESHOLD)
         return heuristic, float(threshold)
+
+
+def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]:
+    """``extra[constants.ALIGN_RUN_SETTINGS]`` of config.json, checked (one error line naming
+    config.json and the key): a dict with an optional known ``symmetrize`` heuristic and an
+    optional ``threshold`` in [0, 1)."""
+    key = f"{config_path(model_dir)}: extra.{C.ALIGN_RUN_SETTINGS}"
+    recorded = config.extra.get(C.ALIGN_RUN_SETTINGS, {})
+    check_condition(isinstance(recorded, dict),
+                    f"{key}: expected {{\"symmetrize\": HEURISTIC, \"threshold\": NUMBER}}, "
+                    f"got {recorded!r}")
+    known = C.HEURISTICS + C.SOFT_HEURISTICS
+    heuristic = recorded.get("symmetrize")
+    check_condition(heuristic is None or heuristic in known,
+                    f"{key}.symmetrize: {heuristic!r} is not a heuristic (expected one of "
+                    f"{', '.join(known)})")
+    threshold = recorded.get("threshold")
+    check_condition(threshold is None or (isinstance(threshold, (int, float))
+                                          and not isinstance(threshold, bool)
+                                          and 0.0 <= threshold < 1.0),
+                    f"{key}.threshold: {threshold!r} is not a probability threshold (a number "
+                    f"from 0 up to, not including, 1)")
+    return recorded
 
 
 def list_incomplete(model_dir: str, directions: List[str]) -> List[str]:

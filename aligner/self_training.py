@@ -30,12 +30,13 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from aligner import constants as C
 from aligner import recipe
 from aligner.config import RunConfig
-from aligner.utils import AlignerError, atomic_output, check_condition
+from aligner.utils import (AlignerError, atomic_output, check_condition,
+                           remove_stale_temporaries)
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +156,9 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     spent."""
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import resolve_device
+    from aligner.model_dir import BASE_DIR, LOCK_NAME, check_overwritable
     from aligner.models import model_class
-    from aligner.train_run import train
+    from aligner.train_run import check_request, request_inputs, train
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
     model_dir = request.model_dir
@@ -170,8 +172,15 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
         return result
     if (mode == FRESH and request.overwrite and os.path.isdir(model_dir)
             and int(os.environ.get("RANK", "0")) == 0):
+        # everything checked before anything is removed: the request, and that the directory
+        # holds a run of ours without the inputs in it
+        check_request(round_request(request, plan, 1))
+        if any(name not in (BASE_DIR, LOCK_NAME) for name in os.listdir(model_dir)):
+            check_overwritable(model_dir, request_inputs(request))
         # an earlier run's round files must not be taken for this run's
         _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
+    if int(os.environ.get("RANK", "0")) == 0:
+        remove_stale_temporaries(model_dir)   # a guide being written when a run was killed
     for round_number in range(first, plan.rounds + 1):
         start = time.time()
         mode = mode if round_number == first else FRESH
@@ -189,7 +198,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                 _keep_round_log(model_dir, round_number - 1)
                 if plan.fine_tune:
                     _keep_previous_round(model_dir)
-                _write_state(model_dir, round_number)
+                _write_state(model_dir, round_number, plan)
         if mode == TRAINED:
             _check_trained_round(this_round)
             logger.info("round %d is trained: its links of the bitext guide round %d",
@@ -197,7 +206,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
         else:
             result.summaries = train(this_round)
             if plan.rounds > 1:
-                _write_state(model_dir, round_number, trained=True)
+                _write_state(model_dir, round_number, plan, trained=True)
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide
@@ -241,7 +250,8 @@ def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
     state = _read_state(model_dir)
     if state is None:
         return 1, RESUME
-    round_number, trained = state
+    round_number, trained, settings = state
+    _check_same_plan(model_dir, settings, plan)
     check_condition(round_number <= plan.rounds,
                     f"{model_dir}: holds round {round_number} of a self-training run; "
                     f"--rounds {plan.rounds} ends before it")
@@ -259,19 +269,51 @@ def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
     return round_number, RESUME
 
 
-def _read_state(model_dir: str) -> Optional[Tuple[int, bool]]:
-    """(round, trained) of MODEL_DIR/selftrain.json; None without one."""
+def _read_state(model_dir: str) -> Optional[Tuple[int, bool, Optional[Dict[str, Any]]]]:
+    """(round, trained, the plan's settings or None: older files) of MODEL_DIR/selftrain.json;
+    None without one."""
     path = os.path.join(model_dir, STATE_NAME)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as handle:
         try:
             state = json.load(handle)
-            return int(state["round"]), bool(state.get("trained", False))
-        except (ValueError, KeyError, TypeError, AttributeError):
+            settings = state.get("settings")
+            check_condition(settings is None or isinstance(settings, dict), "")
+            return int(state["round"]), bool(state.get("trained", False)), settings
+        except (ValueError, KeyError, TypeError, AttributeError, AlignerError):
             raise AlignerError(f"{path}: not a self-training state (expected "
-                               f'{{"round": N, "trained": true/false}}); use --overwrite to '
-                               f"start anew") from None
+                               f'{{"round": N, "trained": true/false, "settings": {{...}}}}); '
+                               f"use --overwrite to start anew") from None
+
+
+def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
+    """What a self-training run must keep when resumed, by the option that sets it: the
+    settings that decide the guides and the rounds after the first (not --rounds: a finished
+    run may be given more; not the output's threshold: align extract's default)."""
+    return {"--self-guide-weight": plan.guide_weight,
+            "--self-guide-threshold": plan.guide_threshold,
+            "-H/--symmetrize": plan.heuristic, "--fine-tune/--afresh": plan.fine_tune,
+            "--fine-tune-epochs": plan.fine_tune_epochs,
+            "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
+            "--shortlist": plan.shortlist}
+
+
+def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
+                     plan: SelfTraining) -> None:
+    """Refuse (one line) to resume a self-training run with other settings than its own: its
+    guides would mix two runs' (a state file without settings, written by an older version,
+    is not checked)."""
+    if saved is None:
+        return
+    asked = plan_settings(plan)
+    differences = [f"{option} ({saved[option]!r} saved, {value!r} asked)"
+                   for option, value in asked.items()
+                   if option in saved and saved[option] != value]
+    check_condition(not differences,
+                    f"{model_dir}: cannot resume, these self-training settings differ from the "
+                    f"saved run: {', '.join(differences)} (give the saved ones, or "
+                    f"--overwrite to start a new run)")
 
 
 def _check_trained_round(request: "TrainRequest") -> None:
@@ -284,7 +326,8 @@ def _check_trained_round(request: "TrainRequest") -> None:
     from aligner.train_run import check_inputs, run_config
 
     model_dir = request.model_dir
-    check_inputs(model_dir, request.bitext, request.ignore_data_change)
+    check_inputs(model_dir, request.bitext, request.ignore_data_change,
+                 request.data_config.guide or None)
     saved = RunConfig.load(config_path(model_dir))
     pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
     asked = run_config(dataclasses.replace(request, init_dir=None, extra=None), pre,
@@ -298,11 +341,13 @@ def _check_trained_round(request: "TrainRequest") -> None:
                   logfile=os.path.join(model_dir, C.LOG_NAME))
 
 
-def _write_state(model_dir: str, round_number: int, trained: bool = False) -> None:
-    """MODEL_DIR/selftrain.json = {"round": N, "trained": false}, atomically, once round N's
-    start is kept; "trained": true once its training has ended."""
+def _write_state(model_dir: str, round_number: int, plan: SelfTraining,
+                 trained: bool = False) -> None:
+    """MODEL_DIR/selftrain.json = {"round": N, "trained": false, "settings": the plan's},
+    atomically, once round N's start is kept; "trained": true once its training has ended."""
     with atomic_output(os.path.join(model_dir, STATE_NAME)) as handle:
-        json.dump({"round": round_number, "trained": trained}, handle)
+        json.dump({"round": round_number, "trained": trained,
+                   "settings": plan_settings(plan)}, handle)
         handle.write("\n")
 
 

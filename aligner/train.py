@@ -43,8 +43,8 @@ from aligner.distributed import DistributedContext
 from aligner.formats import GoldAlignment
 from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
-from aligner.model_dir import (load_checkpoint_file, load_params, save_checkpoint_file,
-                               save_params)
+from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
+                               save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -276,20 +276,44 @@ class Trainer:
         """params.last.pt (+ params.best.pt when improved), training_state.pt, metrics.tsv.
 
         elapsed: training seconds up to now, over all runs of this direction.
+
+        training_state.pt holds the weights it belongs to as well (``"weights"``), so that a
+        resumed run continues from weights and optimizer state of one and the same update even
+        when the run was cut off (a full disk, a kill) after params.last.pt was written and
+        before training_state.pt was: the state file is the checkpoint, written last.
         """
         if not self._write_files():
             return
+        self._check_finite_weights()
         os.makedirs(self.out_dir, exist_ok=True)
         self.save_weights(improved)
         state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
                  "optimizer": self.optimizer.state_dict(),
                  "batcher": self.batcher.state_dict(), "rng": _rng_state(),
-                 "direction": self.direction}
+                 "direction": self.direction,
+                 "weights": {name: weights_state(model)
+                             for name, model in self.weight_models().items()}}
         save_checkpoint_file(state, self._path(C.TRAINING_STATE))
         with atomic_output(self._path(C.METRICS_NAME)) as out:
             out.write("\t".join(METRICS_COLUMNS) + "\n")
             for row in self.state.metrics:
                 out.write("\t".join(_format_metric(row.get(k)) for k in METRICS_COLUMNS) + "\n")
+
+    def weight_models(self) -> Dict[str, AlignmentModel]:
+        """The models whose weights a checkpoint holds, by name (here: the direction's)."""
+        return {self.direction: self.model}
+
+    def _check_finite_weights(self) -> None:
+        """Refuse (one line) to write a checkpoint of non-finite weights: the last good one
+        stays."""
+        for name, model in self.weight_models().items():
+            bad = [key for key, value in model.state_dict().items()
+                   if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+            if bad:
+                raise AlignerError(f"[{self.name}] update {self.state.updates}: the {name} "
+                                   f"weights are not finite ({bad[0]}): the learning rate or a "
+                                   f"loss weight is too large. The last checkpoint stays as "
+                                   f"it was")
 
     def save_weights(self, improved: bool) -> None:
         """params.last.pt (+ params.best.pt when improved) of the model."""
@@ -298,13 +322,24 @@ class Trainer:
             save_params(self.model, self._path(C.PARAMS_BEST))
 
     def load_weights(self) -> None:
-        """The weights to continue from: params.last.pt."""
+        """The weights to continue from: params.last.pt (a training state written before
+        states held their weights)."""
         load_params(self.model, self._path(C.PARAMS_LAST))
 
     def load_checkpoint(self) -> None:
-        """Continue from training_state.pt + params.last.pt of the direction folder."""
-        state = load_checkpoint_file(self._path(C.TRAINING_STATE))
-        self.load_weights()
+        """Continue from training_state.pt: its weights (older states: params.last.pt),
+        optimizer, batcher position, counters and RNG states."""
+        path = self._path(C.TRAINING_STATE)
+        state = load_checkpoint_file(path)
+        if "weights" in state:
+            models = self.weight_models()
+            check_condition(set(state["weights"]) == set(models),
+                            f"{path}: holds the weights of {', '.join(sorted(state['weights']))}"
+                            f", this run trains {', '.join(sorted(models))}")
+            for name, model in models.items():
+                load_weights_state(model, state["weights"][name], path)
+        else:
+            self.load_weights()
         self.optimizer.load_state_dict(state["optimizer"])
         self.batcher.load_state_dict(state["batcher"])
         trainer = state["trainer"]
@@ -369,6 +404,11 @@ class Trainer:
                                                self.config.label_smoothing, **guide)
                 (loss * scale).backward()
             loss_sum += float(loss.detach())
+        check_condition(math.isfinite(loss_sum),
+                        f"[{self.name}] update {self.state.updates + 1}: the training loss is "
+                        f"{loss_sum} (not finite): the learning rate or a loss weight is too "
+                        f"large. The last checkpoint (update {self._last_checkpoint()}) stays "
+                        f"as it was")
         if self.config.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.config.clip_norm)
         self.state.updates += 1
@@ -457,6 +497,10 @@ class Trainer:
                             tokens=self.state.tokens, seconds=seconds, tokens_per_s=speed,
                             last_train_loss=last, best_score=self.state.best_score,
                             best_update=self.state.best_update, metrics=self.state.metrics)
+
+    def _last_checkpoint(self) -> int:
+        """The update of the last checkpoint written (0: none)."""
+        return int(self.state.metrics[-1]["update"]) if self.state.metrics else 0
 
     def _mean_loss(self, sums: List[float]) -> float:
         """Loss per target token over all ranks from this rank's [loss sum, tokens]."""

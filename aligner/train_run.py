@@ -31,7 +31,8 @@ from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_preprocessi
 from aligner.models import model_class
 from aligner.train import (TrainSummary, Trainer, Validation, check_resumable,
                            seed_everything)
-from aligner.utils import AlignerError, atomic_output, check_condition, sigterm_raises
+from aligner.utils import (AlignerError, atomic_output, check_condition, os_error_message,
+                           remove_stale_temporaries, sigterm_raises)
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -135,6 +136,9 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
         connection.send(("done", train_direction(run, torch.device("cpu"))))
     except AlignerError as error:
         connection.send(("error", error))
+    except OSError as error:  # the system's (a full disk): one line, as in the parent
+        connection.send(("error", AlignerError(f"[{run.direction}] "
+                                               f"{os_error_message(error)}")))
     except Exception:  # a bug: its traceback goes to the parent
         connection.send(("crash", traceback.format_exc()))
     finally:
@@ -274,22 +278,32 @@ def _bitext_names(bitext: Bitext) -> str:
 
 
 def record_inputs(model_dir: str, bitext: "Bitext | BitextFiles",
-                  fingerprint: Optional[str] = None) -> None:
+                  fingerprint: Optional[str] = None, guide: Optional[str] = None) -> None:
     """Write MODEL_DIR/corpus/inputs.json: the files, pair count and fingerprint of the bitext
-    the cached corpus is encoded from (:func:`check_inputs` compares them on --resume);
-    `fingerprint`: its :func:`bitext_fingerprint` when already known."""
+    the cached corpus is encoded from, and the sha256 of its `guide` file, if any
+    (:func:`check_inputs` compares them on --resume); `fingerprint`: its
+    :func:`bitext_fingerprint` when already known."""
+    from aligner.model_dir import file_sha256
+
     record = {"files": _bitext_names(bitext), "pairs": len(bitext),
               "sha256": fingerprint or bitext_fingerprint(bitext)}
+    if guide is not None:
+        record["guide_sha256"] = file_sha256(guide)
     with atomic_output(os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)) as out:
         json.dump(record, out, indent=2, sort_keys=True)
         out.write("\n")
 
 
-def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False) -> None:
+def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False,
+                 guide: Optional[str] = None) -> None:
     """On --resume: refuse (one line) when `bitext` is not the bitext the cached corpus of
     `model_dir` was encoded from, unless `ignore_change` (then training continues on the cached
-    corpus and `bitext` is not used). A corpus without a record (written by an older version)
+    corpus and `bitext` is not used). Likewise for the `guide` file: it is compared by content,
+    wherever it lies now (a run resumed from another directory, or after the model directory
+    moved, names it by another path). A corpus without a record (written by an older version)
     cannot be checked: a warning says so."""
+    from aligner.model_dir import file_sha256
+
     path = os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -299,9 +313,15 @@ def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False) ->
         logger.warning("%s: missing (written by an older version): cannot check that %s is the "
                        "data the cached corpus was built from", path, _bitext_names(bitext))
         return
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise AlignerError(f"{path}: not a record of the training data ({error})") from None
     files, pairs, fingerprint = recorded
+    guide_sha256 = record.get("guide_sha256")
+    if (guide is not None and guide_sha256 is not None and not ignore_change
+            and os.path.isfile(guide) and file_sha256(guide) != guide_sha256):
+        raise AlignerError(f"{guide}: not the guide the run's corpus was encoded with (its "
+                           f"content differs); --resume would go on training with the old "
+                           f"one (use --overwrite to train with this guide)")
     if fingerprint == bitext_fingerprint(bitext):
         return
     if ignore_change:
@@ -330,7 +350,7 @@ def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
                   max_len=data_config.max_len, max_ratio=data_config.max_ratio)
     if data_config.guide:
         _encode_guide(pre, data_config.guide, source, target, corpus_dir)
-    record_inputs(model_dir, bitext, fingerprint)
+    record_inputs(model_dir, bitext, fingerprint, guide=data_config.guide or None)
     pre.save(model_dir)
     src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
     tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
@@ -567,9 +587,10 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     """
     from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
     from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import acquire_lock, config_path, release_lock, write_version
+    from aligner.model_dir import (acquire_lock, config_path, discard_unstarted_run,
+                                   release_lock, write_version)
 
-    _check_request(request)
+    check_request(request)
     if model_class(request.model_kind).BASE_KIND is not None:
         request = _base_stage(request)
     model_dir = request.model_dir
@@ -577,13 +598,17 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     device = resolve_device(request.train_config.device, context.local_rank)
     resumed = request.resume
     lock = None
+    started = configured = False  # a fresh run began writing; its config.json is written
     try:
         if context.is_main:
             check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
                             f"{model_dir}: exists and is not a directory")
             os.makedirs(model_dir, exist_ok=True)
             lock = acquire_lock(model_dir)  # before anything is removed or written
-            resumed = _open_model_dir(request)
+            resumed = configured = _open_model_dir(request)
+            if not resumed:
+                write_version(model_dir)    # first: marks the directory as a run of ours
+                started = True
         context.barrier()
         logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
         log = setup_logging(quiet=request.quiet, verbose=request.verbose,
@@ -614,10 +639,16 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
                             f"run: {', '.join(differences)} (use --overwrite to start a new run)")
         if context.is_main:
             config.save(config_path(model_dir))
-            write_version(model_dir)
+            configured = True
         validation = _validation(request, pre, src_vocab, tgt_vocab)
         summaries = _train_directions(request, config, resumed, device, context, validation)
         context.barrier()
+    except BaseException:
+        if started and not configured:
+            # stopped before training began: nothing to resume, so leave nothing behind
+            # (the corrected command then starts in a clean directory)
+            discard_unstarted_run(model_dir)
+        raise
     finally:
         if lock is not None:
             release_lock(lock)
@@ -625,8 +656,8 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     return summaries
 
 
-def _check_request(request: TrainRequest) -> None:
-    """Refuse (one line) what the run cannot do, before anything is written."""
+def check_request(request: TrainRequest) -> None:
+    """Refuse (one line) what the run cannot do, before anything is removed or written."""
     kind = request.model_kind
     check_condition(request.base_dir is None or model_class(kind).BASE_KIND is not None,
                     f"--base is only for model kinds trained on a frozen base, not '{kind}'")
@@ -636,6 +667,13 @@ def _check_request(request: TrainRequest) -> None:
                     f"(hmm0, hmm1), not '{kind}'")
     check_condition(request.train_config.guide_weight == 0 or bool(request.data_config.guide),
                     "--guide-weight needs --guide")
+    if request.data_config.guide:
+        from aligner.guide import check_guide_file
+
+        # the links against the words only where training sees the words as they are
+        check_guide_file(request.data_config.guide, request.bitext,
+                         check_links=not request.prep_config.tokenize
+                         and request.init_dir is None and request.base_dir is None)
     if request.agreement:
         check_agreement_options(kind, request.directions, request.parallel_directions)
     if request.init_dir is not None:
@@ -665,6 +703,15 @@ def check_init_dir(init_dir: str, model_kind: str, directions: Sequence[str],
                         f"{init_dir}: no trained {direction} model to start from")
 
 
+def request_inputs(request: TrainRequest) -> List[str]:
+    """The files a run reads (the bitext, the guide, the validation bitext): never removed by
+    its --overwrite."""
+    inputs = [request.bitext.source_name, request.bitext.target_name, request.data_config.guide]
+    if request.valid_bitext is not None:
+        inputs += [request.valid_bitext.source_name, request.valid_bitext.target_name]
+    return [path for path in inputs if path]
+
+
 def _open_model_dir(request: TrainRequest) -> bool:
     """Rank 0, holding the lock: make the model directory ready (:func:`prepare_output_dir`);
     when an earlier run is resumed, check its cached corpus and every direction before anything
@@ -672,9 +719,14 @@ def _open_model_dir(request: TrainRequest) -> bool:
     from aligner.model_dir import direction_dir, prepare_output_dir
 
     model_dir = request.model_dir
-    resumed = prepare_output_dir(model_dir, request.resume, request.overwrite)
+    resumed = prepare_output_dir(model_dir, request.resume, request.overwrite,
+                                 request_inputs(request))
+    for folder in (model_dir, os.path.join(model_dir, CORPUS_DIR),
+                   *(direction_dir(model_dir, d) for d in C.DIRECTIONS)):
+        remove_stale_temporaries(folder)    # of a run killed while it wrote (the lock is ours)
     if resumed:
-        check_inputs(model_dir, request.bitext, request.ignore_data_change)
+        check_inputs(model_dir, request.bitext, request.ignore_data_change,
+                     request.data_config.guide or None)
         if request.agreement:
             from aligner.agreement import check_agreement_resumable
 

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import signal
+import stat
 import sys
 import tempfile
 import threading
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Dict, Iterator, Optional
 
 
 class AlignerError(Exception):
@@ -27,22 +30,54 @@ def check_condition(condition: bool, message: str) -> None:
         raise AlignerError(message)
 
 
+#: errno values of a write that failed for want of room: full disk, quota, file size limit
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def os_error_message(error: OSError, path: Optional[str] = None) -> str:
+    """One line for an OSError: 'PATH: what the OS said' (the path from the error, else
+    `path`)."""
+    name = error.filename if error.filename is not None else path
+    reason = error.strerror or first_line(error) or type(error).__name__
+    return f"{name}: {reason}" if name is not None else reason
+
+
+def is_special_file(path: str) -> bool:
+    """Whether `path` is an existing character device or FIFO (/dev/null, /dev/stdout, a named
+    pipe): such an output is written in place, never replaced by a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 @contextlib.contextmanager
-def atomic_output(path: Optional[str], mode: str = "w") -> Iterator[IO]:
+def atomic_output(path: Optional[str], mode: str = "w",
+                  before_replace: Optional[Callable[[], None]] = None) -> Iterator[IO]:
     """Open `path` for writing so that it appears only when complete.
 
     Writes to a temporary file in the same directory and renames it over `path` when the
     block exits without error; on error the temporary file is removed and `path` is untouched.
-    `path` None or "-" yields stdout (text mode only; binary raises AlignerError). An OSError
-    creating the temporary file or renaming it over `path` (read-only or immutable directory
-    or file) is raised as one AlignerError naming `path`; see also :func:`check_writable`,
-    which commands call before their work.
+    `path` None or "-" yields stdout (text mode only; binary raises AlignerError). An existing
+    character device or FIFO (/dev/null, a named pipe) is written in place: the rename would
+    replace it with a regular file. An OSError creating the temporary file, writing it (a full
+    disk) or renaming it over `path` (read-only or immutable directory or file) is raised as
+    one AlignerError naming `path`; see also :func:`check_writable`, which commands call before
+    their work. `before_replace`: called once the new content is complete, just before it
+    replaces `path`.
     """
     if path is None or path == "-":
         check_condition("b" not in mode, "binary output cannot go to stdout ('-'): give a "
                                          "file name")
         yield sys.stdout
         sys.stdout.flush()
+        return
+    encoding = None if "b" in mode else "utf-8"
+    if is_special_file(path):
+        with _write_errors_named(path):
+            with open(path, mode, encoding=encoding) as handle:
+                yield handle
         return
     directory = os.path.dirname(os.path.abspath(path))
     check_condition(os.path.isdir(directory), f"{path}: output directory does not exist")
@@ -54,9 +89,11 @@ def atomic_output(path: Optional[str], mode: str = "w") -> Iterator[IO]:
                            f"{error.strerror or error}") from None
     try:
         os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; use the usual mode
-        encoding = None if "b" in mode else "utf-8"
-        with os.fdopen(fd, mode, encoding=encoding) as handle:
-            yield handle
+        with _write_errors_named(path):
+            with os.fdopen(fd, mode, encoding=encoding) as handle:
+                yield handle
+        if before_replace is not None:
+            before_replace()
         try:
             os.replace(tmp, path)
         except OSError as error:
@@ -66,6 +103,37 @@ def atomic_output(path: Optional[str], mode: str = "w") -> Iterator[IO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+#: the temporary file of :func:`atomic_output` for "name": ".name.XXXXXXXX.tmp"
+_TEMPORARY = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")
+
+
+def remove_stale_temporaries(directory: str) -> int:
+    """Remove the temporary files :func:`atomic_output` left in `directory` when its process
+    was killed (SIGKILL, power loss) before it could remove them; call it only where no other
+    process writes (a model directory whose run lock is held). Returns how many were removed."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if _TEMPORARY.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed += 1
+    return removed
+
+
+@contextlib.contextmanager
+def _write_errors_named(path: str) -> Iterator[None]:
+    """A write that failed for want of room (:data:`WRITE_FAILURES`) inside the block becomes
+    one AlignerError naming `path`."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in WRITE_FAILURES:
+            raise
+        raise AlignerError(f"{path}: cannot write: {error.strerror or error}") from None
 
 
 def check_writable(path: Optional[str], option: str = "-o") -> None:
@@ -85,6 +153,38 @@ def check_writable(path: Optional[str], option: str = "-o") -> None:
                     f"{path}: cannot write in directory {directory} (read-only or immutable)")
     check_condition(not os.path.exists(path) or os.access(path, os.W_OK),
                     f"{path}: output file is not writable (read-only or immutable)")
+
+
+def same_file(first: str, second: str) -> bool:
+    """Whether two paths name one file (the same inode when both exist, else the same
+    resolved path)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return os.path.realpath(first) == os.path.realpath(second)
+
+
+def check_distinct_files(inputs: Dict[str, Optional[str]],
+                         outputs: Dict[str, Optional[str]]) -> None:
+    """Refuse (one line, before any work) an output that names one of the inputs (it would
+    be replaced) or the same file as another output (one would overwrite the other). Keys
+    are the options that name the files; None and "-" (stdin/stdout) are skipped, and so are
+    character devices and FIFOs among the outputs (two outputs may well go to /dev/null)."""
+    given_outputs = [(option, path) for option, path in outputs.items()
+                     if path is not None and path != "-"]
+    for option, path in given_outputs:
+        for input_option, input_path in inputs.items():
+            if input_path is None or input_path == "-":
+                continue
+            check_condition(not same_file(path, input_path),
+                            f"{path}: {option} names the input file of {input_option}: it "
+                            f"would be replaced; give another output file")
+    files = [(option, path) for option, path in given_outputs if not is_special_file(path)]
+    for k, (option, path) in enumerate(files):
+        for other_option, other in files[k + 1:]:
+            check_condition(not same_file(path, other),
+                            f"{path}: {option} and {other_option} name the same file; give "
+                            f"each output its own")
 
 
 def _current_umask() -> int:

@@ -33,6 +33,13 @@ def corpus(tmp_path):
     return src, tgt
 
 
+def _round_state(model) -> dict:
+    """selftrain.json's round and trained mark (its settings: test_reliability_faults.py)."""
+    state = json.loads((model / "selftrain.json").read_text())
+    assert set(state) == {"round", "trained", "settings"}
+    return {"round": state["round"], "trained": state["trained"]}
+
+
 def _config(model_dir):
     return json.loads((model_dir / "config.json").read_text())
 
@@ -64,7 +71,7 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
     assert config["extra"]["init_from"] == os.path.abspath(model / "previous_round")
-    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3, "trained": True}
+    assert _round_state(model) == {"round": 3, "trained": True}
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
     # eval/compare_aligners.py counts every round's training, from the rounds' real logs
@@ -321,12 +328,12 @@ def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
                            ok=False))
         finally:
             Trainer.save_checkpoint = save
-        assert json.loads((model / "selftrain.json").read_text()) == {"round": 2,
-                                                                       "trained": False}
+        assert _round_state(model) == {"round": 2, "trained": False}
         config = (model / "config.json").read_text()
         line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume",
-                              ok=False))      # fine-tuning would start from previous_round
-        assert "previous_round: not a model directory" in line
+                              ok=False))      # the run's guides came from --afresh rounds
+        assert ("self-training settings differ from the saved run: --fine-tune/--afresh "
+                "(False saved, True asked)") in line
         assert (model / "config.json").read_text() == config
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume", "--afresh")
         # finished; more rounds on other data, or with another learning rate: refused
@@ -343,4 +350,4 @@ def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
         run("train", "-s", src, "-t", tgt, "-o", model, *more)
     assert (model / "selftrain.round2.align").exists()
     assert "self-training guide" in (model / "selftrain.round2.log").read_text()
-    assert json.loads((model / "selftrain.json").read_text()) == {"round": 3, "trained": True}
+    assert _round_state(model) == {"round": 3, "trained": True}

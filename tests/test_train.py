@@ -18,6 +18,7 @@ from aligner.prep import PrepConfig, Preprocessor
 from aligner.train import Trainer, Validation, learning_rate, seed_everything
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
+from quality import Bar
 from synthetic import monotone_corpus
 
 CPU = torch.device("cpu")
@@ -97,18 +98,48 @@ def test_linear_schedule_ends_at_the_runs_last_update(tmp_path, limits, total):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1 / (total - 1))
 
 
-def test_tiny_model_trains_and_loss_falls(tmp_path):
-    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
-    model = make_model((src_vocab, tgt_vocab), dropout=0.0)
+def _train_tiny(tmp_path, seed: int):
+    """60 updates of a tiny transformer on the synthetic corpus (`seed`: corpus, init and
+    batches): (trainer summary, per-checkpoint train losses, target vocabulary size)."""
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path, seed=seed)
+    model = make_model((src_vocab, tgt_vocab), dropout=0.0, seed=seed + 1)
     trainer = Trainer(model, corpus, "fwd", config(max_updates=60, checkpoint_interval=10,
-                                                   lr=1e-2, label_smoothing=0.0),
+                                                   lr=1e-2, label_smoothing=0.0,
+                                                   seed=seed + 3),
                       str(tmp_path / "fwd"), CPU, progress=False)
     summary = trainer.run()
-    losses = [row["train_loss"] for row in summary.metrics]
+    return summary, [row["train_loss"] for row in summary.metrics], len(tgt_vocab)
+
+
+def _in_tmp(measure):
+    """measure(tmp_path, seed) as a function of the seed alone (a fresh temporary directory)."""
+    def measured(seed: int) -> float:
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return measure(Path(tmp), seed)
+    return measured
+
+
+LOSS_FALLS = Bar("tiny transformer train loss at update 60 / at update 10",
+                 _in_tmp(lambda tmp, seed: (lambda l: l[-1] / l[0])(_train_tiny(tmp, seed)[1])),
+                 below=0.8, margin="MEASURE")
+LOSS_STEPS = Bar("tiny transformer: largest ratio of a checkpoint's loss to the one before",
+                 _in_tmp(lambda tmp, seed: max(later / earlier for earlier, later in zip(
+                     *(lambda l: (l, l[1:]))(_train_tiny(tmp, seed)[1])))),
+                 below=1.0, margin="MEASURE")
+BARS = [LOSS_FALLS, LOSS_STEPS]
+
+
+@pytest.mark.quality
+def test_tiny_model_trains_and_loss_falls(tmp_path):
+    summary, losses, tgt_vocab_size = _train_tiny(tmp_path, 0)
     assert summary.updates == 60 and len(losses) == 6
-    assert losses[-1] < 0.65 * losses[0], losses
-    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
-    assert losses[0] < math.log(len(tgt_vocab)) + 0.5   # starts near uniform, not above
+    assert LOSS_FALLS.passes(losses[-1] / losses[0]), (losses, LOSS_FALLS.margin)
+    # falls at every checkpoint
+    assert LOSS_STEPS.passes(max(b / a for a, b in zip(losses, losses[1:]))), losses
+    assert losses[0] < math.log(tgt_vocab_size) + 0.5   # starts near uniform, not above
     lines = (tmp_path / "fwd" / C.METRICS_NAME).read_text().splitlines()
     assert lines[0].split("\t")[:3] == ["update", "epoch", "train_loss"]
     assert [line.split("\t")[0] for line in lines[1:]] == ["10", "20", "30", "40", "50", "60"]
@@ -281,6 +312,11 @@ def test_prepare_output_dir_rules(tmp_path):
     with pytest.raises(AlignerError, match="not empty; use --resume .* or --overwrite"):
         prepare_output_dir(str(target), resume=False, overwrite=False)
     assert prepare_output_dir(str(target), resume=True, overwrite=False) is True
+    # a config.json that is not ours, no version file: not a run of ours, nothing removed
+    with pytest.raises(AlignerError, match="holds no run .* nothing was removed"):
+        prepare_output_dir(str(target), resume=False, overwrite=True)
+    assert sorted(os.listdir(target)) == [C.CONFIG_NAME, "fwd", "notes.txt"]
+    (target / C.VERSION_NAME).write_text("0.1.0\n")   # the mark every run writes first
     assert prepare_output_dir(str(target), resume=False, overwrite=True) is False
     assert sorted(os.listdir(target)) == ["notes.txt"]  # only the run's own files removed
     with pytest.raises(AlignerError, match="cannot resume"):

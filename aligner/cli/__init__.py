@@ -14,11 +14,12 @@ import sys
 import click
 
 from aligner import __version__
-from aligner.utils import AlignerError
+from aligner.utils import AlignerError, os_error_message
 
 
 class _AlignGroup(click.Group):
-    """click group that reports AlignerError (and broken pipes) without a traceback."""
+    """click group that reports AlignerError, an OSError of the system (a full disk, a
+    read-only or missing directory) and broken pipes without a traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -28,6 +29,9 @@ class _AlignGroup(click.Group):
             ctx.exit(1)
         except BrokenPipeError:  # `align ... | head`
             sys.stderr.close()
+            ctx.exit(1)
+        except OSError as error:
+            click.echo(f"align: error: {os_error_message(error)}", err=True)
             ctx.exit(1)
 
 

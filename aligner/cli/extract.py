@@ -10,14 +10,14 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
-from aligner.cli.train import bitext_options, check_bitext_args, set_threads
-from aligner.utils import AlignerError, check_condition, check_writable
+from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
+from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
 
 #: types of the method options: the same as the dedicated options (--layer, --sgd-steps,
 #: --sgd-lr, --init); ``seed`` is the random start of ``layer-sgd --init random``
 LAYER = click.INT
 SGD_STEPS = click.IntRange(min=0)
-SGD_LR = click.FLOAT
+SGD_LR = FiniteFloat()
 INIT = click.Choice(["forward", "random"])
 METHOD_OPTION_TYPES: Dict[str, click.ParamType] = {
     "layer": LAYER, "sgd_steps": SGD_STEPS, "sgd_lr": SGD_LR, "init": INIT, "seed": click.INT,
@@ -86,7 +86,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                    f"heuristics combine the two directions' links; soft-average links (i, j) "
                    f"when the mean of the two directions' word-level probabilities (as "
                    f"written by --soft) exceeds --threshold.")
-@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+@click.option("--threshold", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
               help="Probability threshold of -H soft-average  [default: the one recorded by "
                    "align run or a self-training align train (0.55 for the recipe), for their "
                    "model directories; else 0.5]")
@@ -146,13 +146,12 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_bitext_args(source, target, joint, "the sentence pairs")
     check_condition(heuristic is None or direction == "both",
                     "--symmetrize combines two directions: use it with --direction both")
-    check_condition(threshold is None or heuristic in C.SOFT_HEURISTICS,
+    check_condition(threshold is None or heuristic is None or heuristic in C.SOFT_HEURISTICS,
                     "--threshold is the threshold of -H soft-average: give both")
     check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
                                  "file name")
-    check_condition(soft is None or output == "-"
-                    or os.path.abspath(soft) != os.path.abspath(output),
-                    f"{soft}: -o and --soft name the same file")
+    check_distinct_files({"-s": source, "-t": target, "-i": joint},
+                         {"-o": output, "--soft": soft})
     check_writable(output, "-o")
     check_writable(soft, "--soft")
     options = method_options(method_option)
@@ -173,7 +172,12 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(method in kind_methods,
                     f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
                     f"(choose from {', '.join(kind_methods)})")
+    given_threshold = threshold
     heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
+    check_condition(given_threshold is None or direction != "both"
+                    or heuristic in C.SOFT_HEURISTICS,
+                    f"--threshold is the threshold of -H soft-average, and this model's "
+                    f"default heuristic is {heuristic}: give -H soft-average too")
     n_pairs = n_links = 0
     with autocast_context(precision, torch_device):
         if soft is None:   # block by block: the output grows, memory does not

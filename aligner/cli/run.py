@@ -20,10 +20,11 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
-from aligner.cli.train import (INPUT, bitext_options, check_bitext_args, check_gold_in_range,
-                               parse_key_values, self_training_options, set_threads)
+from aligner.cli.train import (INPUT, FiniteFloat, bitext_options, check_bitext_args,
+                               check_gold_in_range, parse_key_values, self_training_options,
+                               set_threads)
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
-from aligner.utils import check_condition, check_writable
+from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 @click.option("-H", "--symmetrize", "heuristic",
               type=click.Choice(list(C.HEURISTICS + C.SOFT_HEURISTICS)),
               default=recipe.HEURISTIC, show_default=True, help="How to combine the directions.")
-@click.option("--threshold", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+@click.option("--threshold", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
               help=f"Probability threshold of -H soft-average for the output (recorded in the "
                    f"model directory as align extract's default)  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
@@ -55,6 +56,9 @@ logger = logging.getLogger(__name__)
               help="Keep the trained model here (align extract can align new text with it); "
                    "default: a temporary directory, removed at the end.")
 @click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in --model-dir (same data and settings): "
+                   "training goes on in the round it stopped in, then the bitext is aligned.")
 @click.option("-g", "--gold", type=INPUT, default=None,
               help="Gold alignments (talp) of some of the lines: print the AER table.")
 @click.option("--gold-first-line", type=click.IntRange(min=1), default=None,
@@ -64,7 +68,7 @@ logger = logging.getLogger(__name__)
               help="Guided training (as align train --guide): another aligner's Pharaoh "
                    "alignments of these lines, e.g. eflomal's grow-diag (eval/results/"
                    "guided_enfr.md: the recipe's quality in a third of the updates).")
-@click.option("--guide-weight", default=1.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--guide-weight", default=1.0, show_default=True, type=FiniteFloat(min=0),
               help="Weight of the guide's cross-entropy term.")
 @click.option("--rounds", default=recipe.ROUNDS, show_default=True,
               type=click.IntRange(min=1),
@@ -74,7 +78,7 @@ logger = logging.getLogger(__name__)
                    "plain training).")
 @self_training_options
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
-              type=click.FloatRange(min=0),
+              type=FiniteFloat(min=0),
               help="Agreement training (as align train --agreement-weight): both directions "
                    "train together, pulled towards the same alignment (0 = apart).")
 @click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
@@ -99,7 +103,7 @@ logger = logging.getLogger(__name__)
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: Optional[float], self_guide_threshold: float,
-            shortlist: int, model_dir: Optional[str], overwrite: bool,
+            shortlist: int, model_dir: Optional[str], overwrite: bool, resume: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
@@ -132,10 +136,15 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
     check_bitext_args(source, target, joint, "the bitext")
+    check_condition(not resume or model_dir is not None,
+                    "--resume continues the run in --model-dir: give it (without --model-dir "
+                    "the model is in a temporary directory, removed at the end)")
     check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
                                  "file name")
-    for path, option in ((output, "-o"), (forward_links, "-f"), (reverse_links, "-r"),
-                         (soft, "--soft")):
+    outputs = {"-o": output, "-f": forward_links, "-r": reverse_links, "--soft": soft}
+    check_distinct_files({"-s": source, "-t": target, "-i": joint, "-g": gold,
+                          "--guide": guide}, outputs)
+    for option, path in outputs.items():
         check_writable(path, option)
     model_options: Dict[str, Any] = {**recipe.MODEL_OPTIONS,
                                      **parse_key_values(model_option, "--model-option")}
@@ -182,7 +191,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         # pairs the model cannot take (subwords + EOS): skipped in training
         DataConfig(max_len=min(DataConfig.max_len, int(model_options["max_positions"]) - 1),
                    guide=guide or ""),
-        train_config, overwrite=overwrite, quiet=quiet, argv=["align"] + sys.argv[1:],
+        train_config, resume=resume, overwrite=overwrite, quiet=quiet,
+        argv=["align"] + sys.argv[1:],
         parallel_directions=parallel,
         # the model's align extract defaults: the output's
         extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic, "threshold": threshold}})
@@ -202,6 +212,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             write_results(output, matrices.pop("alignments"), soft, matrices)
         seconds = {"training": trained.training_seconds,
                    "alignment": trained.alignment_seconds + time.time() - aligning}
+    except KeyboardInterrupt:
+        raise AlignerError("interrupted; " + (
+            f"continue with the same command plus --resume (the run is in {model_dir})"
+            if temporary is None else "the model was in a temporary directory, now removed "
+            "(give --model-dir to be able to resume)")) from None
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -9,7 +9,7 @@ from aligner.constants import DEFAULT_HEURISTIC
 from aligner.formats import (check_alignments_against_bitext, check_same_length, read_bitext,
                              read_pharaoh, write_pharaoh)
 from aligner.symmetrize import HEURISTICS, symmetrize_corpus
-from aligner.utils import check_writable
+from aligner.utils import check_distinct_files, check_writable
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
 
@@ -46,6 +46,8 @@ def command(forward: str, reverse: str, heuristic: str, reverse_orientation: str
       align symmetrize -f fwd.txt -r rev.txt -H grow-diag-final-and -o gdfa.txt
       align symmetrize -f giza.talp -r giza.reverse.talp --reverse-orientation tgt-src
     """
+    check_distinct_files({"-f": forward, "-r": reverse, "-s": source, "-t": target,
+                          "-i": joint}, {"-o": output})
     check_writable(output, "-o")  # before reading: fail now, not after the work
     fwd = read_pharaoh(forward)
     rev = read_pharaoh(reverse, reverse=reverse_orientation == "tgt-src")

@@ -6,6 +6,7 @@ inside the command function so that other commands start fast.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
@@ -19,6 +20,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from aligner.formats import Bitext, GoldAlignment
 
 INPUT = click.Path(dir_okay=False, exists=False)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses inf and nan (a learning rate or loss weight of inf trains
+    to NaN weights), and, like click.FloatRange, values outside [min, max]."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 #: the kinds of the registry aligner.models.MODELS (which decides), spelled out so that the
 #: help needs no torch import; tests/test_model_contract.py checks that the two agree
 KNOWN_KINDS = "transformer, hmm0, hmm1, alignment-layer"
@@ -41,9 +55,12 @@ def parse_key_values(pairs: Sequence[str], option: str) -> Dict[str, Any]:
         check_condition(bool(sep) and bool(key.strip()),
                         f"{option} expects KEY=VALUE, got '{pair}'")
         try:
-            values[key.strip().replace("-", "_")] = json.loads(raw)
+            value = json.loads(raw)
         except ValueError:
-            values[key.strip().replace("-", "_")] = raw
+            value = raw
+        check_condition(not isinstance(value, float) or math.isfinite(value),
+                        f"{option} {pair}: not a finite number")
+        values[key.strip().replace("-", "_")] = value
     return values
 
 
@@ -95,11 +112,11 @@ def self_training_options(function):
     `align train` and `align run`)."""
     for decorator in reversed([
         click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT,
-                     show_default=True, type=click.FloatRange(min=0),
+                     show_default=True, type=FiniteFloat(min=0),
                      help="Weight of the guide term in a self-training round (the previous "
                           "round's alignments as guide; --guide-weight is --guide's, in "
                           "round 1)."),
-        click.option("--self-guide-threshold", type=click.FloatRange(0.0, 1.0, max_open=True),
+        click.option("--self-guide-threshold", type=FiniteFloat(0.0, 1.0, max_open=True),
                      default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
                      help="Threshold of -H soft-average for the alignments that guide the "
                           "next self-training round."),
@@ -146,7 +163,7 @@ def self_training_options(function):
               help="Learn BPE on a seeded sample of this many pairs (0 = all).")
 @click.option("--max-len", default=200, show_default=True, type=click.IntRange(min=1),
               help="Skip training pairs with a side longer than this (subwords).")
-@click.option("--max-ratio", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--max-ratio", default=0.0, show_default=True, type=FiniteFloat(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
 # model size
 @click.option("--d-model", default=recipe.MODEL_OPTIONS["d_model"], show_default=True, type=click.IntRange(min=1),
@@ -157,7 +174,7 @@ def self_training_options(function):
 @click.option("--decoder-layers", default=recipe.MODEL_OPTIONS["dec_layers"], show_default=True, type=click.IntRange(min=1))
 @click.option("--ff-dim", default=recipe.MODEL_OPTIONS["d_ff"], show_default=True, type=click.IntRange(min=1),
               help="Hidden size of the feed-forward blocks.")
-@click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True, type=click.FloatRange(0, 1))
+@click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True, type=FiniteFloat(0, 1))
 @click.option("--max-positions", default=1024, show_default=True, type=click.IntRange(min=2),
               help="Longest sequence (subwords + EOS) the model accepts.")
 @click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
@@ -183,7 +200,8 @@ def self_training_options(function):
               help="Padded tokens per batch.")
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
-@click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=float, help="Peak learning rate.")
+@click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=FiniteFloat(min=0),
+              help="Peak learning rate.")
 @click.option("--warmup", default=recipe.TRAINING["warmup"], show_default=True, type=click.IntRange(min=0),
               help="Linear warm-up updates (then --lr-schedule).")
 @click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
@@ -191,8 +209,8 @@ def self_training_options(function):
               help="Decay after the warm-up: inverse square root, or linear to lr/(T-w+1) at "
                    "the run's last update T (--max-updates or --max-epochs, whichever limit "
                    "comes first; --resume then needs the same limits).")
-@click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=click.FloatRange(0, 1))
-@click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=click.FloatRange(min=0),
+@click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=FiniteFloat(0, 1))
+@click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=FiniteFloat(min=0),
               help="Gradient norm clipping (0 = off).")
 @click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many updates per direction (0 = no limit).")
@@ -220,7 +238,7 @@ def self_training_options(function):
                    "cross-entropy between the guide (uniform over each target subword's linked "
                    "source subwords) and the model's posterior alignment distribution.")
 @click.option("--guide-weight", default=1.0, show_default=True,
-              type=click.FloatRange(min=0),
+              type=FiniteFloat(min=0),
               help="Weight of the guide's cross-entropy term (with --guide).")
 @click.option("--rounds", default=None, type=click.IntRange(min=1),
               help=f"Self-training (hmm0, hmm1, both directions): after each round but the "
@@ -231,7 +249,7 @@ def self_training_options(function):
                    f"the other kinds and under torchrun]")
 @self_training_options
 @click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
-              type=click.FloatRange(min=0),
+              type=FiniteFloat(min=0),
               help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
                    "batches, adding this weight x the squared difference of their alignment "
                    "posteriors over each pair's subwords (0 = each direction on its own).")

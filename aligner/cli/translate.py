@@ -8,6 +8,8 @@ from typing import Optional
 
 import click
 
+from aligner.cli.train import FiniteFloat
+
 INPUT = click.Path(dir_okay=False, allow_dash=True)
 
 
@@ -30,11 +32,11 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
               help="Extraction method for --print-alignment [default: transformer attention "
                    "(penultimate layer), hmm0 hmm-posterior, hmm1 hmm-viterbi, "
                    "alignment-layer layer-sgd].")
-@click.option("--max-len-a", type=click.FloatRange(min=0), default=1.5, show_default=True,
+@click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True,
               help="Longest output = a * input subwords + b.")
 @click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True,
               help="See --max-len-a.")
-@click.option("--len-penalty", type=float, default=1.0, show_default=True,
+@click.option("--len-penalty", type=FiniteFloat(), default=1.0, show_default=True,
               help="Hypothesis score = log-probability / length ** len_penalty "
                    "(0 = no length normalization).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=8000, show_default=True,
