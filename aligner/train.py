@@ -16,7 +16,9 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
   + N/2 give bit-identical parameters (on CPU);
 * DDP under torchrun: gradients are averaged over ranks, every rank takes its own shard of each
   epoch's batches, only rank 0 writes files and logs to the console;
-* on CUDA the forward pass runs under bf16 autocast (parameters and optimizer stay fp32).
+* ``config.precision`` (aligner/precision.py): the forward pass and the loss run under bf16
+  autocast with ``bf16``, and with ``auto`` on a CUDA device with native bfloat16 (parameters,
+  gradients and optimizer state stay fp32); fp32 otherwise, on the CPU unless asked.
 
 A whole ``align train`` run around it (the model directory, its data, every direction) is
 aligner/train_run.py.
@@ -46,6 +48,7 @@ from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, save_checkpoint_file,
                                save_params)
 from aligner.models.base import AlignmentModel
+from aligner.precision import resolve_precision
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -83,11 +86,13 @@ def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> f
     return config.lr * min(warm, math.sqrt(config.warmup / update))
 
 
-def autocast_context(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; nothing on CPU (fp32 there)."""
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast_context(device: torch.device, precision: str = "auto"
+                     ) -> contextlib.AbstractContextManager:
+    """The context of a training forward pass: :func:`aligner.precision.autocast_context` of
+    `precision` (``auto``: bf16 autocast on CUDA with native bfloat16, nothing elsewhere)."""
+    from aligner import precision as P
+
+    return P.autocast_context(precision, device)
 
 
 class _LossModule(nn.Module):
@@ -117,12 +122,14 @@ class Validation:
     max_tokens: int = 4000
 
     @torch.no_grad()
-    def perplexity(self, model: AlignmentModel, direction: str, device: torch.device) -> float:
-        """exp(mean NLL per target token, EOS included), no label smoothing, eval mode."""
+    def perplexity(self, model: AlignmentModel, direction: str, device: torch.device,
+                   precision: str = "auto") -> float:
+        """exp(mean NLL per target token, EOS included), no label smoothing, eval mode, in
+        the training's `precision`."""
         model.eval()
         total, tokens, batches = 0.0, 0, 0
         for _, batch in pair_batches(model, self.pairs, direction, self.max_tokens, device):
-            with autocast_context(device):
+            with autocast_context(device, precision):
                 loss, n_tokens = model.loss(batch.src, batch.tgt_in, batch.tgt_out, 0.0)
             total += float(loss)
             tokens += int(n_tokens)
@@ -218,6 +225,8 @@ class Trainer:
         self.config = config
         self.out_dir = out_dir
         self.device = device
+        #: fp32 or bf16: config.precision resolved for `device` (aligner/precision.py)
+        self.precision = resolve_precision(config.precision, device)
         self.context = context or DistributedContext()
         self.validation = validation
         self.progress = progress and self.context.is_main
@@ -364,7 +373,7 @@ class Trainer:
                                                batch.src.size(1)).to(self.device),
                          "guide_weight": self.config.guide_weight}
             with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
-                with autocast_context(self.device):
+                with autocast_context(self.device, self.precision):
                     loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
                                                self.config.label_smoothing, **guide)
                 (loss * scale).backward()
@@ -382,7 +391,8 @@ class Trainer:
     def validate(self) -> Dict[str, Optional[float]]:
         if self.validation is None:
             return {"valid_ppl": None, "valid_aer": None}
-        return {"valid_ppl": self.validation.perplexity(self.model, self.direction, self.device),
+        return {"valid_ppl": self.validation.perplexity(self.model, self.direction, self.device,
+                                                        self.precision),
                 "valid_aer": self.validation.aer(self.model, self.direction, self.device)}
 
     def checkpoint(self, train_loss: float, tokens_per_s: float, elapsed: float) -> None:

@@ -583,8 +583,11 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
     from aligner.model_dir import acquire_lock, config_path, release_lock, write_version
 
     model_dir = request.model_dir
+    from aligner.precision import resolve_precision
+
     device = resolve_device(request.train_config.device, context.local_rank,
                             context.local_world_size)
+    precision = resolve_precision(request.train_config.precision, device)
     resumed = request.resume
     lock = None
     try:
@@ -600,8 +603,8 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
                             console=context.is_main, logfile=logfile)
         if context.is_main:
             log_run_info(log, request.argv)
-            logger.info("device %s, %d process(es); %d training pairs", device,
-                        context.world_size, len(request.bitext))
+            logger.info("device %s (%s), %d process(es); %d training pairs", device,
+                        precision, context.world_size, len(request.bitext))
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
