@@ -179,8 +179,10 @@ class TrainSummary:
     metrics: List[Dict[str, Any]]
 
 
-def _rng_state() -> Dict[str, Any]:
-    """All global RNG states as tensors/plain types (loadable with weights_only=True)."""
+def _rng_state(device: torch.device) -> Dict[str, Any]:
+    """All global RNG states as tensors/plain types (loadable with weights_only=True); the CUDA
+    generators' (one per visible GPU) only when training on CUDA: reading them initializes
+    CUDA, which a CPU run (and each of its --parallel-directions processes) must not do."""
     np_state = np.random.get_state()
     state: Dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -188,20 +190,42 @@ def _rng_state() -> Dict[str, Any]:
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
     }
-    if torch.cuda.is_available():
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def restorable_cuda_states(saved: Sequence[torch.Tensor], device_count: int
+                           ) -> List[torch.Tensor]:
+    """The saved CUDA generator states that GPUs 0 .. device_count-1 take back: GPU k gets
+    state k, as saved; with fewer GPUs visible than at save time the extra states are dropped,
+    with more the extra GPUs keep their seeded state."""
+    return list(saved[:device_count])
+
+
+def _set_rng_state(state: Dict[str, Any], device: torch.device) -> None:
+    """Restore :func:`_rng_state`'s states. CUDA generators only when training on CUDA (a
+    checkpoint of a GPU run resumes on the CPU without touching CUDA), as many as fit the GPUs
+    visible now (a log line says when that is not all of them)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
     np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
                          numpy["has_gauss"], numpy["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda") or []
+    if device.type != "cuda":
+        if saved:
+            logger.info("%d saved CUDA RNG state(s) not restored: training on %s", len(saved),
+                        device)
+        return
+    count = torch.cuda.device_count()
+    restored = restorable_cuda_states(saved, count)
+    for index, generator_state in enumerate(restored):
+        torch.cuda.set_rng_state(generator_state, index)
+    if len(saved) != count:
+        logger.info("restored %d of %d saved CUDA RNG state(s) on %d visible GPU(s)",
+                    len(restored), len(saved), count)
 
 
 class Trainer:
@@ -292,7 +316,7 @@ class Trainer:
         self.save_weights(improved)
         state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
                  "optimizer": self.optimizer.state_dict(),
-                 "batcher": self.batcher.state_dict(), "rng": _rng_state(),
+                 "batcher": self.batcher.state_dict(), "rng": _rng_state(self.device),
                  "direction": self.direction}
         save_checkpoint_file(state, self._path(C.TRAINING_STATE))
         with atomic_output(self._path(C.METRICS_NAME)) as out:
@@ -321,7 +345,7 @@ class Trainer:
                                 elapsed=trainer["elapsed"], best_score=trainer["best_score"],
                                 best_update=trainer["best_update"],
                                 metrics=list(trainer["metrics"]))
-        _set_rng_state(state["rng"])
+        _set_rng_state(state["rng"], self.device)
         logger.info("[%s] resumed at update %d (epoch %d, batch %d)", self.name,
                     self.state.updates, self.batcher.epoch + 1, self.batcher.position)
 
