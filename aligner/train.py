@@ -374,14 +374,18 @@ class Trainer:
                 self._iterator = iter(self.batcher)
         return batches
 
-    def _update(self, batches: Sequence[List[int]]) -> float:
-        """One optimizer step on `batches`; returns this rank's loss sum (smoothed)."""
+    def _update(self, batches: Sequence[List[int]]) -> torch.Tensor:
+        """One optimizer step on `batches`; returns this rank's loss sum (smoothed), a float64
+        scalar on the device: summed there, it is read on the host only at log and checkpoint
+        intervals (float() after every batch waited for the GPU to finish each update).
+        float64 additions of the float32 losses in the same order as Python's float sums,
+        so the logged losses are the same bits as before."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         tokens = torch.tensor(float(sum(self._decoder_tokens[i] for b in batches for i in b)))
         total_tokens = float(self.context.all_reduce_sum(tokens.clone()))
         scale = self.context.world_size / max(total_tokens, 1.0)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, indices in enumerate(batches):
             batch = make_batch([self.corpus.source(i) for i in indices],
                                [self.corpus.target(i) for i in indices],
@@ -401,7 +405,7 @@ class Trainer:
                     loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
                                                self.config.label_smoothing, **guide)
                 (loss * scale).backward()
-            loss_sum += float(loss.detach())
+            loss_sum = loss_sum + loss.detach().double()
         if self.config.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.config.clip_norm)
         self.state.updates += 1
@@ -447,9 +451,10 @@ class Trainer:
         start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
         bar = _progress_bar(self.total_updates, self.state.updates, self.name, self.progress,
                             self.progress_position)
-        # loss sums and token counts of this rank: since the last log line / checkpoint
-        window = [0.0, 0.0]
-        interval = [0.0, 0.0]
+        # loss sums (float64 scalars on the device) and token counts of this rank: since the
+        # last log line / checkpoint
+        window: List[Any] = [0.0, 0.0]
+        interval: List[Any] = [0.0, 0.0]
         self._iterator = iter(self.batcher)
         checkpointed_at = None
         while not self.finished():
@@ -492,9 +497,12 @@ class Trainer:
                             last_train_loss=last, best_score=self.state.best_score,
                             best_update=self.state.best_update, metrics=self.state.metrics)
 
-    def _mean_loss(self, sums: List[float]) -> float:
-        """Loss per target token over all ranks from this rank's [loss sum, tokens]."""
-        total = self.context.all_reduce_sum(torch.tensor(sums, dtype=torch.float64))
+    def _mean_loss(self, sums: List[Any]) -> float:
+        """Loss per target token over all ranks from this rank's [loss sum (a float or a
+        float64 scalar tensor on the device), tokens]: the one host sync of the loss."""
+        loss_sum = torch.as_tensor(sums[0], dtype=torch.float64).cpu()
+        total = self.context.all_reduce_sum(
+            torch.stack([loss_sum, torch.tensor(sums[1], dtype=torch.float64)]))
         return float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
 
 
