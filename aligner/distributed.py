@@ -105,10 +105,12 @@ def device_for_rank(name: str, local_rank: int = 0, local_world_size: int = 1, *
         check_condition(index.isdigit(), f"--device must be auto, cpu, cuda or cuda:N "
                                          f"(got '{name}')")
         first = int(index)
-        check_condition(first + local_world_size <= device_count,
+        # (a launcher without LOCAL_WORLD_SIZE: at least this rank's GPU must exist)
+        processes = max(local_world_size, local_rank + 1)
+        check_condition(first + processes <= device_count,
                         f"--device {name}: "
-                        + (f"{local_world_size} processes per node need GPUs {first} to "
-                           f"{first + local_world_size - 1}, " if local_world_size > 1 else "")
+                        + (f"{processes} processes per node need GPUs {first} to "
+                           f"{first + processes - 1}, " if processes > 1 else "")
                         + f"only {device_count} CUDA device(s)")
         return torch.device("cuda", first + local_rank)
     raise AlignerError(f"--device must be auto, cpu, cuda or cuda:N (got '{name}')")

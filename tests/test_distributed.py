@@ -59,12 +59,16 @@ def test_one_process_keeps_the_gpu_it_names():
     ("cuda:3", 2, 4, "2 processes per node need GPUs 3 to 4, only 4 CUDA device(s)"),
     ("cuda", 4, 2, "4 processes per node need GPUs 0 to 3, only 2 CUDA device(s)"),
     ("cuda:2", 1, 2, "--device cuda:2: only 2 CUDA device(s)"),
+    ("cuda:1", 1, 2, "--device cuda:1: 2 processes per node need GPUs 1 to 2"),  # rank 1
     ("cuda:x", 1, 2, "--device must be auto, cpu, cuda or cuda:N (got 'cuda:x')"),
     ("gpu", 1, 2, "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
 ])
 def test_gpus_the_node_lacks_are_one_line_errors(name, local_world_size, count, message):
+    """(local rank 1 with cuda:1: a launcher that sets no LOCAL_WORLD_SIZE.)"""
+    local_rank = 1 if name == "cuda:1" else 0
     with pytest.raises(AlignerError, match="^[^\n]*$") as error:
-        device_for_rank(name, 0, local_world_size, cuda_available=True, device_count=count)
+        device_for_rank(name, local_rank, local_world_size, cuda_available=True,
+                        device_count=count)
     assert message in str(error.value)
 
 
