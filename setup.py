@@ -3,6 +3,13 @@
 torch is listed without an upper bound. On a machine with a local CPU wheel, install
 `torch==<version>` first (see README.md); pip then sees the requirement satisfied and does not
 pull CUDA packages. GPU users install the torch build of their choice first in the same way.
+
+The floor, torch 2.4: the device-generic autocast queries torch.is_autocast_enabled(device_type)
+and torch.get_autocast_dtype(device_type) (aligner/models/direct_hmm.py, aligner/inference.py,
+aligner/translate.py) came with torch 2.4 (pytorch PR #124359; huggingface/transformers PR
+#43509 guards the same call for torch < 2.4); the rest of the package uses older API. Checked by
+reading, not by running: the test suite has only run on torch 2.13.0 (the one torch with a
+small CPU wheel on our machines).
 """
 import re
 from pathlib import Path
@@ -22,7 +29,7 @@ setup(
     packages=find_packages(include=["aligner", "aligner.*"]),
     python_requires=">=3.9",
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.4",   # see the module docstring
         "click>=8.0",
         "numpy",
         "sacremoses",

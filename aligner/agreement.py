@@ -199,7 +199,7 @@ class AgreementTrainer(Trainer):
     def validate(self) -> Dict[str, Optional[float]]:
         if self.validation is None:
             return {"valid_ppl": None, "valid_aer": None}
-        ppl = [self.validation.perplexity(getattr(self.pair, d), d, self.device)
+        ppl = [self.validation.perplexity(getattr(self.pair, d), d, self.device, self.precision)
                for d in C.DIRECTIONS]
         aer = [self.validation.aer(getattr(self.pair, d), d, self.device)
                for d in C.DIRECTIONS]

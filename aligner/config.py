@@ -156,6 +156,9 @@ class TrainConfig:
     #: agreement.py: both directions train together; 0 = each on its own)
     agreement_weight: float = 0.0
     device: str = "auto"
+    #: one of constants.PRECISIONS (aligner/precision.py: auto = bf16 autocast on CUDA with
+    #: native bfloat16, fp32 elsewhere)
+    precision: str = "auto"
     seed: int = C.DEFAULT_SEED
 
     def __post_init__(self) -> None:
@@ -176,6 +179,9 @@ class TrainConfig:
         check_condition(self.guide_weight >= 0, "--guide-weight must be >= 0")
         check_condition(self.agreement_weight >= 0, "--agreement-weight must be >= 0")
         check_condition(self.log_interval >= 1, "log interval must be >= 1")
+        check_condition(self.precision in C.PRECISIONS,
+                        f"--precision must be one of {', '.join(C.PRECISIONS)} "
+                        f"(got '{self.precision}')")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +192,8 @@ class TrainConfig:
 
 
 #: training options that may differ when a run is resumed (everything else must match)
-RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device")
+RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device",
+                     "precision")
 #: config.json ``extra`` entries that hold a path (the --init-from and --base model
 #: directories): not compared on resume (:meth:`RunConfig.differences`)
 PATH_EXTRAS = ("init_from", "base")

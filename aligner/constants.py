@@ -40,3 +40,6 @@ ALIGN_RUN_SETTINGS = "align_run"
 DEFAULT_SEED = 1
 #: learning-rate decays after the warm-up (TrainConfig.lr_schedule; aligner.train.learning_rate)
 LR_SCHEDULES = ("inverse-sqrt", "linear")
+#: --precision of align train / run / extract / translate (aligner.precision): ``auto``
+#: resolves to one of the other two by device
+PRECISIONS = ("auto", "fp32", "bf16")

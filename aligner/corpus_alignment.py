@@ -16,14 +16,15 @@ from aligner import constants as C
 
 def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, heuristic: str,
                  threshold: float, outputs: Dict[str, Optional[str]],
-                 gold_lines: range = range(0), keep_soft: bool = False, quiet: bool = False
-                 ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
+                 gold_lines: range = range(0), keep_soft: bool = False, quiet: bool = False,
+                 precision: str = "fp32") -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
     """Align every line of `bitext` (a Bitext or BitextFiles) with the model in `model_dir`:
     extraction `method` in both directions, combined by `heuristic` (a soft one at
     `threshold`), block by block (inference.BLOCK_LINES lines; one block with `keep_soft`),
     writing each block's lines to `outputs` ({"fwd" / "rev" / heuristic: Pharaoh file, '-' =
     stdout, or None}). `shortlist`: the lexicon's shortlist size (0 = exact); `device`: a
-    torch.device.
+    torch.device; `precision`: of the extraction (aligner/precision.py; ``auto``: bf16 on
+    CUDA with native bfloat16, else fp32).
 
     Returns (the links of `gold_lines` per direction and for the heuristic; with `keep_soft`
     the soft matrices named as in the --soft .npz plus "alignments", the heuristic's links of
@@ -33,6 +34,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     from aligner import inference
     from aligner.formats import bitext_blocks, format_links
     from aligner.model_dir import LoadedModelDir
+    from aligner.precision import autocast_context
     from aligner.soft_symmetrize import soft_average
     from aligner.symmetrize import symmetrize
     from aligner.utils import atomic_output
@@ -46,6 +48,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     n_links = 0
     size = len(bitext) if keep_soft else inference.BLOCK_LINES
     with contextlib.ExitStack() as stack:
+        stack.enter_context(autocast_context(precision, device))
         files = {name: stack.enter_context(atomic_output(path)) for name, path in paths.items()}
         workers = stack.enter_context(inference.DirectionWorkers())   # one pair for all blocks
         for block in bitext_blocks(bitext, size, bitext.source_name, bitext.target_name):

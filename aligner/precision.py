@@ -1,5 +1,5 @@
-"""Inference precision: float32, or bfloat16 autocast (``--precision`` of ``align translate``
-and ``align extract``, ``Aligner.load(..., precision=...)``).
+"""Precision: float32, or bfloat16 autocast (``--precision`` of ``align train``, ``align run``,
+``align translate`` and ``align extract``, ``Aligner.load(..., precision=...)``).
 
 ``bf16`` runs the model's matrix products under :func:`torch.autocast` with dtype bfloat16:
 parameters stay float32, linear layers and attention products return bfloat16 (about 3
@@ -15,8 +15,10 @@ themselves, which cast with ``.float()`` before them (or switch autocast off loc
   (aligner/models/hmm_algorithms.py works in its inputs' dtype, float32);
 * the beam search's running scores and the finished hypotheses' log-probabilities.
 
-``auto`` is bf16 on a CUDA device with native bfloat16 (compute capability >= 8: A100, H100,
-RTX 30xx and later), float32 everywhere else; ``bf16`` is also accepted on older GPUs, which
+In training the forward pass and the loss run under the context (parameters, gradients and
+Adam's state stay float32). ``auto`` is bf16 on a CUDA device with native bfloat16 (compute
+capability >= 8: A100, H100, RTX 30xx and later), float32 everywhere else (V100 and T4
+emulate bfloat16, slowly); ``bf16`` is also accepted on older GPUs, which
 emulate it. ``bf16`` on CPU uses CPU autocast: faster than float32 on CPUs with bfloat16
 instructions (avx512_bf16, AMX; see eval/results/precision_bf16.md), usually slower on others,
 hence not ``auto``. CPU autocast, unlike CUDA autocast, does not promote softmax and layer norm
@@ -34,26 +36,40 @@ from typing import ContextManager
 
 import torch
 
-from aligner.utils import AlignerError, check_condition
+from aligner import constants as C
+from aligner.utils import check_condition
 
 #: the choices of ``--precision`` (``auto`` resolves to one of the other two)
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = C.PRECISIONS
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
     """``fp32`` or ``bf16`` for the precision `name` on `device`.
 
-    ``auto``: bf16 on CUDA with bfloat16 support, else fp32. ``bf16`` is accepted on CPU and on
-    CUDA devices that support it; anything else is a one-line user error.
+    ``auto``: bf16 on CUDA with native bfloat16, else fp32. ``bf16`` is accepted on CPU and on
+    CUDA devices that support it; anything else is a one-line user error
+    (:func:`choose_precision` with this machine's answers).
     """
-    if name not in PRECISIONS:
-        raise AlignerError(f"--precision must be one of {', '.join(PRECISIONS)} (got '{name}')")
+    check_condition(name in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)} "
+                                        f"(got '{name}')")
+    native = emulated = False
+    if device.type == "cuda" and name != "fp32":
+        native = cuda_supports_bf16(device, emulation=False)
+        emulated = native or cuda_supports_bf16(device, emulation=True)
+    return choose_precision(name, device, native, emulated)
+
+
+def choose_precision(name: str, device: torch.device, native_bf16: bool = False,
+                     any_bf16: bool = False) -> str:
+    """The pure rule of :func:`resolve_precision`: `native_bf16` / `any_bf16` say whether the
+    CUDA device has bfloat16 units / runs bfloat16 at all (emulated counts); CPU autocast
+    always runs it. ``auto`` -> ``bf16`` only on CUDA with native bfloat16."""
+    check_condition(name in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)} "
+                                        f"(got '{name}')")
     if name == "auto":
-        native = device.type == "cuda" and cuda_supports_bf16(device, emulation=False)
-        return "bf16" if native else "fp32"
+        return "bf16" if device.type == "cuda" and native_bf16 else "fp32"
     if name == "bf16":
-        check_condition(device.type == "cpu" or (device.type == "cuda" and
-                                                 cuda_supports_bf16(device, emulation=True)),
+        check_condition(device.type == "cpu" or (device.type == "cuda" and any_bf16),
                         f"--precision bf16: not supported on device '{device}' "
                         f"(use --precision fp32)")
     return name
@@ -61,9 +77,13 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 def cuda_supports_bf16(device: torch.device, emulation: bool) -> bool:
     """Whether CUDA device `device` runs bfloat16: natively (compute capability >= 8, e.g.
-    A100/H100) or, with `emulation`, at all (older GPUs emulate it, slowly)."""
+    A100/H100; ROCm devices count as native, as in torch) or, with `emulation`, at all (older
+    GPUs emulate it, slowly). Written with calls of torch 2.4 and older
+    (``is_bf16_supported(including_emulation=...)`` is newer than some torch we declare)."""
+    if not emulation:
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device) >= (8, 0)
     with torch.cuda.device(device):
-        return torch.cuda.is_bf16_supported(including_emulation=emulation)
+        return torch.cuda.is_bf16_supported()
 
 
 def autocast_context(precision: str, device: torch.device) -> ContextManager:

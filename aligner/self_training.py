@@ -215,7 +215,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                          model_class(request.model_kind).METHODS[0], plan.shortlist,
                          plan.heuristic, plan.guide_threshold,
                          {plan.heuristic: guide_path(model_dir, round_number)},
-                         quiet=request.quiet)
+                         quiet=request.quiet, precision=request.train_config.precision)
             result.alignment_seconds += time.time() - aligned
             # (into the round's log: eval/compare_aligners.py counts it as training time)
             logger.info("%s: %s of the bitext took %.1fs", ALIGNED_MESSAGE,

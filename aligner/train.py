@@ -16,7 +16,9 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
   + N/2 give bit-identical parameters (on CPU);
 * DDP under torchrun: gradients are averaged over ranks, every rank takes its own shard of each
   epoch's batches, only rank 0 writes files and logs to the console;
-* on CUDA the forward pass runs under bf16 autocast (parameters and optimizer stay fp32).
+* ``config.precision`` (aligner/precision.py): the forward pass and the loss run under bf16
+  autocast with ``bf16``, and with ``auto`` on a CUDA device with native bfloat16 (parameters,
+  gradients and optimizer state stay fp32); fp32 otherwise, on the CPU unless asked.
 
 A whole ``align train`` run around it (the model directory, its data, every direction) is
 aligner/train_run.py.
@@ -46,6 +48,7 @@ from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
+from aligner.precision import resolve_precision
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -83,11 +86,13 @@ def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> f
     return config.lr * min(warm, math.sqrt(config.warmup / update))
 
 
-def autocast_context(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; nothing on CPU (fp32 there)."""
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast_context(device: torch.device, precision: str = "auto"
+                     ) -> contextlib.AbstractContextManager:
+    """The context of a training forward pass: :func:`aligner.precision.autocast_context` of
+    `precision` (``auto``: bf16 autocast on CUDA with native bfloat16, nothing elsewhere)."""
+    from aligner import precision as P
+
+    return P.autocast_context(precision, device)
 
 
 class _LossModule(nn.Module):
@@ -117,12 +122,14 @@ class Validation:
     max_tokens: int = 4000
 
     @torch.no_grad()
-    def perplexity(self, model: AlignmentModel, direction: str, device: torch.device) -> float:
-        """exp(mean NLL per target token, EOS included), no label smoothing, eval mode."""
+    def perplexity(self, model: AlignmentModel, direction: str, device: torch.device,
+                   precision: str = "auto") -> float:
+        """exp(mean NLL per target token, EOS included), no label smoothing, eval mode, in
+        the training's `precision`."""
         model.eval()
         total, tokens, batches = 0.0, 0, 0
         for _, batch in pair_batches(model, self.pairs, direction, self.max_tokens, device):
-            with autocast_context(device):
+            with autocast_context(device, precision):
                 loss, n_tokens = model.loss(batch.src, batch.tgt_in, batch.tgt_out, 0.0)
             total += float(loss)
             tokens += int(n_tokens)
@@ -172,8 +179,10 @@ class TrainSummary:
     metrics: List[Dict[str, Any]]
 
 
-def _rng_state() -> Dict[str, Any]:
-    """All global RNG states as tensors/plain types (loadable with weights_only=True)."""
+def _rng_state(device: torch.device) -> Dict[str, Any]:
+    """All global RNG states as tensors/plain types (loadable with weights_only=True); the CUDA
+    generators' (one per visible GPU) only when training on CUDA: reading them initializes
+    CUDA, which a CPU run (and each of its --parallel-directions processes) must not do."""
     np_state = np.random.get_state()
     state: Dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -181,20 +190,42 @@ def _rng_state() -> Dict[str, Any]:
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
     }
-    if torch.cuda.is_available():
+    if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def restorable_cuda_states(saved: Sequence[torch.Tensor], device_count: int
+                           ) -> List[torch.Tensor]:
+    """The saved CUDA generator states that GPUs 0 .. device_count-1 take back: GPU k gets
+    state k, as saved; with fewer GPUs visible than at save time the extra states are dropped,
+    with more the extra GPUs keep their seeded state."""
+    return list(saved[:device_count])
+
+
+def _set_rng_state(state: Dict[str, Any], device: torch.device) -> None:
+    """Restore :func:`_rng_state`'s states. CUDA generators only when training on CUDA (a
+    checkpoint of a GPU run resumes on the CPU without touching CUDA), as many as fit the GPUs
+    visible now (a log line says when that is not all of them)."""
     torch.set_rng_state(state["torch"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
     np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"],
                          numpy["has_gauss"], numpy["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda") or []
+    if device.type != "cuda":
+        if saved:
+            logger.info("%d saved CUDA RNG state(s) not restored: training on %s", len(saved),
+                        device)
+        return
+    count = torch.cuda.device_count()
+    restored = restorable_cuda_states(saved, count)
+    for index, generator_state in enumerate(restored):
+        torch.cuda.set_rng_state(generator_state, index)
+    if len(saved) != count:
+        logger.info("restored %d of %d saved CUDA RNG state(s) on %d visible GPU(s)",
+                    len(restored), len(saved), count)
 
 
 class Trainer:
@@ -218,6 +249,8 @@ class Trainer:
         self.config = config
         self.out_dir = out_dir
         self.device = device
+        #: fp32 or bf16: config.precision resolved for `device` (aligner/precision.py)
+        self.precision = resolve_precision(config.precision, device)
         self.context = context or DistributedContext()
         self.validation = validation
         self.progress = progress and self.context.is_main
@@ -289,7 +322,7 @@ class Trainer:
         self.save_weights(improved)
         state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
                  "optimizer": self.optimizer.state_dict(),
-                 "batcher": self.batcher.state_dict(), "rng": _rng_state(),
+                 "batcher": self.batcher.state_dict(), "rng": _rng_state(self.device),
                  "direction": self.direction,
                  "weights": {name: weights_state(model)
                              for name, model in self.weight_models().items()}}
@@ -347,7 +380,7 @@ class Trainer:
                                 elapsed=trainer["elapsed"], best_score=trainer["best_score"],
                                 best_update=trainer["best_update"],
                                 metrics=list(trainer["metrics"]))
-        _set_rng_state(state["rng"])
+        _set_rng_state(state["rng"], self.device)
         logger.info("[%s] resumed at update %d (epoch %d, batch %d)", self.name,
                     self.state.updates, self.batcher.epoch + 1, self.batcher.position)
 
@@ -376,14 +409,18 @@ class Trainer:
                 self._iterator = iter(self.batcher)
         return batches
 
-    def _update(self, batches: Sequence[List[int]]) -> float:
-        """One optimizer step on `batches`; returns this rank's loss sum (smoothed)."""
+    def _update(self, batches: Sequence[List[int]]) -> torch.Tensor:
+        """One optimizer step on `batches`; returns this rank's loss sum (smoothed), a float64
+        scalar on the device: summed there, it is read on the host only at log and checkpoint
+        intervals (float() after every batch waited for the GPU to finish each update).
+        float64 additions of the float32 losses in the same order as Python's float sums,
+        so the logged losses are the same bits as before."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         tokens = torch.tensor(float(sum(self._decoder_tokens[i] for b in batches for i in b)))
         total_tokens = float(self.context.all_reduce_sum(tokens.clone()))
         scale = self.context.world_size / max(total_tokens, 1.0)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, indices in enumerate(batches):
             batch = make_batch([self.corpus.source(i) for i in indices],
                                [self.corpus.target(i) for i in indices],
@@ -399,16 +436,11 @@ class Trainer:
                                                batch.src.size(1)).to(self.device),
                          "guide_weight": self.config.guide_weight}
             with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
-                with autocast_context(self.device):
+                with autocast_context(self.device, self.precision):
                     loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
                                                self.config.label_smoothing, **guide)
                 (loss * scale).backward()
-            loss_sum += float(loss.detach())
-        check_condition(math.isfinite(loss_sum),
-                        f"[{self.name}] update {self.state.updates + 1}: the training loss is "
-                        f"{loss_sum} (not finite): the learning rate or a loss weight is too "
-                        f"large. The last checkpoint (update {self._last_checkpoint()}) stays "
-                        f"as it was")
+            loss_sum = loss_sum + loss.detach().double()
         if self.config.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.config.clip_norm)
         self.state.updates += 1
@@ -422,7 +454,8 @@ class Trainer:
     def validate(self) -> Dict[str, Optional[float]]:
         if self.validation is None:
             return {"valid_ppl": None, "valid_aer": None}
-        return {"valid_ppl": self.validation.perplexity(self.model, self.direction, self.device),
+        return {"valid_ppl": self.validation.perplexity(self.model, self.direction, self.device,
+                                                        self.precision),
                 "valid_aer": self.validation.aer(self.model, self.direction, self.device)}
 
     def checkpoint(self, train_loss: float, tokens_per_s: float, elapsed: float) -> None:
@@ -453,9 +486,10 @@ class Trainer:
         start, start_updates, start_tokens = time.time(), self.state.updates, self.state.tokens
         bar = _progress_bar(self.total_updates, self.state.updates, self.name, self.progress,
                             self.progress_position)
-        # loss sums and token counts of this rank: since the last log line / checkpoint
-        window = [0.0, 0.0]
-        interval = [0.0, 0.0]
+        # loss sums (float64 scalars on the device) and token counts of this rank: since the
+        # last log line / checkpoint
+        window: List[Any] = [0.0, 0.0]
+        interval: List[Any] = [0.0, 0.0]
         self._iterator = iter(self.batcher)
         checkpointed_at = None
         while not self.finished():
@@ -502,9 +536,19 @@ class Trainer:
         """The update of the last checkpoint written (0: none)."""
         return int(self.state.metrics[-1]["update"]) if self.state.metrics else 0
 
-    def _mean_loss(self, sums: List[float]) -> float:
-        """Loss per target token over all ranks from this rank's [loss sum, tokens]."""
-        total = self.context.all_reduce_sum(torch.tensor(sums, dtype=torch.float64))
+    def _mean_loss(self, sums: List[Any]) -> float:
+        """Loss per target token over all ranks from this rank's [loss sum (a float or a
+        float64 scalar tensor on the device), tokens]: the one host sync of the loss. A
+        non-finite loss stops training (one line naming the update; the last checkpoint
+        stays as it was)."""
+        loss_sum = torch.as_tensor(sums[0], dtype=torch.float64).cpu()
+        total = self.context.all_reduce_sum(
+            torch.stack([loss_sum, torch.tensor(sums[1], dtype=torch.float64)]))
+        if float(total[1]) > 0 and not math.isfinite(float(total[0])):
+            raise AlignerError(f"[{self.name}] update {self.state.updates}: the training loss "
+                               f"is {float(total[0])} (not finite): the learning rate or a "
+                               f"loss weight is too large. The last checkpoint (update "
+                               f"{self._last_checkpoint()}) stays as it was")
         return float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
 
 

@@ -585,17 +585,30 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     what is not frozen. Model size comes from the base; of `model_options` only the kind's own
     options (``split_options``) apply in stage 2.
     """
-    from aligner.distributed import init_distributed, resolve_device, shutdown_distributed
+    from aligner.distributed import distributed
+
+    check_request(request)
+    # one process group for the whole run: stage 1 of a two-stage kind trains inside it
+    with distributed(request.train_config.device) as context:
+        if model_class(request.model_kind).BASE_KIND is not None:
+            request = _base_stage(request)
+        return _train_in_group(request, context)
+
+
+def _train_in_group(request: TrainRequest, context: DistributedContext
+                    ) -> Dict[str, TrainSummary]:
+    """:func:`train` inside the process group `context` (one process: a 1-rank context)."""
+    from aligner.distributed import resolve_device
     from aligner.log import log_run_info, setup_logging
     from aligner.model_dir import (acquire_lock, config_path, discard_unstarted_run,
                                    release_lock, write_version)
 
-    check_request(request)
-    if model_class(request.model_kind).BASE_KIND is not None:
-        request = _base_stage(request)
     model_dir = request.model_dir
-    context = init_distributed(request.train_config.device)
-    device = resolve_device(request.train_config.device, context.local_rank)
+    from aligner.precision import resolve_precision
+
+    device = resolve_device(request.train_config.device, context.local_rank,
+                            context.local_world_size)
+    precision = resolve_precision(request.train_config.precision, device)
     resumed = request.resume
     lock = None
     started = configured = False  # a fresh run began writing; its config.json is written
@@ -615,8 +628,8 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
                             console=context.is_main, logfile=logfile)
         if context.is_main:
             log_run_info(log, request.argv)
-            logger.info("device %s, %d process(es); %d training pairs", device,
-                        context.world_size, len(request.bitext))
+            logger.info("device %s (%s), %d process(es); %d training pairs", device,
+                        precision, context.world_size, len(request.bitext))
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
@@ -652,7 +665,6 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     finally:
         if lock is not None:
             release_lock(lock)
-    shutdown_distributed(context)
     return summaries
 
 

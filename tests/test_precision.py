@@ -149,6 +149,8 @@ def test_resolve_precision_on_cuda_by_compute_capability(monkeypatch, capability
         return capability >= 8 or including_emulation
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: (capability or 0, 0))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     cuda = torch.device("cuda", 0)
     assert resolve_precision("auto", cuda) == auto

@@ -21,7 +21,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.train import (INPUT, FiniteFloat, bitext_options, check_bitext_args,
-                               check_gold_in_range, parse_key_values, self_training_options,
+                               check_gold_in_range, parse_key_values, precision_option,
+                               self_training_options,
                                set_threads)
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
@@ -94,6 +95,7 @@ logger = logging.getLogger(__name__)
 @click.option("--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True,
               type=click.IntRange(min=1), help="Target tokens per training batch.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@precision_option
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default; on a CPU with 2+ cores the "
@@ -110,7 +112,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
-            device: str, seed: int, threads: int, quiet: bool) -> None:
+            device: str, precision: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
@@ -173,7 +175,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates, checkpoint_interval=10 ** 9,
-                               device=device, seed=seed,
+                               device=device, precision=precision, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     temporary = None
@@ -207,7 +209,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         gold_rows, matrices, links = align_bitext(
             model_dir, bitext, torch_device, recipe.METHOD, shortlist, heuristic, threshold,
             {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
-            keep_soft=soft is not None, quiet=quiet)
+            keep_soft=soft is not None, quiet=quiet, precision=precision)
         if matrices is not None:
             write_results(output, matrices.pop("alignments"), soft, matrices)
         seconds = {"training": trained.training_seconds,

@@ -107,6 +107,16 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                     f"give {what} as -s/-t or as -i, not both (and not neither)")
 
 
+def precision_option(function):
+    """``--precision`` of training (`align train`, `align run`: aligner/precision.py)."""
+    return click.option(
+        "--precision", type=click.Choice(C.PRECISIONS), default="auto", show_default=True,
+        help="Training arithmetic: bf16 = bfloat16 autocast of the forward pass (weights and "
+             "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
+             "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
+             "the same precision.")(function)
+
+
 def self_training_options(function):
     """The options of self-training rounds after the first (aligner.self_training.SelfTraining;
     `align train` and `align run`)."""
@@ -254,7 +264,9 @@ def self_training_options(function):
                    "batches, adding this weight x the squared difference of their alignment "
                    "posteriors over each pair's subwords (0 = each direction on its own).")
 @click.option("--device", default="auto", show_default=True,
-              help="auto (CUDA with bf16 autocast if available, else CPU), cpu, cuda, cuda:N.")
+              help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N (under torchrun: "
+                   "local rank r on GPU N+r).")
+@precision_option
 @click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default, usually all cores).")
@@ -292,8 +304,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             valid_gold_format: str, valid_method: str, guide: Optional[str],
             guide_weight: float, rounds: Optional[int], self_guide_weight: float,
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
-            fine_tune_lr_schedule: str, agreement_weight: float, device: str, seed: int,
-            threads: int,
+            fine_tune_lr_schedule: str, agreement_weight: float, device: str,
+            precision: str, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
@@ -357,7 +369,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
-                               valid_method=valid_method, device=device, seed=seed,
+                               valid_method=valid_method, device=device,
+                               precision=precision, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass

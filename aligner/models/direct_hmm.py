@@ -400,7 +400,8 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     Args and result as :func:`lexicon_log_probs` (source_hidden (B, J, k) = W5·h_j with W5's
     bias, target_hidden (B, I, k) = W6·s_i, weight (V, k), targets (B, I), label smoothing ε:
     (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j)); float32 (the matmuls of a and b in the
-    autocast dtype when autocast is on; float64 for float64 inputs).
+    autocast dtype when autocast is on, the normalizer's product always in float32; float64
+    for float64 inputs).
     """
     target_part = F.linear(target_hidden, weight, bias)                           # (B, I, V)
     source_part = F.linear(source_hidden, weight)                                 # (B, J, V)
@@ -420,7 +421,9 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     else:   # extraction: the parts are not needed again, shifted and exponentiated in place
         target_exp = target_part.sub_(target_max).exp_()
         source_exp = source_part.sub_(source_max).exp_()
-    norm = torch.matmul(target_exp, source_exp.transpose(1, 2))                    # (B, I, J)
+    # the normalizer in float32 also under autocast (bf16 would round each Z(i, j) to 8 bits)
+    with torch.autocast(device_type=target_exp.device.type, enabled=False):
+        norm = torch.matmul(target_exp, source_exp.transpose(1, 2))                # (B, I, J)
     # Σ_v can be tiny, or 0, when no word is near the top of both a_i and b_j: those (i, j)
     # (rare in a trained model) are summed directly, so the result is exact for any logits
     far = norm < LINEAR_LEXICON_FLOOR

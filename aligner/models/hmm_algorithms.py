@@ -226,7 +226,7 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
     for start, stop in pieces:
         matrices = transition_matrices(start, stop)                        # (B, c, J', J)
         for i in range(start, stop):
-            step = normalized(torch.bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
+            step = normalized(_bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
                               .squeeze(1) * scaled[:, i])
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
@@ -234,13 +234,20 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
         if number > 0:     # the last piece's matrices are still those of the forward pass
             matrices = transition_matrices(start, stop)
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
-            step = normalized(torch.bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
-                                        .unsqueeze(2)).squeeze(2))
+            step = normalized(_bmm(matrices[:, i - start], (scaled[:, i] * betas[-1])
+                                   .unsqueeze(2)).squeeze(2))
             # positions at or after the sentence's last one keep β = 1
             betas.append(torch.where(active[:, i:i + 1], step, betas[-1]))
     gamma = torch.stack(alphas, dim=1) * torch.stack(betas[::-1], dim=1)    # (B, I, J)
     gamma = normalized(gamma) * active.unsqueeze(-1)
     return gamma.to(log_emission.dtype)
+
+
+def _bmm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """torch.bmm outside autocast, in the inputs' dtype: under bf16 autocast a plain bmm would
+    round α, β and the transition matrices to 8 significant bits at every one of the I steps."""
+    with torch.autocast(device_type=left.device.type, enabled=False):
+        return torch.bmm(left, right)
 
 
 def log_matmul(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,179 @@
+"""torchrun without a GPU: the rank -> device mapping, the process group's timeout and one
+process group for both stages of a two-stage kind (aligner/distributed.py).
+
+The workers run as torchrun would start them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR/PORT in the environment), two gloo processes on the CPU. CUDA devices are mapped
+through :func:`aligner.distributed.device_for_rank`, the pure function that
+:func:`~aligner.distributed.resolve_device` feeds with this machine's CUDA answers.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from aligner.config import DataConfig
+from aligner.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, device_for_rank,
+                                 init_distributed, process_group_timeout, resolve_device,
+                                 shutdown_distributed)
+from aligner.formats import Bitext
+from aligner.prep import PrepConfig
+from aligner.train_run import train_model_dir
+from aligner.utils import AlignerError
+from synthetic import monotone_corpus
+from test_ddp import MODEL, _config, _free_port
+
+
+def _environment(rank: int, world_size: int, port: int) -> None:
+    """What torchrun sets for every worker (one node)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+
+
+# -- the rank -> device mapping ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, local_rank, expected", [
+    ("cuda", 0, "cuda:0"), ("cuda", 1, "cuda:1"), ("auto", 1, "cuda:1"),
+    ("cuda:1", 0, "cuda:1"), ("cuda:1", 1, "cuda:2"), ("cpu", 1, "cpu"),
+])
+def test_each_local_rank_gets_its_own_gpu(name, local_rank, expected):
+    device = device_for_rank(name, local_rank, 2, cuda_available=True, device_count=4)
+    assert device == torch.device(expected)
+
+
+def test_one_process_keeps_the_gpu_it_names():
+    assert device_for_rank("cuda:3", cuda_available=True, device_count=4) == torch.device(
+        "cuda", 3)
+    assert device_for_rank("auto", cuda_available=False, device_count=0) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name, local_world_size, count, message", [
+    ("cuda:3", 2, 4, "2 processes per node need GPUs 3 to 4, only 4 CUDA device(s)"),
+    ("cuda", 4, 2, "4 processes per node need GPUs 0 to 3, only 2 CUDA device(s)"),
+    ("cuda:2", 1, 2, "--device cuda:2: only 2 CUDA device(s)"),
+    ("cuda:1", 1, 2, "--device cuda:1: 2 processes per node need GPUs 1 to 2"),  # rank 1
+    ("cuda:x", 1, 2, "--device must be auto, cpu, cuda or cuda:N (got 'cuda:x')"),
+    ("gpu", 1, 2, "--device must be auto, cpu, cuda or cuda:N (got 'gpu')"),
+])
+def test_gpus_the_node_lacks_are_one_line_errors(name, local_world_size, count, message):
+    """(local rank 1 with cuda:1: a launcher that sets no LOCAL_WORLD_SIZE.)"""
+    local_rank = 1 if name == "cuda:1" else 0
+    with pytest.raises(AlignerError, match="^[^\n]*$") as error:
+        device_for_rank(name, local_rank, local_world_size, cuda_available=True,
+                        device_count=count)
+    assert message in str(error.value)
+
+
+def test_cuda_without_cuda_is_one_line():
+    with pytest.raises(AlignerError, match="CUDA is not available"):
+        device_for_rank("cuda", cuda_available=False, device_count=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(AlignerError, match="CUDA is not available"):
+            resolve_device("cuda:1")
+
+
+def _mapping_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    _environment(rank, world_size, port)
+    context = init_distributed("cpu")
+    device = device_for_rank("cuda:1", context.local_rank, context.local_world_size,
+                             cuda_available=True, device_count=4)
+    devices = [None] * world_size
+    dist.all_gather_object(devices, str(device))
+    if context.is_main:
+        with open(os.path.join(workdir, "devices.json"), "w") as out:
+            json.dump(devices, out)
+    shutdown_distributed(context)
+
+
+def test_torchrun_ranks_map_cuda_1_to_gpus_1_and_2(tmp_path):
+    mp.spawn(_mapping_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert json.loads((tmp_path / "devices.json").read_text()) == ["cuda:1", "cuda:2"]
+
+
+# -- the timeout of the process group -------------------------------------------------------------
+
+def test_timeout_default_and_environment(monkeypatch):
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert process_group_timeout() == datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    assert DEFAULT_TIMEOUT_S > 30 * 60    # above gloo's default and NCCL's watchdog
+    monkeypatch.setenv(TIMEOUT_ENV, "90")
+    assert process_group_timeout() == datetime.timedelta(seconds=90)
+    for bad in ("0", "-5", "soon"):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(AlignerError, match=f"{TIMEOUT_ENV}={bad}: must be a positive"):
+            process_group_timeout()
+
+
+SHORT_TIMEOUT_S = 2
+RANK0_BUSY_S = 8
+
+
+def _timeout_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    """Rank 0 is busy (as when it prepares the corpus) and never reaches the barrier; rank 1
+    waits in it and records how long until the process group's timeout ended the wait."""
+    _environment(rank, world_size, port)
+    os.environ[TIMEOUT_ENV] = str(SHORT_TIMEOUT_S)
+    context = init_distributed("cpu")
+    if rank == 0:
+        time.sleep(RANK0_BUSY_S)
+        return
+    start = time.time()
+    try:
+        context.barrier()
+        outcome = "passed"
+    except Exception as error:  # gloo's timeout: RuntimeError / DistBackendError
+        outcome = type(error).__name__ + ": " + str(error).splitlines()[0]
+    with open(os.path.join(workdir, "rank1.json"), "w") as out:
+        json.dump({"outcome": outcome, "waited": time.time() - start}, out)
+
+
+def test_the_timeout_reaches_the_waiting_ranks(tmp_path):
+    """With ALIGNER_DIST_TIMEOUT=2 the waiting rank gives up after about 2 s (gloo's own
+    default would wait 30 minutes): the timeout is the one the process group was made with."""
+    mp.spawn(_timeout_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    result = json.loads((tmp_path / "rank1.json").read_text())
+    assert result["outcome"] != "passed"
+    assert SHORT_TIMEOUT_S - 0.5 <= result["waited"] < RANK0_BUSY_S - 2, result
+
+
+# -- one process group for both stages of the alignment layer ------------------------------------
+
+def _two_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    """Train the alignment layer (stage 1: its transformer base) with torch.distributed's
+    public init/destroy counted."""
+    _environment(rank, world_size, port)
+    calls = {"init": 0, "destroy": 0}
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    def counted_init(*args, **kwargs):
+        calls["init"] += 1
+        return init(*args, **kwargs)
+
+    def counted_destroy(*args, **kwargs):
+        calls["destroy"] += 1
+        return destroy(*args, **kwargs)
+
+    dist.init_process_group, dist.destroy_process_group = counted_init, counted_destroy
+    sources, targets, _ = monotone_corpus(40, seed=7)
+    train_model_dir(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
+                    "alignment-layer", dict(MODEL), PrepConfig(bpe_merges=10), DataConfig(),
+                    _config(max_updates=2), directions=("fwd",), quiet=True)
+    with open(os.path.join(workdir, f"calls{rank}.json"), "w") as out:
+        json.dump(calls, out)
+
+
+def test_two_stages_share_one_process_group(tmp_path):
+    mp.spawn(_two_stage_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"calls{rank}.json").read_text()) == {"init": 1,
+                                                                          "destroy": 1}
+    assert (tmp_path / "model" / "base" / "fwd" / "params.best.pt").exists()
+    assert (tmp_path / "model" / "fwd" / "params.best.pt").exists()
