@@ -6,8 +6,8 @@ pair at a time and waits for its alignment) must not wait for the end of its inp
 block path (10,000 lines a block) does. When an input is a pipe, a FIFO or a terminal (not a
 regular file), the pairs are read from the file descriptors as they come: a batch starts
 with the first complete pair, takes every pair that arrives within :data:`WAIT_SECONDS`
-(50 ms) of it, at most :data:`MAX_BATCH_LINES`, and is aligned and written (and flushed)
-before the next is read. So a single pair waits at most 50 ms before its alignment starts,
+(50 ms) of it and every pair already readable then (never waiting longer), at most
+:data:`MAX_BATCH_LINES`, and is aligned and written (and flushed) before the next is read. So a single pair waits at most 50 ms before its alignment starts,
 and a fast producer (``cat big.txt |``) still gets batches of many pairs. The output is the
 same, line for line, as the block path's for the same lines.
 
@@ -32,8 +32,9 @@ from aligner.utils import AlignerError, atomic_output, check_condition
 
 #: longest wait, after the first pair of a batch has arrived, for more pairs to join it
 WAIT_SECONDS = 0.05
-#: most pairs in one batch (a producer faster than the aligner fills batches to this)
-MAX_BATCH_LINES = 256
+#: most pairs in one batch (a producer faster than the aligner fills batches to this): the
+#: block size of the file path (aligner.inference.BLOCK_LINES), so memory stays bounded alike
+MAX_BATCH_LINES = 10_000
 READ_SIZE = 1 << 16
 _BOM = b"\xef\xbb\xbf"
 
@@ -190,10 +191,10 @@ class StreamBitext:
             self._check_ended()
             if self._available() == 0:
                 return
+            # take what is readable now, waiting for more until `wait` after the first pair
             deadline = time.monotonic() + self.wait
             while self._available() < self.max_lines and self._open_sources():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._read(remaining):
+                if not self._read(max(0.0, deadline - time.monotonic())):
                     break
             self._check_ended()
             count = min(self._available(), self.max_lines)
@@ -289,12 +290,17 @@ def stream_extract(run: AlignRun, source: Optional[str], target: Optional[str],
     aligned, written and flushed before the next is read (stdout at once; a regular -o or
     --link-probs file appears, atomically, at the end); `wait`: see :data:`WAIT_SECONDS`.
     Returns (pairs, links)."""
+    from aligner.inference import DirectionWorkers
+
     n_pairs = n_links = 0
     bitext = StreamBitext.open(source, target, joint, wait)
     try:
-        with atomic_output(output) as out, optional_output(link_probs) as probs_out:
+        # the two direction processes start only for a batch of 1,000+ pairs (a fast
+        # producer), as in the block path; then they serve every later batch
+        with atomic_output(output) as out, optional_output(link_probs) as probs_out, \
+                DirectionWorkers() as workers:
             for batch in bitext.batches():
-                pairs, links = run.write(batch, out, probs_out, inline)
+                pairs, links = run.write(batch, out, probs_out, inline, parallel=workers)
                 out.flush()
                 if probs_out is not None:
                     probs_out.flush()
