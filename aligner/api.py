@@ -10,6 +10,8 @@ Example (a model directory written by ``align train``)::
     links, probs = aligner.align([["das", "Haus"]], [["the", "house"]],
                                  return_probabilities=True)[0]
     probs["fwd"].shape == (2, 2)                         # (source words, target words)
+    aligner.align_with_link_probs(["das Haus"], ["the house"], heuristic="soft-average")
+    # [[((0, 0), (0.97,)), ((1, 1), (0.95,))]]           each link with its probability
 
 Everything runs through :mod:`aligner.inference` (the code path of ``align extract``), so the
 API and the command line give identical links. Indices are 0-based word positions of the
@@ -180,3 +182,26 @@ class Aligner:
             return links
         return [(pair_links, {d: soft[d][k] for d in directions})
                 for k, pair_links in enumerate(links)]
+
+    def align_with_link_probs(self, src: Sequence[Sentence], tgt: Sequence[Sentence],
+                              method: Optional[str] = None, direction: str = "both",
+                              heuristic: Optional[str] = None,
+                              max_tokens: Optional[int] = None,
+                              threshold: Optional[float] = None, **method_options: Any
+                              ) -> List[List[Tuple[Link, Tuple[float, ...]]]]:
+        """The links of every pair (as :meth:`align`, same arguments), each with its
+        probability: per pair a list of ``((i, j), numbers)`` sorted by i then j, the numbers
+        ``align extract --link-probs`` writes (unrounded; see :mod:`aligner.link_probs`):
+        ``(p,)`` with p = ``(p_fwd + p_rev) / 2`` for soft-average, the direction's own
+        probability for ``direction="fwd"`` / ``"rev"``, and ``(p_fwd, p_rev)`` for a Moses
+        heuristic (intersect, union, grow-diag, ...). The model stays loaded: call it for
+        each new list of pairs.
+        """
+        from aligner.link_probs import link_numbers
+
+        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
+        aligned = self.align(src, tgt, method, direction, heuristic, True, max_tokens,
+                             threshold, **method_options)
+        return [link_numbers(links, probs, direction, heuristic)
+                for links, probs in aligned]  # type: ignore[misc]
+

@@ -96,6 +96,20 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Also write word-level soft alignment matrices to this .npz file (arrays "
                    "'fwd_K' / 'rev_K' of shape (source words, target words) for input line K, "
                    "0-based). Written together with -o: a failed run writes neither.")
+@click.option("--link-probs", type=click.Path(dir_okay=False), default=None,
+              help="Also write each link's probability to this file: one line per Pharaoh "
+                   "line, one number per link in the same order (as awesome-align's "
+                   "--output_prob_file). The number: (p_fwd + p_rev) / 2 for -H "
+                   "soft-average, 'p_fwd,p_rev' for a Moses heuristic, the direction's own "
+                   "with --direction fwd/rev (word-level, the values of --soft).")
+@click.option("--inline-probs", is_flag=True,
+              help="Write each link as i-j:p in the Pharaoh output itself (the numbers of "
+                   "--link-probs; align score-aer reads it). Streams to stdout with -o -.")
+@click.option("--stream-wait", type=click.FloatRange(0.0, 1.0), default=0.05,
+              show_default=True,
+              help="Input from a pipe or terminal: the longest wait, in seconds, after a "
+                   "batch's first pair for more pairs to join it (0: align what has "
+                   "arrived at once).")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
               show_default=True, help="Which saved weights to use.")
 @click.option("--max-tokens", default=None, type=click.IntRange(min=1),
@@ -114,8 +128,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float], output: str,
-            soft: Optional[str],
-            checkpoint: str,
+            soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
+            stream_wait: float, checkpoint: str,
             max_tokens: Optional[int], device: str, precision: str, threads: int,
             quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
@@ -127,11 +141,20 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     -o and --soft are written only when everything is computed. A corpus is read and aligned
     in blocks of 10,000 lines, so memory does not grow with it (except with --soft, whose
     file holds every matrix).
+
+    Streaming: when an input is a pipe or a terminal (-i -, or -s/-t from pipes), pairs are
+    aligned as they arrive: a batch takes the pairs that came within 50 ms (--stream-wait)
+    of its first one, and its lines are written and flushed at once, so `align extract MODEL
+    -i - -o -` serves a process that sends one pair and waits for its alignment. It ends at
+    the end of the input, and quietly when the reader goes away (a closed pipe).
     """
     import os
     import time
 
+    from aligner import link_probs as link_probs_module
+    from aligner import streaming
     from aligner.distributed import resolve_device
+    from aligner.streaming import AlignRun, optional_output, stream_extract
     from aligner.formats import bitext_blocks, format_links, open_bitext, read_bitext
     from aligner import inference
     from aligner.inference import extract
@@ -150,18 +173,24 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     "--threshold is the threshold of -H soft-average: give both")
     check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
                                  "file name")
+    check_condition(link_probs != "-", "--link-probs -: give a file name (--inline-probs "
+                                       "writes i-j:p links to -o, stdout included)")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
-                         {"-o": output, "--soft": soft})
+                         {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_writable(output, "-o")
     check_writable(soft, "--soft")
+    check_link_probs(link_probs, output, soft)
     options = method_options(method_option)
     if layer is not None:
         options["layer"] = layer
     for key, value in (("sgd_steps", sgd_steps), ("sgd_lr", sgd_lr), ("init", sgd_init)):
         if value is not None:  # layer-sgd options; a method without them rejects them
             options[key] = value
+    stream = soft is None and streaming.streams(source, target, joint)
     # --soft keeps every matrix: the bitext in memory; otherwise read block by block
-    bitext = read_bitext(source, target, joint) if soft else open_bitext(source, target, joint)
+    if not stream:
+        bitext = (read_bitext(source, target, joint) if soft
+                  else open_bitext(source, target, joint))
     start = time.time()
     torch_device = resolve_device(device)
     precision = resolve_precision(precision, torch_device)
@@ -179,8 +208,23 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     f"--threshold is the threshold of -H soft-average, and this model's "
                     f"default heuristic is {heuristic}: give -H soft-average too")
     n_pairs = n_links = 0
+    scored = link_probs is not None or inline_probs
+    run = AlignRun(loaded, method, direction, heuristic, threshold, max_tokens, torch_device,
+                   options)
     with autocast_context(precision, torch_device):
-        if soft is None:   # block by block: the output grows, memory does not
+        if stream:   # pairs as they arrive, each batch written and flushed at once
+            n_pairs, n_links = stream_extract(run, source, target, joint, output, link_probs,
+                                              inline_probs, stream_wait)
+        elif scored and soft is None:   # block by block, with each link's probability
+            with atomic_output(output) as out, optional_output(link_probs) as probs_out, \
+                    inference.DirectionWorkers() as workers:
+                for block in bitext_blocks(bitext, inference.BLOCK_LINES, bitext.source_name,
+                                           bitext.target_name):
+                    counts = run.write(block, out, probs_out, inline_probs,
+                                       progress=not quiet, parallel=workers)
+                    n_pairs, n_links = n_pairs + counts[0], n_links + counts[1]
+                    del block
+        elif soft is None:   # block by block: the output grows, memory does not
             # one pair of direction workers for every block
             with atomic_output(output) as out, inference.DirectionWorkers() as workers:
                 block_lines = inference.BLOCK_LINES
@@ -207,7 +251,14 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                 alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
                                      torch_device, options, threshold, progress=not quiet,
                                      parallel=True)
-            write_results(output, alignments, soft, matrices)
+            if scored:
+                by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
+                                for d in directions}
+                lines, numbers = link_probs_module.output_lines(
+                    alignments, by_direction, direction, heuristic, inline_probs)
+            else:
+                lines, numbers = None, None
+            write_results(output, alignments, soft, matrices, lines, link_probs, numbers)
             n_pairs, n_links = len(alignments), sum(map(len, alignments))
     logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", n_pairs,
                 method, direction,
@@ -232,23 +283,40 @@ def soft_matrices(loaded, bitext, method: str, directions, max_tokens: Optional[
             for k, m in enumerate(by_direction[direction])}
 
 
-def write_results(output: str, alignments, soft: Optional[str],
-                  matrices: Optional[Dict[str, Any]]) -> None:
-    """Write the Pharaoh lines to `output` ('-' = stdout) and, with `soft`, the `matrices` as
-    one compressed .npz file (load with ``numpy.load(soft)["fwd_0"]``).
+def check_link_probs(link_probs: Optional[str], output: str, soft: Optional[str]) -> None:
+    """--link-probs names a writable file (not -o or --soft: :func:`check_distinct_files`),
+    checked before the model is loaded."""
+    if link_probs is None:
+        return
+    check_writable(link_probs, "--link-probs")
 
-    Both are complete before either appears: the .npz goes to its temporary file first, then
-    the Pharaoh file is written and renamed, then the .npz is renamed; an error on the way
-    removes the temporary files.
+
+def write_results(output: str, alignments, soft: Optional[str],
+                  matrices: Optional[Dict[str, Any]], lines: Optional[Sequence[str]] = None,
+                  link_probs: Optional[str] = None,
+                  numbers: Optional[Sequence[str]] = None) -> None:
+    """Write the Pharaoh lines to `output` ('-' = stdout) and, with `soft`, the `matrices` as
+    one compressed .npz file (load with ``numpy.load(soft)["fwd_0"]``); `lines`: the Pharaoh
+    lines already formatted (with ``i-j:p`` links), and `numbers` the lines of the
+    `link_probs` file (aligner.link_probs.output_lines).
+
+    All are complete before any appears: the .npz and the probabilities go to their temporary
+    files first, then the Pharaoh file is written and renamed, then the others are renamed;
+    an error on the way removes the temporary files.
     """
     import numpy as np
 
     from aligner.formats import write_pharaoh
+    from aligner.streaming import optional_output
     from aligner.utils import atomic_output
 
-    if soft is None:
-        write_pharaoh(output, alignments)
-        return
-    with atomic_output(soft, "wb") as out:
-        np.savez_compressed(out, **matrices)
-        write_pharaoh(output, alignments)
+    with optional_output(soft, "wb") as soft_out, optional_output(link_probs) as probs_out:
+        if soft_out is not None:
+            np.savez_compressed(soft_out, **matrices)
+        if probs_out is not None:
+            probs_out.writelines(numbers)
+        if lines is None:
+            write_pharaoh(output, alignments)
+        else:
+            with atomic_output(output) as out:
+                out.writelines(lines)

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
 from aligner import __version__
-from aligner.formats import (GOLD_FORMATS, check_alignments_against_bitext, check_same_length,
-                             read_bitext, read_gold, read_lines, read_pharaoh)
+from aligner import pr_curve
+from aligner.formats import (GOLD_FORMATS, GoldAlignment, check_alignments_against_bitext,
+                             check_same_length, read_bitext, read_gold, read_lines)
+from aligner.link_probs import check_scored, links_only, read_scored_alignments
 from aligner.metrics import AERScore, AERStats, corpus_stats, score_from_stats, sum_stats
-from aligner.utils import AlignerError, check_condition
+from aligner.utils import AlignerError, atomic_output, check_condition, check_writable
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
 PER_SENTENCE_COLUMNS = ("sentence", "aer", "precision", "recall", "f1", "links", "sure",
@@ -45,7 +48,20 @@ def format_text(score: AERScore, n_sentences: int, width: int) -> str:
 @click.command("score-aer")
 @click.option("-g", "--gold", type=INPUT, help="Gold alignments.")
 @click.option("-a", "--hypothesis", type=INPUT,
-              help="Hypothesis alignments (Pharaoh i-j, 0-based, one line per sentence pair).")
+              help="Hypothesis alignments (Pharaoh i-j, 0-based, one line per sentence pair; "
+                   "i-j:p links, as align extract --inline-probs writes, are read too, the "
+                   "numbers ignored except by --sweep).")
+@click.option("--link-probs", type=INPUT, default=None,
+              help="Probabilities of the -a links: one line per -a line, one number per link "
+                   "in its order (align extract --link-probs, awesome-align "
+                   "--output_prob_file); used by --sweep.")
+@click.option("--sweep", type=click.Path(dir_okay=False), default=None,
+              help="Also score the links whose probability is above each threshold 0, "
+                   "--sweep-step, ... < 1 (as -H soft-average --threshold keeps them), print "
+                   "the table and draw the precision/recall curve to this PNG (needs "
+                   "matplotlib). Every link needs a probability (i-j:p or --link-probs).")
+@click.option("--sweep-step", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              default=0.05, show_default=True, help="Threshold step of --sweep.")
 @click.option("--gold-format", type=click.Choice(GOLD_FORMATS), default="talp",
               show_default=True,
               help="talp: i-j sure, ipj or i?j possible, one line per pair (0-based); "
@@ -65,7 +81,8 @@ def format_text(score: AERScore, n_sentences: int, width: int) -> str:
               help="Translations (one per line, e.g. from align translate): also print "
                    "BLEU and TER (sacrebleu) against --references.")
 @click.option("--references", type=INPUT, help="Reference translations for --translations.")
-def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, reverse: bool,
+def command(gold: Optional[str], hypothesis: Optional[str], link_probs: Optional[str],
+            sweep: Optional[str], sweep_step: float, gold_format: str, reverse: bool,
             per_sentence: bool, as_json: bool, width: int, source: Optional[str],
             target: Optional[str], joint: Optional[str], translations: Optional[str],
             references: Optional[str]) -> None:
@@ -80,6 +97,7 @@ def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, re
       align score-aer -g data/sample/trial.talp -a gdfa.txt -s data/sample/trial.en \\
           -t data/sample/trial.fr
       align score-aer -g gold.naacl --gold-format naacl -a rev.txt --reverse --json
+      align score-aer -g data/sample/trial.talp -a probs.txt --sweep pr.png  (i-j:p links)
     """
     check_condition((gold is None) == (hypothesis is None),
                     "give both -g/--gold and -a/--hypothesis")
@@ -88,10 +106,19 @@ def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, re
     check_condition(gold is not None or translations is not None,
                     "nothing to score: give -g GOLD -a HYPOTHESIS (and/or --translations "
                     "with --references)")
+    check_condition(gold is not None or (link_probs is None and sweep is None),
+                    "--link-probs and --sweep score -a against -g: give both")
+    if sweep is not None:
+        from aligner.plot import require_matplotlib
+
+        require_matplotlib()
+        check_writable(sweep, "--sweep")
     result: Dict[str, Any] = {}
     lines: List[str] = []
     if gold is not None and hypothesis is not None:
-        stats = _alignment_stats(gold, hypothesis, gold_format, reverse, source, target, joint)
+        scored, golds = _read_checked(gold, hypothesis, link_probs, gold_format, reverse,
+                                      source, target, joint)
+        stats = corpus_stats(links_only(scored), golds)
         score = score_from_stats(sum_stats(stats))
         sig = signature(gold_format, reverse)
         result.update({"signature": sig, "sentences": len(stats), **_percentages(score)})
@@ -101,6 +128,14 @@ def command(gold: Optional[str], hypothesis: Optional[str], gold_format: str, re
             lines += [_per_sentence_row(number, sentence, width)
                       for number, sentence in enumerate(stats, start=1)]
         lines += [format_text(score, len(stats), width), f"signature: {sig}"]
+        if sweep is not None:
+            check_scored(scored, link_probs or hypothesis)
+            points = pr_curve.sweep(scored, golds, pr_curve.thresholds(sweep_step))
+            with atomic_output(sweep, "wb") as out:
+                pr_curve.draw(out, points, f"{os.path.basename(hypothesis)} against "
+                                           f"{os.path.basename(gold)} ({len(stats)} pairs)")
+            result["sweep"] = pr_curve.as_json(points)
+            lines += pr_curve.table(points, width)
     if translations is not None and references is not None:
         for name, value, text in translation_scores(translations, references, width):
             result[name] = value
@@ -112,7 +147,19 @@ def _alignment_stats(gold: str, hypothesis: str, gold_format: str, reverse: bool
                      source: Optional[str], target: Optional[str],
                      joint: Optional[str]) -> List[AERStats]:
     """Read and check hypothesis and gold (and sentences, if given); per-sentence counts."""
-    hyps = read_pharaoh(hypothesis, reverse=reverse)
+    scored, golds = _read_checked(gold, hypothesis, None, gold_format, reverse, source, target,
+                                  joint)
+    return corpus_stats(links_only(scored), golds)
+
+
+def _read_checked(gold: str, hypothesis: str, link_probs: Optional[str], gold_format: str,
+                  reverse: bool, source: Optional[str], target: Optional[str],
+                  joint: Optional[str]
+                  ) -> Tuple[List[Dict[Tuple[int, int], Optional[float]]], List[GoldAlignment]]:
+    """Read and check hypothesis (links with their probabilities, if any) and gold (and
+    sentences, if given)."""
+    scored = read_scored_alignments(hypothesis, link_probs, reverse=reverse)
+    hyps = links_only(scored)
     if gold_format == "talp":
         golds = read_gold(gold, gold_format)
         check_same_length(gold, len(golds), hypothesis, len(hyps))
@@ -126,7 +173,7 @@ def _alignment_stats(gold: str, hypothesis: str, gold_format: str, reverse: bool
         else:  # NAACL gold has no line per sentence pair: name the sentence number
             for k, (g, src, tgt) in enumerate(zip(golds, bitext.source, bitext.target), start=1):
                 _check_naacl_range(g.possible, len(src), len(tgt), gold, k)
-    return corpus_stats(hyps, golds)
+    return scored, golds
 
 
 def _per_sentence_row(number: int, stats: AERStats, width: int) -> str:
