@@ -13,6 +13,9 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      run.json             the run record: command, inputs and their checksums, device, the
+                           seconds of each stage of every session and self-training round
+                           (aligner/run_record.py)
       .lock                the run lock: an OS lock on it is held while a training process
                            writes the directory (the file names its pid and host)
       base/                alignment-layer only: the stage-1 transformer model directory (the
@@ -73,7 +76,8 @@ JOINT_DIR = "joint"
 CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
-               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, JOINT_DIR) + C.DIRECTIONS
+               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, C.RUN_RECORD_NAME,
+               JOINT_DIR) + C.DIRECTIONS
 
 
 def config_path(model_dir: str) -> str:
@@ -339,6 +343,17 @@ def weights_state(model: AlignmentModel) -> Dict[str, Any]:
 def save_params(model: AlignmentModel, path: str) -> None:
     """Write the model's parameters (and extra state) atomically to `path` (with checksum)."""
     save_checkpoint_file(weights_state(model), path)
+
+
+def recorded_checksum(path: str) -> Optional[str]:
+    """The sha256 that ``path.sha256`` records for checkpoint file `path` (not recomputed);
+    None without a readable checksum file."""
+    try:
+        with open(checksum_path(path), encoding="utf-8") as handle:
+            match = _SHA256_LINE.fullmatch(handle.readline().rstrip("\n"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return match.group(1) if match else None
 
 
 def verify_checksum(path: str) -> None:
