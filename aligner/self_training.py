@@ -49,8 +49,6 @@ SELF_TRAINING_KEY = "self_training"
 #: MODEL_DIR/selftrain.json: {"round": N, "trained": bool}, written when round N (N > 1)
 #: begins, once its start is kept aside, and when its training ends: what --resume reads
 STATE_NAME = "selftrain.json"
-#: the log line of a round's alignment of the bitext (the next round's guide) and its time
-ALIGNED_MESSAGE = "self-training guide"
 
 
 @dataclass(frozen=True)
@@ -233,7 +231,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
             seconds = time.time() - aligned
             result.alignment_seconds += seconds
             record.add_stage("guide", seconds)
-            logger.info("%s: %s of the bitext took %.1fs", ALIGNED_MESSAGE,
+            logger.info("self-training guide: %s of the bitext took %.1fs",
                         guide_path(model_dir, round_number), seconds)
         # the round's start is not needed once its links (or the last model) are written
         shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
