@@ -189,8 +189,12 @@ def discard_unstarted_run(model_dir: str) -> None:
 
 def remove_run_files(model_dir: str) -> None:
     """Remove what a training run writes at the top level of `model_dir` (RUN_ENTRIES; symbolic
-    links only as links)."""
-    for name in RUN_ENTRIES:
+    links only as links). The run record and the ``version`` mark go last: a removal cut off
+    (SIGKILL while the corpus or weights are removed) leaves a directory still recognized as a
+    run of ours (:func:`holds_run`), which --resume or --overwrite can go on with, and its
+    record."""
+    last = (C.RUN_RECORD_NAME, C.VERSION_NAME)
+    for name in [name for name in RUN_ENTRIES if name not in last] + list(last):
         path = os.path.join(model_dir, name)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
