@@ -24,6 +24,8 @@ PARAMS_LAST = "params.last.pt"
 TRAINING_STATE = "training_state.pt"
 METRICS_NAME = "metrics.tsv"
 LOG_NAME = "train.log"
+#: the run record: the command, inputs and seconds of each stage (aligner/run_record.py)
+RUN_RECORD_NAME = "run.json"
 
 # Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
 HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")

@@ -13,6 +13,9 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      run.json             the run record: command, inputs and their checksums, device, the
+                           seconds of each stage of every session and self-training round
+                           (aligner/run_record.py)
       .lock                the run lock: an OS lock on it is held while a training process
                            writes the directory (the file names its pid and host)
       base/                alignment-layer only: the stage-1 transformer model directory (the
@@ -73,7 +76,8 @@ JOINT_DIR = "joint"
 CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
-               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, JOINT_DIR) + C.DIRECTIONS
+               C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, C.RUN_RECORD_NAME,
+               JOINT_DIR) + C.DIRECTIONS
 
 
 def config_path(model_dir: str) -> str:
@@ -179,14 +183,20 @@ def discard_unstarted_run(model_dir: str) -> None:
     the corrected command starts in a clean directory; the ``version`` mark stays while other
     files remain (they belong to a run of ours: --overwrite may still remove them)."""
     remove_run_files(model_dir)
-    if any(name not in (BASE_DIR, LOCK_NAME) for name in os.listdir(model_dir)):
-        write_version(model_dir)
+    if not any(name not in (BASE_DIR, LOCK_NAME, C.VERSION_NAME)
+               for name in os.listdir(model_dir)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(model_dir, C.VERSION_NAME))
 
 
 def remove_run_files(model_dir: str) -> None:
     """Remove what a training run writes at the top level of `model_dir` (RUN_ENTRIES; symbolic
-    links only as links)."""
-    for name in RUN_ENTRIES:
+    links only as links) but the ``version`` mark, which the next run rewrites: a removal cut
+    off (SIGKILL while the corpus or weights are removed) leaves a directory still recognized
+    as a run of ours (:func:`holds_run`), which --resume or --overwrite can go on with. The
+    run record goes last."""
+    first = [name for name in RUN_ENTRIES if name not in (C.RUN_RECORD_NAME, C.VERSION_NAME)]
+    for name in first + [C.RUN_RECORD_NAME]:
         path = os.path.join(model_dir, name)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
@@ -339,6 +349,17 @@ def weights_state(model: AlignmentModel) -> Dict[str, Any]:
 def save_params(model: AlignmentModel, path: str) -> None:
     """Write the model's parameters (and extra state) atomically to `path` (with checksum)."""
     save_checkpoint_file(weights_state(model), path)
+
+
+def recorded_checksum(path: str) -> Optional[str]:
+    """The sha256 that ``path.sha256`` records for checkpoint file `path` (not recomputed);
+    None without a readable checksum file."""
+    try:
+        with open(checksum_path(path), encoding="utf-8") as handle:
+            match = _SHA256_LINE.fullmatch(handle.readline().rstrip("\n"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return match.group(1) if match else None
 
 
 def verify_checksum(path: str) -> None:

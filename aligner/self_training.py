@@ -10,7 +10,9 @@ aside in ``MODEL_DIR/previous_round`` while round r+1 rewrites the directory) fo
 ``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new weights (``fine_tune`` off).
 
 The model directory ends as the last round's run; beside it stay each earlier round's links
-and training log (``selftrain.round{r}.align`` / ``.log``). config.json records the round in
+and training log (``selftrain.round{r}.align`` / ``.log``); the run record (MODEL_DIR/run.json,
+aligner/run_record.py) keeps every round's stages and their seconds, the guides' alignment
+included. config.json records the round in
 ``extra["self_training"]`` and, for the last round, the output heuristic and threshold as
 `align extract`'s defaults (``extra[constants.ALIGN_RUN_SETTINGS]``). ``selftrain.json`` names
 the round that began last: ``--resume`` continues a run in the round it was cut off in, or
@@ -47,8 +49,6 @@ SELF_TRAINING_KEY = "self_training"
 #: MODEL_DIR/selftrain.json: {"round": N, "trained": bool}, written when round N (N > 1)
 #: begins, once its start is kept aside, and when its training ends: what --resume reads
 STATE_NAME = "selftrain.json"
-#: the log line of a round's alignment of the bitext (the next round's guide) and its time
-ALIGNED_MESSAGE = "self-training guide"
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,10 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     from aligner.distributed import resolve_device
     from aligner.model_dir import BASE_DIR, LOCK_NAME, check_overwritable
     from aligner.models import model_class
-    from aligner.train_run import check_request, request_inputs, train
+    from aligner.precision import resolve_precision
+    from aligner.run_record import RunRecord, record_path
+    from aligner.train_run import (begin_record, check_request, request_inputs, run_inputs,
+                                   train)
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
     model_dir = request.model_dir
@@ -170,6 +173,9 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     if mode == DONE:
         logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
         return result
+    # one record for every round (each rewrites the directory; the record goes on)
+    record = (RunRecord.resumed(model_dir) if request.resume
+              else RunRecord(record_path(model_dir)))
     if (mode == FRESH and request.overwrite and os.path.isdir(model_dir)
             and int(os.environ.get("RANK", "0")) == 0):
         # everything checked before anything is removed: the request, and that the directory
@@ -187,7 +193,9 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
         this_round = dataclasses.replace(
             round_request(request, plan, round_number), resume=mode == RESUME,
             overwrite=mode == RESTART or (mode == FRESH and (round_number > 1
-                                                             or request.overwrite)))
+                                                             or request.overwrite)),
+            record=record)
+        record.current_round = round_number
         if round_number > 1:
             logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
                         plan.rounds, this_round.data_config.guide,
@@ -201,6 +209,10 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                 _write_state(model_dir, round_number, plan)
         if mode == TRAINED:
             _check_trained_round(this_round)
+            device = resolve_device(request.train_config.device)
+            begin_record(this_round, True, device,
+                         resolve_precision(request.train_config.precision, device), 1)
+            record.set_inputs(run_inputs(this_round))
             logger.info("round %d is trained: its links of the bitext guide round %d",
                         round_number, round_number + 1)
         else:
@@ -216,10 +228,11 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                          plan.heuristic, plan.guide_threshold,
                          {plan.heuristic: guide_path(model_dir, round_number)},
                          quiet=request.quiet, precision=request.train_config.precision)
-            result.alignment_seconds += time.time() - aligned
-            # (into the round's log: eval/compare_aligners.py counts it as training time)
-            logger.info("%s: %s of the bitext took %.1fs", ALIGNED_MESSAGE,
-                        guide_path(model_dir, round_number), time.time() - aligned)
+            seconds = time.time() - aligned
+            result.alignment_seconds += seconds
+            record.add_stage("guide", seconds)
+            logger.info("self-training guide: %s of the bitext took %.1fs",
+                        guide_path(model_dir, round_number), seconds)
         # the round's start is not needed once its links (or the last model) are written
         shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
     return result
@@ -382,7 +395,7 @@ def _keep_round_log(model_dir: str, round_number: int) -> None:
 def _keep_previous_round(model_dir: str) -> str:
     """Copy what the next round starts from (config, preprocessing, vocabularies, every
     direction's best weights) to MODEL_DIR/previous_round; returns that directory."""
-    from aligner.model_dir import RUN_ENTRIES
+    from aligner.model_dir import RUN_ENTRIES, checksum_path
 
     kept = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
     shutil.rmtree(kept, ignore_errors=True)
@@ -392,6 +405,9 @@ def _keep_previous_round(model_dir: str) -> str:
         if name in C.DIRECTIONS:
             os.makedirs(os.path.join(kept, name))
             shutil.copy2(os.path.join(path, C.PARAMS_BEST), os.path.join(kept, name))
+            checksum = checksum_path(os.path.join(path, C.PARAMS_BEST))
+            if os.path.isfile(checksum):   # verified when loaded, named in the run record
+                shutil.copy2(checksum, os.path.join(kept, name))
         elif os.path.isfile(path):
             shutil.copy2(path, kept)
     return kept

@@ -12,13 +12,15 @@ resuming are :class:`aligner.train.Trainer`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Sequence, Tuple)
 
 import torch
 
@@ -38,6 +40,7 @@ from aligner.vocab import Vocabulary
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.models.base import AlignmentModel
     from aligner.prep import Preprocessor, PrepConfig
+    from aligner.run_record import RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +170,9 @@ def default_parallel_directions(device: torch.device, directions: Sequence[str],
 
 
 def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = False,
-                                 verbose: bool = False) -> Dict[str, TrainSummary]:
+                                 verbose: bool = False,
+                                 finished: Optional[Callable[[str], None]] = None
+                                 ) -> Dict[str, TrainSummary]:
     """Train each run's direction at the same time in its own ("spawn") process on the CPU.
 
     Each process gets ``torch.get_num_threads() // len(runs)`` threads (at least 1); with that
@@ -175,6 +180,7 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
     the other (the directions share nothing but the read-only corpus). The first process to
     fail stops the others and its error is raised here; so do Ctrl-C and SIGTERM (checkpoints
     are written atomically, so ``--resume`` continues from the last one of each direction).
+    `finished`: called with each direction as its result arrives.
     """
     import multiprocessing
     from multiprocessing.connection import wait
@@ -209,6 +215,8 @@ def train_directions_in_parallel(runs: Sequence[DirectionRun], quiet: bool = Fal
                     if status == "crash":
                         raise RuntimeError(f"[{direction}] training failed:\n{value}")
                     summaries[direction] = value
+                    if finished is not None:
+                        finished(direction)
             for process in processes:  # each has sent its result: let it end on its own
                 process.join()
         finally:  # after an error, Ctrl-C or SIGTERM: stop the processes still training
@@ -518,7 +526,9 @@ class TrainRequest:
     parallel_directions: each direction in a process of its own (see :func:`train`).
     init_dir: a trained model directory of the same kind to start from (``align train
     --init-from``, fine-tuning): its preprocessing, vocabularies, model configs and best
-    weights; `prep_config` and `model_options` are then not used.
+    weights; `prep_config` and `model_options` are then not used. record: the run record the
+    run adds its session and stages to (a self-training job's, kept across its rounds,
+    aligner/self_training.py); None: a new one, or for `resume` MODEL_DIR/run.json's.
     """
 
     model_dir: str
@@ -541,6 +551,7 @@ class TrainRequest:
     parallel_directions: bool = False
     ignore_data_change: bool = False
     init_dir: Optional[str] = None
+    record: Optional["RunRecord"] = None
 
     @property
     def agreement(self) -> bool:
@@ -610,7 +621,7 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
                             context.local_world_size)
     precision = resolve_precision(request.train_config.precision, device)
     resumed = request.resume
-    lock = None
+    lock = record = None
     started = configured = False  # a fresh run began writing; its config.json is written
     try:
         if context.is_main:
@@ -622,6 +633,7 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
             if not resumed:
                 write_version(model_dir)    # first: marks the directory as a run of ours
                 started = True
+            record = begin_record(request, resumed, device, precision, context.world_size)
         context.barrier()
         logfile = os.path.join(model_dir, C.LOG_NAME) if context.is_main else None
         log = setup_logging(quiet=request.quiet, verbose=request.verbose,
@@ -630,6 +642,7 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
             log_run_info(log, request.argv)
             logger.info("device %s (%s), %d process(es); %d training pairs", device,
                         precision, context.world_size, len(request.bitext))
+        preparing = time.time()
         if resumed:
             saved = RunConfig.load(config_path(model_dir))
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
@@ -641,6 +654,10 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
             pre, src_vocab, tgt_vocab = _prepare_data(model_dir, request.bitext,
                                                       request.prep_config, request.data_config,
                                                       request.train_config.seed)
+        if record is not None:
+            if not resumed:
+                record.add_stage("preparation", time.time() - preparing)
+            record.set_inputs(run_inputs(request))
         context.barrier()
         if not resumed and not context.is_main:
             pre, src_vocab, tgt_vocab = load_preprocessing(model_dir)
@@ -654,18 +671,74 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
             config.save(config_path(model_dir))
             configured = True
         validation = _validation(request, pre, src_vocab, tgt_vocab)
-        summaries = _train_directions(request, config, resumed, device, context, validation)
+        summaries = _train_directions(request, config, resumed, device, context, validation,
+                                      record)
         context.barrier()
     except BaseException:
         if started and not configured:
             # stopped before training began: nothing to resume, so leave nothing behind
             # (the corrected command then starts in a clean directory)
             discard_unstarted_run(model_dir)
+            if record is not None and record.has_stages_before(record.current_round):
+                record.save()   # a self-training job's earlier rounds: --resume goes on
         raise
     finally:
         if lock is not None:
             release_lock(lock)
     return summaries
+
+
+def begin_record(request: TrainRequest, resumed: bool, device: torch.device, precision: str,
+                  processes: int) -> "RunRecord":
+    """Rank 0, the model directory open: the run record this run adds to (the request's, the
+    resumed run's, or a new one) with this process's session begun, saved."""
+    from aligner.run_record import RunRecord, record_path
+
+    record = request.record
+    if record is None:
+        record = (RunRecord.resumed(request.model_dir) if resumed
+                  else RunRecord(record_path(request.model_dir)))
+    parallel = (request.parallel_directions and len(request.directions) > 1
+                and not request.agreement)
+    record.begin_session(request.argv, request.directions, str(device), precision, processes,
+                         torch.get_num_threads(), parallel)
+    record.save()   # (again for a later self-training round: its directory was just emptied)
+    return record
+
+
+def run_inputs(request: TrainRequest) -> Dict[str, Any]:
+    """What the run record says of a run's inputs (the model directory prepared).
+
+    ``bitext``: {"source", "target": the files as absolute paths (the same file twice for a
+    joint bitext), "pairs": their number, "sha256": the bitext's fingerprint, the sha256 of its
+    words pair by pair (:func:`bitext_fingerprint`, read from corpus/inputs.json: None for a
+    corpus encoded by an older version)}; ``guide`` when trained with one: {"path", "sha256":
+    of the file}; ``init_from`` / ``base`` when given: {"path", "sha256": {direction: the
+    sha256 of its params.best.pt as its checksum file records it, None without one}}.
+    """
+    from aligner.model_dir import params_path, recorded_checksum
+
+    def absolute(path: str) -> str:
+        return path if path == "-" else os.path.abspath(path)
+
+    saved: Dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(request.model_dir, CORPUS_DIR, INPUTS_NAME),
+                  encoding="utf-8") as handle:
+            saved = json.load(handle)
+    bitext = request.bitext
+    inputs: Dict[str, Any] = {"bitext": {
+        "source": absolute(bitext.source_name), "target": absolute(bitext.target_name),
+        "pairs": len(bitext), "sha256": saved.get("sha256")}}
+    if request.data_config.guide:
+        inputs["guide"] = {"path": absolute(request.data_config.guide),
+                           "sha256": saved.get("guide_sha256")}
+    for key, folder in (("init_from", request.init_dir), ("base", request.base_dir)):
+        if folder is not None:
+            inputs[key] = {"path": os.path.abspath(folder),
+                           "sha256": {d: recorded_checksum(params_path(folder, d, "best"))
+                                      for d in request.directions}}
+    return inputs
 
 
 def check_request(request: TrainRequest) -> None:
@@ -788,16 +861,28 @@ def _validation(request: TrainRequest, pre: "Preprocessor", src_vocab: Vocabular
 
 def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
                       device: torch.device, context: DistributedContext,
-                      validation: Optional[Validation]) -> Dict[str, TrainSummary]:
+                      validation: Optional[Validation], record: Optional["RunRecord"] = None
+                      ) -> Dict[str, TrainSummary]:
     """Train every direction of the prepared model directory: together (agreement), each in
-    a process of its own (parallel_directions) or one after the other."""
+    a process of its own (parallel_directions) or one after the other; each one's seconds go
+    into the run `record` (rank 0's; None on the other ranks) as it ends."""
     model_dir, directions, quiet = request.model_dir, request.directions, request.quiet
     runs = [DirectionRun(model_dir, config, direction, resumed, request.base_dir, validation,
                          progress=not quiet, position=position, init_dir=request.init_dir)
             for position, direction in enumerate(directions)]
+    start = time.time()
+
+    def finished(direction: str, parallel: bool = False) -> None:
+        nonlocal start
+        if record is not None:
+            record.add_stage("training", time.time() - start, direction, parallel)
+        if not parallel:
+            start = time.time()
+
     if request.agreement:
         summary = train_agreement(model_dir, config, resumed, device, context, validation,
                                   progress=not quiet, init_dir=request.init_dir)
+        finished("+".join(C.DIRECTIONS))
         return {direction: summary for direction in directions}
     if request.parallel_directions and len(runs) > 1:
         check_condition(not context.enabled,
@@ -806,8 +891,14 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
         check_condition(device.type == "cpu",
                         f"--parallel-directions trains each direction in its own CPU "
                         f"process; on {device} train them one after the other (the default)")
-        return train_directions_in_parallel(runs, quiet=quiet, verbose=request.verbose)
-    return {run.direction: train_direction(run, device, context) for run in runs}
+        return train_directions_in_parallel(
+            runs, quiet=quiet, verbose=request.verbose,
+            finished=lambda direction: finished(direction, parallel=True))
+    summaries = {}
+    for run in runs:
+        summaries[run.direction] = train_direction(run, device, context)
+        finished(run.direction)
+    return summaries
 
 
 def _base_stage(request: TrainRequest) -> TrainRequest:
@@ -833,7 +924,7 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
         train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
                                   model_options=base_options, train_config=stage1, extra=None,
-                                  base_dir=None))
+                                  base_dir=None, record=None))
         # stage 2 resumes only when it had started (it writes config.json first)
         resume = resume and os.path.isfile(config_path(request.model_dir))
     check_condition(os.path.isfile(config_path(base_dir)),

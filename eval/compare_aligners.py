@@ -21,15 +21,16 @@ missing peer gets a "not run" row. Our own aligner joins in two ways:
   time = training + extraction, peak = the larger of the two.
 * ``--aligner-model [LABEL=]DIR:METHOD`` takes a model directory trained beforehand (both
   directions; a directory joined from two one-direction runs works). Only ``align extract``
-  runs here. Time = the training seconds the directory records (``elapsed_s`` of the last row
-  of ``DIR/fwd/metrics.tsv`` and ``DIR/rev/metrics.tsv``, plus "preparation took" of
-  ``DIR/train.log``; for an alignment layer also its base's; for a self-training run also its
-  earlier rounds', from ``DIR/selftrain.roundN.log``) + the extraction measured here;
-  the directions' times are summed even when they were trained in parallel (the notes say
-  which). Peak = extraction only. Before anything runs, the model's training text must be the
+  runs here. Time = the training seconds the directory records in its run record
+  (``DIR/run.json``: preparation, training, a self-training run's guides, over every round and
+  resumed session; the directions trained side by side count as the longer; for an alignment
+  layer also its base's) + the extraction measured here; a directory trained before run
+  records counts the last ``elapsed_s`` of each direction's ``metrics.tsv`` only, and a note
+  says so. Peak = extraction only. Before anything runs, the model's training text must be the
   benchmark corpus line for line (:func:`check_training_text`: the encoded ``DIR/corpus``
   against the benchmark corpus encoded with the model's own BPE and vocabularies; without
-  ``corpus/``, the files named in ``train.log``, or at least its pair count); a mismatch is an
+  ``corpus/``, the fingerprint and pair count of the training text that ``DIR/run.json``
+  records); a mismatch is an
   error unless ``--allow-other-training-text``, which marks the row.
 
 Example (en-fr, 25k training pairs, dev and trial scored separately)::
@@ -51,7 +52,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -69,7 +69,6 @@ from aligner import constants as C  # noqa: E402
 from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
                              read_bitext, read_gold, read_pharaoh, write_pharaoh)
 from aligner.metrics import AERScore, score_aer  # noqa: E402
-from aligner.self_training import ALIGNED_MESSAGE  # noqa: E402
 from aligner.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
 
@@ -456,7 +455,8 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               "resident set of one process (MiB)"]
     if any(result.training_s is not None for result in results):
         lines.append("- pre-trained `align` rows (`--aligner-model`): time = training seconds "
-                     "recorded in the model directory (metrics.tsv, train.log) + extraction "
+                     "recorded in the model directory (run.json; metrics.tsv before run "
+                     "records) + extraction "
                      "measured here; peak = extraction only (see the notes under Systems)")
     lines.append("")
     for gold_set in corpus.gold_sets:
@@ -567,26 +567,16 @@ def last_elapsed_seconds(path: str) -> float:
     return elapsed
 
 
-# What only the training log says (no model-directory file records it): the seconds of the
-# BPE/encoding step, and which directions one `align train` process trained.
-_PREPARATION = re.compile(r"preparation took ([0-9.]+)s")
-_PARALLEL = re.compile(r"training (" + "|".join(C.DIRECTIONS) + r")(, \w+)* in parallel: ")
-_DONE = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r")\] done: ")
-# a self-training run's earlier rounds (aligner/self_training.py) leave only their logs,
-# MODEL_DIR/selftrain.roundN.log: each direction's "done ... in Xs" (one per run of a resumed
-# round), "preparation took Xs", and the alignment of the bitext that guided the next round
-_DONE_SECONDS = re.compile(r"\[(" + "|".join(C.DIRECTIONS) + r"|fwd\+rev"
-                           + r")\] done: \d+ updates \(\d+ in this run\) in ([0-9.]+)s")
-_GUIDE_SECONDS = re.compile(re.escape(ALIGNED_MESSAGE) + r": .* of the bitext took ([0-9.]+)s")
-_ROUND_LOG = re.compile(r"selftrain\.round(\d+)\.log")
-
-
 @dataclass
 class TrainingRecord:
     """Training seconds recorded in a model directory, and where each number came from.
 
-    ``seconds`` maps a part (``fwd``, ``rev``, ``base fwd``, ``base rev``, ``preparation``)
-    to seconds; ``notes`` say where they were read and what is not known.
+    ``seconds`` maps a part to wall seconds: ``preparation`` (BPE, vocabularies, corpus
+    encoding), ``training`` (every direction's training, the directions trained side by side
+    counting as the longest), ``guides`` (a self-training run's alignments of the bitext for the
+    next round), each over every round and session of the run record; without a run record
+    ``fwd``, ``rev`` or ``fwd+rev`` (metrics.tsv); a base model's parts (alignment layer) are
+    prefixed ``base``. ``notes`` say where they were read and what is not known.
     """
 
     seconds: Dict[str, float] = field(default_factory=dict)
@@ -599,115 +589,100 @@ class TrainingRecord:
 
 def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
                       base_dir: Optional[str] = None) -> TrainingRecord:
-    """The training time a model directory records (see :func:`last_elapsed_seconds`).
+    """The training time a model directory records, and for a model trained on a frozen base
+    (alignment layer) its `base_dir`'s too.
 
-    Per direction: ``DIR/DIRECTION/metrics.tsv``; the BPE/encoding step: "preparation took
-    Xs" lines of ``DIR/train.log``; for a model trained on a frozen base (alignment layer),
-    the same for ``base_dir``. Whether the directions ran one after the other in one process
-    is read from train.log ("[fwd] done", "[rev] done"); a joined directory (``fwd/`` and
-    ``rev/`` from two runs) records one run only, and the note says the sum is counted.
+    From the run record (MODEL_DIR/run.json, aligner/run_record.py): every stage of every
+    session and self-training round. A directory without one (trained by a version before run
+    records) gets one note saying so and the one cheap fallback: the last ``elapsed_s`` of
+    each direction's metrics.tsv (:func:`last_elapsed_seconds`), the training loops of the last
+    round only (preparation, earlier rounds and their guides are not known, not counted).
+    AlignerError (one line naming the file) for a damaged run record or metrics.tsv.
     """
-    from aligner.model_dir import JOINT_DIR, direction_dir
+    from aligner.run_record import record_path
 
     record = TrainingRecord()
     folders = [("", model_dir)] + ([("base ", base_dir)] if base_dir else [])
     for prefix, folder in folders:
-        joint = os.path.join(folder, JOINT_DIR, C.METRICS_NAME)
-        agreement = os.path.isfile(joint)  # agreement training: both directions in one loop
-        if agreement:
-            record.seconds[prefix + "fwd+rev"] = last_elapsed_seconds(joint)
-            record.notes.append(f"trained beforehand, both directions together (agreement): "
-                                f"{record.seconds[prefix + 'fwd+rev']:.1f} s (elapsed_s of the "
-                                f"last row of {joint}); counted into the time column")
-        read, missing = [], []
-        for direction in directions if not agreement else ():
-            path = os.path.join(direction_dir(folder, direction), C.METRICS_NAME)
-            if os.path.isfile(path):
-                record.seconds[prefix + direction] = last_elapsed_seconds(path)
-                read.append(path)
-            else:
-                missing.append(path)
-        log_path = os.path.join(folder, C.LOG_NAME)
-        log = ""
-        if os.path.isfile(log_path):
-            with open(log_path, encoding="utf-8", errors="replace") as handle:
-                log = handle.read()
-        preparation = sum(float(seconds) for seconds in _PREPARATION.findall(log))
-        if preparation:
-            key = prefix + "preparation"
-            record.seconds[key] = preparation
-        parts = ", ".join(f"{d} {record.seconds[prefix + d]:.1f} s" for d in directions
-                          if prefix + d in record.seconds)
-        if parts:
-            where = " and ".join(read)
-            record.notes.append(
-                ("trained beforehand" if not prefix else f"its base model {folder} trained "
-                 "beforehand") + f": {parts} (elapsed_s of the last row of "
-                f"{where})" + (f", BPE and corpus encoding {preparation:.1f} s ({log_path})"
-                               if preparation else "")
-                + "; counted into the time column")
-        for path in missing:
-            record.notes.append(f"training time unknown: {path} is missing (0 s counted)")
-        _add_earlier_rounds(record, prefix, folder)
-        done = set(_DONE.findall(log))
-        if len(read) > 1:
-            if _PARALLEL.search(log):
-                record.notes.append(f"{folder}/{C.LOG_NAME}: the directions were trained at the "
-                                    "same time in separate processes (--parallel-directions): "
-                                    "the time column counts the sum of their training times, "
-                                    "more than the run's wall time")
-            elif done >= set(directions):
-                record.notes.append(f"{folder}/{C.LOG_NAME}: the directions were trained one after "
-                                    "the other by one `align train` process, so their sum is "
-                                    "its training wall time")
-            else:
-                record.notes.append(f"{folder}/{C.LOG_NAME} records the training of "
-                                    f"{', '.join(sorted(done)) or 'no direction'} only: the "
-                                    "directions were trained by separate `align train` "
-                                    "processes, possibly in parallel; the time column counts "
-                                    "the sum of their training times")
+        if os.path.isfile(record_path(folder)):
+            _add_run_record(record, prefix, folder, directions)
+        else:
+            record.notes.append(f"{folder} has no {C.RUN_RECORD_NAME} (trained before run "
+                                "records): its time is the training loops' of metrics.tsv "
+                                "only; BPE and corpus encoding, earlier self-training rounds "
+                                "and their guides are unknown, not counted")
+            _add_metrics(record, prefix, folder, directions)
     return record
 
 
-def _add_earlier_rounds(record: TrainingRecord, prefix: str, folder: str) -> None:
-    """Count the rounds before the last of a self-training run in `folder` (its
-    selftrain.roundN.log files; none for other runs): per direction the seconds of its "done"
-    lines, the preparation, and the alignment of the bitext that guided the next round."""
-    logs = sorted((int(m.group(1)), name) for name in os.listdir(folder)
-                  for m in [_ROUND_LOG.fullmatch(name)] if m)
-    if not logs:
-        return
-    parts = {"fwd": 0.0, "rev": 0.0, "fwd+rev": 0.0, "preparation": 0.0, "guides": 0.0}
-    unaligned, undone = [], []
-    for round_number, name in logs:
-        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
-            log = handle.read()
-        done = _DONE_SECONDS.findall(log)
-        if not done:
-            undone.append(round_number)
-        for direction, seconds in done:
-            parts[direction] += float(seconds)
-        parts["preparation"] += sum(float(x) for x in _PREPARATION.findall(log))
-        guides = _GUIDE_SECONDS.findall(log)
-        parts["guides"] += sum(float(x) for x in guides)
-        if not guides:
-            unaligned.append(round_number)
-    if not parts["fwd+rev"]:   # agreement training logs both directions as one
-        del parts["fwd+rev"]
-    key = f"{prefix}rounds 1-{logs[-1][0]} "
+def _add_run_record(record: TrainingRecord, prefix: str, folder: str,
+                    directions: Sequence[str]) -> None:
+    """Count the stages of FOLDER/run.json (directions it records no training of: their
+    metrics.tsv, as a directory joined from two one-direction runs has)."""
+    from aligner.run_record import RunRecord, record_path
+
+    run = RunRecord.load(folder)
+    path = record_path(folder)
+    parts = {"preparation": 0.0, "training": 0.0, "guides": 0.0}
+    per_direction: Dict[str, float] = {}
+    side_by_side: Dict[Tuple[int, int], float] = {}
+    for stage in run.stages:
+        seconds = stage["seconds"]
+        if stage["stage"] == "training":
+            direction = stage.get("direction", "?")
+            per_direction[direction] = per_direction.get(direction, 0.0) + seconds
+            if stage.get("parallel"):
+                key = (stage["session"], stage["round"])
+                side_by_side[key] = max(side_by_side.get(key, 0.0), seconds)
+            else:
+                parts["training"] += seconds
+        else:
+            parts["preparation" if stage["stage"] == "preparation" else "guides"] += seconds
+    parts["training"] += sum(side_by_side.values())
     for part, seconds in parts.items():
-        record.seconds[key + part] = seconds
-    loops = ", ".join(f"{d} {parts[d]:.1f} s" for d in ("fwd", "rev", "fwd+rev") if d in parts)
+        if seconds or part == "training":
+            record.seconds[prefix + part] = seconds
+    rounds = sorted({stage["round"] for stage in run.stages})
+    loops = ", ".join(f"{d} {s:.1f} s" for d, s in per_direction.items())
     record.notes.append(
-        f"self-training: rounds {', '.join(str(r) for r, _ in logs)} before the model's own "
-        f"round, from their logs ({folder}/selftrain.roundN.log): {loops} (the training "
-        f"loops), BPE and corpus encoding "
-        f"{parts['preparation']:.1f} s, alignment of the bitext for the next round's guide "
-        f"{parts['guides']:.1f} s; counted into the time column"
-        + (f" (the logs of rounds {', '.join(map(str, unaligned))} do not record their "
-           f"alignment time: written before 2026-11-25)" if unaligned else "")
-        + (f"; the logs of rounds {', '.join(map(str, undone))} record no finished training "
-           f"(cut off?): their training time is missing" if undone else ""))
+        ("trained beforehand" if not prefix else f"its base model {folder} trained beforehand")
+        + f" ({path}): training {parts['training']:.1f} s ({loops or 'no direction'}"
+        + ("; directions trained side by side in separate processes: the longer counts"
+           if side_by_side else "") + f"), BPE and corpus encoding {parts['preparation']:.1f} s"
+        + (f", alignment of the bitext for the next round's guide {parts['guides']:.1f} s, "
+           f"over self-training rounds {rounds[0]}-{rounds[-1]}" if len(rounds) > 1 else "")
+        + (f"; {len(run.sessions)} sessions (resumed {len(run.sessions) - 1} times)"
+           if len(run.sessions) > 1 else "") + "; counted into the time column")
+    if run.earlier_unrecorded:
+        record.notes.append(f"{path}: the run began with a version before run records; the "
+                            "time of its sessions before the first recorded one is not counted")
+    covered = {d for direction in per_direction for d in direction.split("+")}
+    others = [d for d in directions if d not in covered]
+    if others:
+        record.notes.append(f"{path} records no {' or '.join(others)} training: trained by "
+                            "another run (a joined directory), counted from metrics.tsv")
+        _add_metrics(record, prefix, folder, others)
+
+
+def _add_metrics(record: TrainingRecord, prefix: str, folder: str,
+                 directions: Sequence[str]) -> None:
+    """Count the last elapsed_s of each direction's metrics.tsv in `folder` (of joint/ for
+    both directions trained together, agreement); a missing file is said, not guessed."""
+    from aligner.model_dir import JOINT_DIR, direction_dir
+
+    joint = os.path.join(folder, JOINT_DIR, C.METRICS_NAME)
+    if os.path.isfile(joint):   # agreement training: both directions in one loop
+        paths = {"+".join(DIRECTIONS): joint}
+    else:
+        paths = {d: os.path.join(direction_dir(folder, d), C.METRICS_NAME) for d in directions}
+    for part, path in paths.items():
+        if os.path.isfile(path):
+            record.seconds[prefix + part] = last_elapsed_seconds(path)
+            record.notes.append(f"{prefix}{part} {record.seconds[prefix + part]:.1f} s (elapsed_s "
+                                f"of the last row of {path}); counted into the time column")
+        else:
+            record.notes.append(f"training time unknown: {path} is missing (0 s counted)")
+
 
 
 def describe_line(corpus: Corpus, line: int) -> str:
@@ -784,80 +759,42 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
                   f"training corpus ({folder}) line for line")
 
 
-_BITEXT_OPTIONS = {"-s": "source", "--source": "source", "-t": "target", "--target": "target",
-                   "-i": "joint", "--input": "joint"}
+def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
+    """Fallback for a directory without corpus/ (e.g. joined from two runs): the bitext its
+    run record names (the first session's), by pair count and fingerprint (the sha256 of its
+    words pair by pair, aligner.train_run.bitext_fingerprint)."""
+    from aligner.formats import Bitext
+    from aligner.run_record import RunRecord, record_path
+    from aligner.train_run import bitext_fingerprint
 
-
-def training_files_from_log(log_path: str) -> Tuple[Optional[int], Dict[str, str]]:
-    """From an `align train` log: the number of training pairs and the bitext files it named.
-
-    Returns (pairs or None, {"source"/"target"/"joint": absolute path}); the last run logged
-    counts. Relative paths are resolved against the logged working directory.
-    """
-    pairs: Optional[int] = None
-    argv: List[str] = []
-    cwd = ""
-    with open(log_path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            message = line.split("] ", 1)[-1].rstrip("\n")
-            if message.startswith("command: "):
-                try:
-                    argv = shlex.split(message[len("command: "):])
-                except ValueError:  # the log joins argv with spaces: quotes may not balance
-                    argv = message[len("command: "):].split()
-            elif message.startswith("working directory: "):
-                cwd = message[len("working directory: "):]
-            else:
-                found = re.search(r"; (\d+) training pairs$", message)
-                if found:
-                    pairs = int(found.group(1))
-    files: Dict[str, str] = {}
-    for k, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if eq and name in _BITEXT_OPTIONS:
-            files[_BITEXT_OPTIONS[name]] = value
-        elif arg in _BITEXT_OPTIONS and k + 1 < len(argv):
-            files[_BITEXT_OPTIONS[arg]] = argv[k + 1]
-    return pairs, {key: os.path.join(cwd, path) for key, path in files.items()}
-
-
-def _check_logged_files(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
-    """Fallback for a directory without corpus/ (e.g. joined from two runs): train.log."""
-    log_path = os.path.join(model_dir, C.LOG_NAME)
-    if not os.path.isfile(log_path):
+    path = record_path(model_dir)
+    if not os.path.isfile(path):
         return None, (f"training text not checked: {model_dir} has neither a corpus/ folder "
-                      "nor a train.log")
-    pairs, files = training_files_from_log(log_path)
-    if pairs is not None and pairs != len(corpus):
-        return (f"{log_path}: the model was trained on {pairs} sentence pairs, the benchmark "
-                f"corpus has {_corpus_size(corpus)}"), ""
-    names = ("joint",) if "joint" in files else ("source", "target")
-    if all(os.path.isfile(files.get(name, "")) for name in names):
-        bitext = read_bitext(**{name: files[name] for name in names})
-        if len(bitext) != len(corpus):
-            return (f"{bitext.source_name}: {len(bitext)} lines, the benchmark corpus has "
-                    f"{_corpus_size(corpus)}"), ""
-        for k, (src, tgt) in enumerate(zip(bitext.source, bitext.target)):
-            for path, words, ours in ((bitext.source_name, src, corpus.sources[k]),
-                                      (bitext.target_name, tgt, corpus.targets[k])):
-                if words != ours:
-                    return (f"{path}:{k + 1}: differs from line {k + 1} of the benchmark corpus "
-                            f"({describe_line(corpus, k)}); this file is named as training "
-                            f"text in {log_path}"), ""
-        with open(log_path, encoding="utf-8", errors="replace") as handle:
-            done = set(_DONE.findall(handle.read()))
-        others = [d for d in DIRECTIONS if d not in done]
-        return None, (f"training text checked: {' and '.join(files[n] for n in names)} (named in "
-                      f"{log_path}; {model_dir} has no corpus/ folder) equal the "
-                      f"{_corpus_size(corpus)} of the benchmark corpus line for line, as they "
-                      "are now" + (f"; train.log records no {' or '.join(others)} run, whose "
-                                   "training text is not checked" if others else ""))
-    if pairs is not None:
-        return None, (f"training text not checked: {model_dir} has no corpus/ folder and the "
-                      f"training files named in {log_path} are gone; only the number of "
-                      f"training pairs ({pairs}) equals the benchmark corpus")
-    return None, (f"training text not checked: {model_dir} has no corpus/ folder and its "
-                  "train.log names no training text")
+                      f"nor a run record ({C.RUN_RECORD_NAME})")
+    run = RunRecord.load(model_dir)
+    bitext = next((s["inputs"]["bitext"] for s in run.sessions
+                   if s.get("inputs", {}).get("bitext")), None)
+    if bitext is None:
+        return None, f"training text not checked: {path} names no training text"
+    if bitext.get("pairs") != len(corpus):
+        return (f"{path}: the model was trained on {bitext.get('pairs')} sentence pairs, the "
+                f"benchmark corpus has {_corpus_size(corpus)}"), ""
+    if bitext.get("sha256") is None:
+        return None, (f"training text not checked: {model_dir} has no corpus/ folder and {path} "
+                      f"records no fingerprint; only the number of training pairs "
+                      f"({bitext['pairs']}) equals the benchmark corpus")
+    ours = bitext_fingerprint(Bitext(corpus.sources, corpus.targets, corpus.source,
+                                     corpus.target))
+    if bitext["sha256"] != ours:
+        return (f"{path}: the training text ({bitext.get('source')}) is not the benchmark "
+                f"corpus: the sha256 of its words differs (same number of pairs)"), ""
+    trained = {d for s in run.sessions for d in s.get("directions", ())}
+    others = [d for d in DIRECTIONS if d not in trained]
+    return None, (f"training text checked: the sha256 of the words of the training text that "
+                  f"{path} records ({model_dir} has no corpus/ folder) equals the benchmark "
+                  f"corpus's ({_corpus_size(corpus)})"
+                  + (f"; {path} records no {' or '.join(others)} run, whose training text is "
+                     "not checked" if others else ""))
 
 
 def check_training_text(model_dir: str, corpus: Corpus, scratch: str
@@ -867,9 +804,9 @@ def check_training_text(model_dir: str, corpus: Corpus, scratch: str
     Returns (mismatch message or None, note saying what was checked). With ``DIR/corpus``
     (the encoded training corpus that ``align train`` keeps), every benchmark line is encoded
     with the model's own preprocessing and compared as subword ids, gold lines included;
-    without it (a directory joined from two one-direction runs), the training files named in
-    ``train.log`` are compared word for word when they still exist, else only the number of
-    training pairs the log records; with neither, nothing is checked and the note says so.
+    without it (a directory joined from two one-direction runs), the training text's
+    fingerprint and pair count that ``DIR/run.json`` records; with neither, nothing is checked
+    and the note says so.
     `scratch` is a folder for a temporary encoded copy.
     """
     from aligner.data import CORPUS_META
@@ -878,7 +815,7 @@ def check_training_text(model_dir: str, corpus: Corpus, scratch: str
     folder = os.path.join(model_dir, CORPUS_DIR)
     if os.path.isfile(os.path.join(folder, CORPUS_META)):
         return _check_encoded_corpus(model_dir, folder, corpus, scratch)
-    return _check_logged_files(model_dir, corpus)
+    return _check_recorded_inputs(model_dir, corpus)
 
 
 @dataclass

@@ -97,6 +97,7 @@ def main(argv: List[str]) -> int:
     from aligner.inference import extract_all
     from aligner.metrics import score_aer
     from aligner.model_dir import CORPUS_DIR, LoadedModelDir
+    from aligner.train import read_metrics
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -140,10 +141,11 @@ def main(argv: List[str]) -> int:
     updates = {}
     for direction in config.directions:
         metrics = Path(args.model_dir, direction, C.METRICS_NAME)
-        if metrics.is_file():
-            rows = [line.split("\t") for line in metrics.read_text().splitlines()]
-            header, last = rows[0], rows[-1]
-            updates[direction] = dict(zip(header, last))
+        rows = read_metrics(str(metrics)) if metrics.is_file() else []
+        if rows:   # the last checkpoint's cells, as metrics.tsv writes them
+            updates[direction] = {column: "-" if value is None else
+                                  f"{value:.6g}" if isinstance(value, float) else str(value)
+                                  for column, value in rows[-1].items()}
 
     lines = [f"# {args.title or 'AER of ' + os.path.basename(args.model_dir.rstrip('/'))}", ""]
     lines += ["AER in % (lower is better), word level, source–target; "

@@ -34,7 +34,7 @@ import os
 import platform
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -73,32 +73,30 @@ def describe(model_dir: str) -> Dict[str, str]:
     """Kind, Markov order, size and training length of a model directory (fwd)."""
     import json
 
+    from aligner.train import read_metrics
+
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)
     model = config["models"]["fwd"]
     updates = "?"
     metrics = os.path.join(model_dir, "fwd", "metrics.tsv")
     if os.path.isfile(metrics):
-        with open(metrics, encoding="utf-8") as handle:
-            header, *rows = [line.split("\t") for line in handle.read().splitlines()]
+        rows = read_metrics(metrics)
         if rows:
-            updates = f"{best_update(header, rows)} of {rows[-1][0]}"
+            updates = f"{best_update(rows)} of {rows[-1]['update']}"
     return {"kind": config["model_kind"], "markov": str(model.get("markov_order", 0)),
             "size": f"{model['d_model']}d {model['enc_layers']}+{model['dec_layers']}L",
             "updates": updates, "seed": str(config.get("seed", "?"))}
 
 
-def best_update(header: List[str], rows: List[List[str]]) -> str:
+def best_update(rows: List[Dict[str, Any]]) -> int:
     """Update of the checkpoint kept as params.best (aligner.model_dir: lowest validation
-    AER, else lowest validation perplexity, else the last)."""
+    AER, else lowest validation perplexity, else the last); `rows`: read_metrics'."""
     for column in ("valid_aer", "valid_ppl"):
-        if column in header:
-            k = header.index(column)
-            scored = [(float(row[k]), int(row[0])) for row in rows
-                      if len(row) > k and row[k] not in ("", "-")]
-            if scored:
-                return str(min(scored)[1])
-    return rows[-1][0]
+        scored = [(row[column], row["update"]) for row in rows if row[column] is not None]
+        if scored:
+            return min(scored)[1]
+    return rows[-1]["update"]
 
 
 def timed_translate(loaded, lines: List[str], beam: int, args, device: torch.device):

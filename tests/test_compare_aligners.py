@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from aligner.config import RunConfig
 from aligner.data import EncodedCorpus
 from aligner.formats import read_pharaoh
-from aligner.self_training import ALIGNED_MESSAGE
 from aligner.symmetrize import symmetrize
 from aligner.utils import AlignerError
 from conftest import ROOT, SAMPLE
@@ -391,102 +390,110 @@ def write_metrics(folder: Path, *elapsed) -> None:
         for k, seconds in enumerate(elapsed)])
 
 
-def test_recorded_training_of_parallel_directions_says_so(tmp_path):
+def write_run_record(folder: Path, stages, sessions=None, **fields) -> None:
+    """MODEL_DIR/run.json as aligner.run_record writes it: `stages` as (session, round, stage,
+    direction or None, parallel, seconds); one fresh session per index used unless given."""
+    entries = []
+    for session, round_number, stage, direction, parallel, seconds in stages:
+        entry = {"session": session, "round": round_number, "stage": stage}
+        if direction is not None:
+            entry.update(direction=direction, parallel=parallel)
+        entries.append({**entry, "seconds": seconds})
+    if sessions is None:
+        sessions = [{"argv": ["align", "train"], "resumed": k > 0,
+                     "directions": ["fwd", "rev"], "inputs": {}}
+                    for k in range(1 + max((s[0] for s in stages), default=0))]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps({"format": 1, "sessions": sessions,
+                                                 "stages": entries, **fields}))
+
+
+def test_recorded_training_of_parallel_directions_counts_the_longer(tmp_path):
     model = tmp_path / "m"
-    write_metrics(model / "fwd", 20.0)
-    write_metrics(model / "rev", 30.0)
-    write(model / "train.log", [
-        "[2026-11-21 12:44:47 INFO] training fwd, rev in parallel: 2 processes with 1 thread(s) "
-        "each", "[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates",
-        "[2026-11-21 12:55:00 INFO] [rev] done: 200 updates"])
+    write_run_record(model, [(0, 1, "preparation", None, False, 2.0),
+                             (0, 1, "training", "rev", True, 30.0),
+                             (0, 1, "training", "fwd", True, 20.0)])
     record = ca.recorded_training(str(model))
-    assert record.total == 50.0
-    assert any("at the same time in separate processes (--parallel-directions)" in note
-               for note in record.notes)
-    assert not any("one after the other" in note for note in record.notes)
+    assert record.seconds == {"preparation": 2.0, "training": 30.0}
+    assert record.total == 32.0
+    (note,) = record.notes
+    assert (f"trained beforehand ({model}/run.json): training 30.0 s (rev 30.0 s, fwd 20.0 s; "
+            "directions trained side by side in separate processes: the longer counts), BPE "
+            "and corpus encoding 2.0 s; counted into the time column") == note
 
 
 def test_recorded_training_of_an_agreement_run_is_its_joint_time(tmp_path):
     model = tmp_path / "m"
-    write_metrics(model / "joint", 40.0, 90.5)      # both directions in one loop
-    (model / "fwd").mkdir()
-    (model / "rev").mkdir()
-    write(model / "train.log", ["[2026-11-21 12:44:47 INFO] preparation took 2.5s"])
+    write_run_record(model, [(0, 1, "preparation", None, False, 2.5),
+                             (0, 1, "training", "fwd+rev", False, 90.5)])
     record = ca.recorded_training(str(model))
-    assert record.seconds == {"fwd+rev": 90.5, "preparation": 2.5}
-    assert any("both directions together (agreement): 90.5 s" in note for note in record.notes)
+    assert record.seconds == {"training": 90.5, "preparation": 2.5}
+    assert "(fwd+rev 90.5 s)" in record.notes[0] and len(record.notes) == 1
+    # without a run record: the joint loop's metrics.tsv, and a note saying what is missing
+    os.unlink(model / "run.json")
+    write_metrics(model / "joint", 40.0, 90.5)      # both directions in one loop
+    record = ca.recorded_training(str(model))
+    assert record.seconds == {"fwd+rev": 90.5}
+    assert record.notes[0].startswith(f"{model} has no run.json (trained before run records)")
     assert not any("training time unknown" in note for note in record.notes)
 
 
-def test_recorded_training_of_a_self_training_run_counts_its_earlier_rounds(tmp_path):
-    """The last round's metrics.tsv plus, from selftrain.roundN.log, each earlier round's
-    training loops (a resumed round: one "done" line per run), preparation and guide."""
+def test_recorded_training_of_a_self_training_run_counts_every_round_and_session(tmp_path):
+    """Every round's stages, the guides' alignments, and a resumed session's stages."""
     model = tmp_path / "m"
-    write_metrics(model / "fwd", 5.0, 12.0)
-    write_metrics(model / "rev", 11.0)
-    write(model / "train.log", ["[2026-11-25 01:00:00 INFO] preparation took 1.0s"])
-    # the lines as aligner.train.Trainer.run and aligner.self_training.train_rounds log them
-    done = "[2026-11-25 00:50:00 INFO] [{}] done: 40 updates ({} in this run) in {}s, 500 " \
-           "target tokens/s; best checkpoint at update 40"
-    write(model / "selftrain.round1.log", [
-        "[2026-11-25 00:40:00 INFO] preparation took 2.5s", done.format("fwd", 40, "100.0"),
-        done.format("rev", 40, "90.0"),
-        f"[2026-11-25 00:55:00 INFO] {ALIGNED_MESSAGE}: m/selftrain.round1.align of the "
-        "bitext took 30.0s"])
-    write(model / "selftrain.round2.log", [
-        "[2026-11-25 00:56:00 INFO] preparation took 0.5s", done.format("fwd", 20, "20.0"),
-        done.format("fwd", 40, "25.0"), done.format("rev", 40, "44.0")])   # no guide line
-    (model / "selftrain.round2.align").write_text("")
+    write_run_record(model, [
+        (0, 1, "preparation", None, False, 2.5), (0, 1, "training", "fwd", False, 100.0),
+        (0, 1, "training", "rev", False, 90.0), (0, 1, "guide", None, False, 30.0),
+        (0, 2, "preparation", None, False, 0.5), (0, 2, "training", "fwd", False, 20.0),
+        (1, 2, "training", "fwd", False, 25.0), (1, 2, "training", "rev", False, 44.0)])
     record = ca.recorded_training(str(model))
-    assert record.seconds == {"fwd": 12.0, "rev": 11.0, "preparation": 1.0,
-                              "rounds 1-2 fwd": 145.0, "rounds 1-2 rev": 134.0,
-                              "rounds 1-2 preparation": 3.0, "rounds 1-2 guides": 30.0}
-    assert record.total == pytest.approx(336.0)
-    note = next(n for n in record.notes if n.startswith("self-training"))
-    assert "rounds 1, 2 before" in note and "the logs of rounds 2 do not record" in note
-    assert "record no finished training" not in note
-    # agreement rounds log both directions as one; a round cut off logs no "done"
-    write(model / "selftrain.round2.log", [
-        done.format("fwd+rev", 40, "50.0").replace("00:50", "00:57")])
-    write(model / "selftrain.round3.log", ["[2026-11-25 01:10:00 INFO] preparation took 1s"])
-    record = ca.recorded_training(str(model))
-    assert record.seconds["rounds 1-3 fwd+rev"] == 50.0
-    assert record.seconds["rounds 1-3 fwd"] == 100.0
-    note = next(n for n in record.notes if n.startswith("self-training"))
-    assert "the logs of rounds 3 record no finished training" in note
+    assert record.seconds == {"preparation": 3.0, "training": 279.0, "guides": 30.0}
+    assert record.total == pytest.approx(312.0)
+    (note,) = record.notes
+    assert "training 279.0 s (fwd 145.0 s, rev 134.0 s)" in note
+    assert ("alignment of the bitext for the next round's guide 30.0 s, over self-training "
+            "rounds 1-2; 2 sessions (resumed 1 times)") in note
+    # a run record begun by a resumed run of an older version says so
+    write_run_record(model, [(0, 1, "training", "fwd", False, 1.0),
+                             (0, 1, "training", "rev", False, 1.0)], earlier_unrecorded=True)
+    notes = ca.recorded_training(str(model)).notes
+    assert any("began with a version before run records" in note for note in notes)
 
 
-def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_preparation(
-        tmp_path):
+def test_recorded_training_reads_the_run_record_and_falls_back_to_metrics(tmp_path):
     model = tmp_path / "m"
-    write_metrics(model / "fwd", 10.5, 20.25)  # cumulative: the last row counts
-    write_metrics(model / "rev", 7.0, 30.5)
-    write(model / "train.log", ["[2026-11-21 12:44:47 INFO] preparation took 1.5s",
-                                "[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates",
-                                "[2026-11-21 12:55:00 INFO] [rev] done: 200 updates"])
+    write_run_record(model, [(0, 1, "preparation", None, False, 1.5),
+                             (0, 1, "training", "fwd", False, 20.25),
+                             (0, 1, "training", "rev", False, 30.5)])
+    write_metrics(model / "fwd", 10.5, 20.0)   # not read: the run record says it all
+    write_metrics(model / "rev", 7.0, 30.0)
     record = ca.recorded_training(str(model))
-    assert record.seconds == {"fwd": 20.25, "rev": 30.5, "preparation": 1.5}
-    assert record.total == pytest.approx(52.25)
-    assert any("fwd 20.2 s, rev 30.5 s" in note and "fwd/metrics.tsv" in note
-               for note in record.notes)
-    assert any("one after the other by one `align train` process" in note
-               for note in record.notes)
-    # a directory joined from two one-direction runs: its train.log shows one run only
-    write(model / "train.log", ["[2026-11-21 12:50:00 INFO] [fwd] done: 200 updates"])
+    assert record.seconds == {"training": 50.75, "preparation": 1.5}
+    assert "fwd 20.2 s, rev 30.5 s" in record.notes[0]
+    # a directory joined from two one-direction runs: run.json of the fwd run only; rev's
+    # time from its metrics.tsv
+    write_run_record(model, [(0, 1, "training", "fwd", False, 20.25)])
     record = ca.recorded_training(str(model))
-    assert record.total == pytest.approx(50.75)
-    assert any("separate `align train` processes, possibly in parallel" in note
-               for note in record.notes)
+    assert record.seconds == {"training": 20.25, "rev": 30.0}
+    assert any("run.json records no rev training" in note for note in record.notes)
     # an alignment layer also counts the training of its base
     write_metrics(tmp_path / "base" / "fwd", 100.0)
     write_metrics(tmp_path / "base" / "rev", 200.0)
     record = ca.recorded_training(str(model), base_dir=str(tmp_path / "base"))
     assert record.seconds["base fwd"] == 100.0 and record.seconds["base rev"] == 200.0
-    assert record.total == pytest.approx(350.75)
+    assert record.total == pytest.approx(350.25)
+    # without a run record: the last elapsed_s of each direction, and one note saying so
+    os.unlink(model / "run.json")
+    record = ca.recorded_training(str(model))
+    assert record.seconds == {"fwd": 20.0, "rev": 30.0}
+    assert record.notes[0] == (f"{model} has no run.json (trained before run records): its "
+                               "time is the training loops' of metrics.tsv only; BPE and corpus "
+                               "encoding, earlier self-training rounds and their guides are "
+                               "unknown, not counted")
     # a missing direction is said, not guessed; a damaged row is an error naming file and line
     (model / "rev" / "metrics.tsv").unlink()
     record = ca.recorded_training(str(model))
-    assert record.total == 20.25
+    assert record.total == 20.0
     assert any("training time unknown" in note and "rev/metrics.tsv is missing" in note
                for note in record.notes)
     write(model / "rev" / "metrics.tsv", [METRICS_HEADER, "1\t0\t5\t5\t-\t-\t1\t1\t-"])
@@ -496,6 +503,13 @@ def test_recorded_training_sums_the_last_elapsed_s_of_each_direction_and_the_pre
     with pytest.raises(AlignerError, match=r"rev/metrics\.tsv:1: not a metrics\.tsv of `align "
                                            r"train` \(columns update, loss; expected update, "):
         ca.recorded_training(str(model))
+    # a damaged run record: one line naming it
+    for text in ("{", '{"format": 1, "sessions": [], "stages": [{"stage": "x"}]}',
+                 '{"format": 2, "sessions": [], "stages": []}'):
+        (model / "run.json").write_text(text)
+        with pytest.raises(AlignerError, match=rf"^{model}/run\.json: not a run record of "):
+            ca.recorded_training(str(model))
+
 
 
 def prepare_model_dir(model_dir: Path, source: str, target: str, max_len: int = 200) -> None:
@@ -571,55 +585,57 @@ def test_check_training_text_applies_the_models_length_filter(small_files):
     assert "kept by the length filter in one and skipped in the other" in mismatch
 
 
-def test_check_training_text_without_corpus_folder_reads_the_files_named_in_train_log(
+def test_check_training_text_without_corpus_folder_compares_the_recorded_fingerprint(
         small_files):
-    """A directory joined from two one-direction runs has no corpus/: train.log is used."""
+    """A directory joined from two one-direction runs has no corpus/: the fingerprint and pair
+    count of the training text its run record names are compared."""
+    from aligner.formats import read_bitext
+    from aligner.train_run import bitext_fingerprint
+
     tmp_path, train, g1, g2 = small_files
     corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path))
     model = tmp_path / "joined"
-    model.mkdir()
-    train_src = write(tmp_path / "t.en", [" ".join(s) for s in corpus.sources])
+    write(tmp_path / "t.en", [" ".join(s) for s in corpus.sources])
     write(tmp_path / "t.fr", [" ".join(t) for t in corpus.targets])
-    log = ["[2026-11-21 12:44:42 INFO] command: align train -s t.en --target=t.fr -o joined-fwd "
-           "--directions fwd",
-           f"[2026-11-21 12:44:42 INFO] working directory: {tmp_path}",
-           "[2026-11-21 12:44:42 INFO] device cpu, 1 process(es); 6 training pairs",
-           "[2026-11-21 12:50:00 INFO] [fwd] done: 3 updates"]
-    write(model / "train.log", log)
-    assert ca.training_files_from_log(str(model / "train.log")) == (
-        6, {"source": str(tmp_path / "t.en"), "target": str(tmp_path / "t.fr")})
+    bitext = {"source": str(tmp_path / "t.en"), "target": str(tmp_path / "t.fr"), "pairs": 6,
+              "sha256": bitext_fingerprint(read_bitext(source=str(tmp_path / "t.en"),
+                                                       target=str(tmp_path / "t.fr")))}
+    session = {"argv": ["align", "train"], "directions": ["fwd"], "inputs": {"bitext": bitext}}
+    write_run_record(model, [(0, 1, "training", "fwd", False, 3.0)], sessions=[session])
     mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
     assert mismatch is None
-    assert note.startswith(f"training text checked: {tmp_path}/t.en and {tmp_path}/t.fr (named "
-                           f"in {model}/train.log")
-    assert "no rev run, whose training text is not checked" in note
-    # a changed word on line 4 (the first gold line) is found, naming the file and line
-    lines = Path(train_src).read_text().splitlines()
+    assert note == (f"training text checked: the sha256 of the words of the training text that "
+                    f"{model}/run.json records ({model} has no corpus/ folder) equals the "
+                    f"benchmark corpus's (6 lines (3 training pairs + 2 one + 1 two)); "
+                    f"{model}/run.json records no rev run, whose training text is not checked")
+    # other words, the same number of pairs: found by the fingerprint
+    lines = (tmp_path / "t.en").read_text().splitlines()
     lines[3] = "a c"
     write(tmp_path / "t.en", lines)
+    session["inputs"]["bitext"]["sha256"] = bitext_fingerprint(read_bitext(
+        source=str(tmp_path / "t.en"), target=str(tmp_path / "t.fr")))
+    write_run_record(model, [], sessions=[session])
     mismatch, _ = ca.check_training_text(str(model), corpus, str(tmp_path))
-    assert mismatch == (f"{tmp_path}/t.en:4: differs from line 4 of the benchmark corpus (gold "
-                        f"set 'one' line 1); this file is named as training text in "
-                        f"{model}/train.log")
-    # a joint file (-i) works the same way
-    write(tmp_path / "t.joint", [" ".join(s) + " ||| " + " ".join(t)
-                                 for s, t in zip(corpus.sources, corpus.targets)])
-    write(model / "train.log", [log[0].replace("-s t.en --target=t.fr", "-i t.joint")] + log[1:])
-    assert ca.check_training_text(str(model), corpus, str(tmp_path))[0] is None
-    # files gone: only the count is checked, and the note says so
-    os.unlink(tmp_path / "t.joint")
+    assert mismatch == (f"{model}/run.json: the training text ({tmp_path}/t.en) is not the "
+                        "benchmark corpus: the sha256 of its words differs (same number of "
+                        "pairs)")
+    # another number of pairs; no fingerprint (only the count is checked, and the note says so)
+    session["inputs"]["bitext"].update(pairs=7)
+    write_run_record(model, [], sessions=[session])
+    mismatch, _ = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch == (f"{model}/run.json: the model was trained on 7 sentence pairs, the "
+                        "benchmark corpus has 6 lines (3 training pairs + 2 one + 1 two)")
+    session["inputs"]["bitext"].update(pairs=6, sha256=None)
+    write_run_record(model, [], sessions=[session])
     mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
     assert mismatch is None and note.startswith("training text not checked")
     assert "only the number of training pairs (6) equals the benchmark corpus" in note
-    write(model / "train.log", [log[2].replace("6 training", "7 training")])
-    mismatch, _ = ca.check_training_text(str(model), corpus, str(tmp_path))
-    assert mismatch == (f"{model}/train.log: the model was trained on 7 sentence pairs, the "
-                        "benchmark corpus has 6 lines (3 training pairs + 2 one + 1 two)")
-    os.unlink(model / "train.log")
+    os.unlink(model / "run.json")
     mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
     assert mismatch is None
     assert note == (f"training text not checked: {model} has neither a corpus/ folder nor a "
-                    "train.log")
+                    "run record (run.json)")
+
 
 
 def test_cli_refuses_an_unusable_model_directory_in_one_line(small_files):
@@ -692,12 +708,9 @@ def test_aligner_model_rows_score_the_models_own_extraction_and_count_its_traini
                               for f, r in zip(links["fwd"], links["rev"])]
     golds = corpus.gold_sets[0].golds
     # the training seconds the model directory records, read here by hand
-    seconds = {}
-    for direction in ca.DIRECTIONS:
-        rows = (Path(model) / direction / "metrics.tsv").read_text().splitlines()
-        seconds[direction] = float(rows[-1].split("\t")[-1])
-    log = (Path(model) / "train.log").read_text()
-    preparation = float(log.split("preparation took ")[1].split("s")[0])
+    stages = json.loads((Path(model) / "run.json").read_text())["stages"]
+    seconds = {stage.get("direction", stage["stage"]): stage["seconds"] for stage in stages}
+    assert sorted(seconds) == ["fwd", "preparation", "rev"]
 
     args = ["--train", *train, "--train-limit", "100", "--gold", *gold, "--peers", "",
             "--aligner-extract-args", "--device cpu -q", "--workdir", str(tmp_path / "w")]
@@ -711,11 +724,12 @@ def test_aligner_model_rows_score_the_models_own_extraction_and_count_its_traini
         score = row["scores"]["trial"][column]
         assert (score["aer"], score["precision"], score["recall"]) == pytest.approx(
             brute_force_aer(hyps, golds)), column
-    assert row["training_s"] == pytest.approx(seconds["fwd"] + seconds["rev"] + preparation)
+    assert row["training_s"] == pytest.approx(sum(seconds.values()))
     assert row["wall_s"] > row["training_s"]  # + the three extractions measured here
     notes = " ".join(row["notes"])
-    assert (f"trained beforehand: fwd {seconds['fwd']:.1f} s, rev {seconds['rev']:.1f} s"
-            in notes and f"{model}/fwd/metrics.tsv" in notes)
+    assert (f"trained beforehand ({model}/run.json): training "
+            f"{seconds['fwd'] + seconds['rev']:.1f} s (fwd {seconds['fwd']:.1f} s, rev "
+            f"{seconds['rev']:.1f} s)" in notes)
     assert "peak memory is that of extraction only" in notes
     assert "training text checked: the 137 lines (100 training pairs + 37 trial)" in notes
     table = out.read_text()
@@ -772,7 +786,7 @@ def test_load_pretrained_checks_an_alignment_layers_base_too(small_files):
         ca.load_pretrained(spec, corpus, str(tmp_path))
     model = ca.load_pretrained(spec, corpus, str(tmp_path), allow_other_text=True)
     assert model.kind == "alignment-layer" and model.mismatch.startswith(f"base model {base}")
-    assert model.training.total == pytest.approx(110.0)  # 5 + 5 + 50 + 50 (no train.log)
+    assert model.training.total == pytest.approx(110.0)  # 5 + 5 + 50 + 50 (no run.json)
     assert model.text_notes[0].startswith("training text checked: the 6 lines")
     run = ca.plan_pretrained(model, corpus, str(tmp_path), ["--device", "cpu"])
     assert run.label == f"align alignment-layer:layer (pre-trained {layer}) [OTHER TRAINING TEXT]"

@@ -10,6 +10,7 @@ import pytest
 
 from aligner import recipe
 from aligner.formats import read_pharaoh
+from aligner.run_record import RunRecord
 from aligner.self_training import default_rounds
 from cli_runner import error_line, run
 from conftest import ROOT, restored_aligner_logger
@@ -74,15 +75,15 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     assert _round_state(model) == {"round": 3, "trained": True}
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
-    # eval/compare_aligners.py counts every round's training, from the rounds' real logs
+    # eval/compare_aligners.py counts every round's training, from the real run record
     sys.path.insert(0, str(ROOT / "eval"))
     import compare_aligners
 
     record = compare_aligners.recorded_training(str(model))   # (tiny: seconds may be 0.0)
-    assert {key for key in record.seconds if key.startswith("rounds")} == {
-        f"rounds 1-2 {part}" for part in ("fwd", "rev", "preparation", "guides")}
-    note = next(note for note in record.notes if note.startswith("self-training"))
-    assert "do not record" not in note and "no finished training" not in note
+    assert set(record.seconds) == {"preparation", "training", "guides"}
+    assert record.total == pytest.approx(RunRecord.load(str(model)).wall_seconds())
+    (note,) = record.notes
+    assert "over self-training rounds 1-3" in note
 
 
 def test_self_training_options_reach_the_rounds(tmp_path, corpus):
@@ -231,6 +232,12 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
     assert _config(cut)["extra"] == {
         **_config(whole)["extra"], "init_from": os.path.abspath(cut / "previous_round")}
     assert not (cut / "previous_round").exists()
+    # the run record keeps every round's training, over both sessions
+    record = RunRecord.load(str(cut))
+    assert [session["resumed"] for session in record.sessions] == [False, True]
+    assert {(stage["round"], stage["direction"]) for stage in record.stages
+            if stage["stage"] == "training"} == {(r, d) for r in (1, 2, 3)
+                                                  for d in ("fwd", "rev")}
     for model in (whole, cut):
         run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / f"{model.name}.x",
             "--soft", tmp_path / f"{model.name}.npz", "-q")
@@ -250,6 +257,43 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args[2:], "--rounds", "2",
                           "--resume", ok=False))
     assert "holds round 3 of a self-training run; --rounds 2 ends before it" in line
+
+
+def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_path, corpus,
+                                                                         monkeypatch):
+    """MODEL_DIR/run.json of a 2-round run cut off in round 2's training, then resumed: the
+    first session's stages (round 1 and round 2's preparation), the resumed session's (round
+    2's directions), their seconds within the commands' wall time."""
+    import time
+
+    src, tgt = corpus
+    args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
+    model = tmp_path / "m"
+    start = time.time()
+    with restored_aligner_logger():
+        with monkeypatch.context() as patch:
+            _interrupt_training(patch)
+            error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, ok=False))
+        first = RunRecord.load(str(model))
+        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume")
+    elapsed = time.time() - start
+    record = RunRecord.load(str(model))
+    assert record.stages[:len(first.stages)] == first.stages   # appended, nothing lost
+    assert [(s["session"], s["round"], s["stage"], s.get("direction")) for s in record.stages] \
+        == [(0, 1, "preparation", None), (0, 1, "training", "fwd"), (0, 1, "training", "rev"),
+            (0, 1, "guide", None), (0, 2, "preparation", None), (1, 2, "training", "fwd"),
+            (1, 2, "training", "rev")]
+    first_session, resumed = record.sessions
+    assert not first_session["resumed"] and resumed["resumed"]
+    assert resumed["argv"][0] == "align"   # the command line (here pytest's argv)
+    assert first_session["inputs"]["bitext"] == {
+        "source": os.path.abspath(src), "target": os.path.abspath(tgt), "pairs": 12,
+        "sha256": json.loads((model / "corpus" / "inputs.json").read_text())["sha256"]}
+    assert first_session["threads"] == 1 and not first_session["parallel_directions"]
+    per_round = {r: sum(s["seconds"] for s in record.stages if s["round"] == r) for r in (1, 2)}
+    assert record.wall_seconds() == pytest.approx(sum(per_round.values()))
+    assert 0 < record.wall_seconds() < elapsed
+    assert not record.earlier_unrecorded
 
 
 def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, corpus,

@@ -318,7 +318,8 @@ def test_prepare_output_dir_rules(tmp_path):
     assert sorted(os.listdir(target)) == [C.CONFIG_NAME, "fwd", "notes.txt"]
     (target / C.VERSION_NAME).write_text("0.1.0\n")   # the mark every run writes first
     assert prepare_output_dir(str(target), resume=False, overwrite=True) is False
-    assert sorted(os.listdir(target)) == ["notes.txt"]  # only the run's own files removed
+    # the run's own files removed; the version mark stays (the next run rewrites it)
+    assert sorted(os.listdir(target)) == ["notes.txt", C.VERSION_NAME]
     with pytest.raises(AlignerError, match="cannot resume"):
         prepare_output_dir(str(target), resume=True, overwrite=False)
     with pytest.raises(AlignerError, match="nothing to resume"):
