@@ -17,8 +17,8 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
-from aligner.cli.options import (bpe_merges_option, device_option, max_epochs_option,
-                                 quiet_option, seed_option, threads_option)
+from aligner.cli.options import (CHECKPOINT_AT_THE_END, bpe_merges_option, device_option,
+                                 max_epochs_option, quiet_option, seed_option, threads_option)
 from aligner.cli.train import set_threads
 from aligner.utils import check_condition
 
@@ -104,14 +104,16 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
         workdir = temporary.name
     model_dir = os.path.join(workdir, "model")
     train_config = TrainConfig(**DEMO_TRAINING, max_epochs=max_epochs,
-                               checkpoint_interval=10 ** 9, device=device, seed=seed)
+                               checkpoint_interval=CHECKPOINT_AT_THE_END, device=device,
+                               seed=seed)
     # the rule of align train and align run, where --threads 1 still trains side by side
     parallel = train_run.default_parallel_directions(resolve_device(device), C.DIRECTIONS, 0.0,
                                                      len(bitext), one_thread_each=True)
     try:
         train_run.train(train_run.TrainRequest(
             model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
-            DataConfig(max_len=200), train_config, overwrite=True, quiet=quiet,
+            DataConfig(),   # align train's --max-len
+            train_config, overwrite=True, quiet=quiet,
             argv=["align", "demo", "--sample-dir", sample_dir], parallel_directions=parallel))
         loaded = LoadedModelDir.load(model_dir, device=resolve_device(device))
         rows = []

@@ -23,6 +23,11 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 INPUT = click.Path(dir_okay=False, exists=False)
 
+#: align run and align demo take no --checkpoint-interval: they have no validation set, so a
+#: checkpoint serves only --resume, and one is written at the end of each training (round)
+#: anyway (align train's --checkpoint-interval: TrainConfig.checkpoint_interval)
+CHECKPOINT_AT_THE_END = 10 ** 9
+
 
 class FiniteFloat(click.FloatRange):
     """A float option that refuses inf and nan (a learning rate or loss weight of inf trains

@@ -20,8 +20,8 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
-from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 bpe_merges_option, device_option, guide_options,
+from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
+                                 agreement_weight_option, bitext_options, bpe_merges_option, device_option, guide_options,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
@@ -156,7 +156,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     torch_device = resolve_device(device)
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
-                               max_updates=max_updates, checkpoint_interval=10 ** 9,
+                               max_updates=max_updates,
+                               checkpoint_interval=CHECKPOINT_AT_THE_END,
                                device=device, precision=precision, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
@@ -172,7 +173,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     request = TrainRequest(
         model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
-        # pairs the model cannot take (subwords + EOS): skipped in training
+        # pairs the model cannot take (subwords + EOS): skipped in training (align train:
+        # --max-len, DataConfig.max_len by default)
         DataConfig(max_len=min(DataConfig.max_len, int(model_options["max_positions"]) - 1),
                    guide=guide or ""),
         train_config, resume=resume, overwrite=overwrite, quiet=quiet,

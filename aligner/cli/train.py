@@ -20,6 +20,7 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
                                  seed_option, self_training_options, threads_option)
+from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +107,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--bpe-sample", default=0, show_default=True, type=click.IntRange(min=0),
               help="Learn BPE on a seeded sample of this many pairs (0 = all).")
-@click.option("--max-len", default=200, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-len", default=DataConfig.max_len, show_default=True,
+              type=click.IntRange(min=1),
               help="Skip training pairs with a side longer than this (subwords).")
 @click.option("--max-ratio", default=0.0, show_default=True, type=FiniteFloat(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
@@ -159,8 +161,9 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @max_epochs_option(None, default_help=f"{recipe.EPOCHS_PER_ROUND} with self-training rounds "
                                       f"(no limit with --max-updates, as align run), "
                                       f"{recipe.EPOCHS} with --rounds 1")
-@click.option("--checkpoint-interval", default=1000, show_default=True,
-              type=click.IntRange(min=1), help="Updates between checkpoints.")
+@click.option("--checkpoint-interval", default=TrainConfig.checkpoint_interval,
+              show_default=True, type=click.IntRange(min=1),
+              help="Updates between checkpoints.")
 @click.option("--valid-src", type=INPUT, help="Validation source sentences.")
 @click.option("--valid-tgt", type=INPUT, help="Validation target sentences.")
 @click.option("--valid-gold", type=INPUT,
@@ -226,7 +229,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
     DistributedDataParallel on all processes; rank 0 writes the model directory.
     """
-    from aligner.config import DataConfig, TrainConfig
     from aligner.formats import open_bitext, read_bitext, read_gold
     from aligner.models import MODELS, model_class
     from aligner.log import setup_logging
