@@ -149,22 +149,28 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
         connection.close()
 
 
-#: `align train` / `align run` train the directions side by side by default from this many
-#: training pairs on (two processes take a few seconds to start)
+#: `align train` / `align run` / `align demo` train the directions side by side by default
+#: from this many training pairs on (two processes take a few seconds to start)
 PARALLEL_MIN_PAIRS = 1000
 
 
 def default_parallel_directions(device: torch.device, directions: Sequence[str],
-                                agreement_weight: float, n_pairs: int) -> bool:
+                                agreement_weight: float, n_pairs: int,
+                                one_thread_each: bool = False) -> bool:
     """Whether the directions train side by side (:func:`train_directions_in_parallel`) when
     not asked: on a CPU with 2+ cores and torch threads, two directions trained apart (no
     agreement), one process (not torchrun), at least :data:`PARALLEL_MIN_PAIRS` pairs. On 2
     cores the hmm1 recipe trains 1.1-1.6x faster so (eval/results/parallel_directions.md), to
-    the weights of training them in turn with one thread each."""
+    the weights of training them in turn with one thread each.
+
+    one_thread_each: the torch threads do not count (align demo, whose default --threads 1
+    means one thread for each direction: two cores for its small model).
+    """
     from aligner.distributed import torchrun_world_size
 
     return (device.type == "cpu" and (os.cpu_count() or 1) >= 2 and len(directions) > 1
-            and torch.get_num_threads() >= len(directions)   # --threads 1: one core
+            and (one_thread_each                              # align demo
+                 or torch.get_num_threads() >= len(directions))   # --threads 1: one core
             and agreement_weight == 0 and torchrun_world_size() == 1
             and n_pairs >= PARALLEL_MIN_PAIRS)
 

@@ -191,6 +191,10 @@ def test_directions_train_side_by_side_by_default_where_it_pays(monkeypatch):
         monkeypatch.delenv("WORLD_SIZE")
         torch.set_num_threads(1)                                             # --threads 1
         assert not default_parallel_directions(cpu, both, 0.0, 10 ** 6)
+        # align demo: one thread for each direction
+        assert default_parallel_directions(cpu, both, 0.0, 10 ** 6, one_thread_each=True)
+        assert not default_parallel_directions(cpu, both, 0.0, PARALLEL_MIN_PAIRS - 1,
+                                               one_thread_each=True)
         monkeypatch.setattr(os, "cpu_count", lambda: 1)
         torch.set_num_threads(2)
         assert not default_parallel_directions(cpu, both, 0.0, 10 ** 6)

@@ -2,7 +2,7 @@
 
 Trains a small first-order direct HMM (hmm1) in both directions on data/sample (train + trial
 pairs, the trial set appended as in the benchmark set-up; on a CPU with two or more cores the
-directions train at the same time), extracts the trial alignments with the HMM methods,
+directions of 1,000+ pairs train at the same time, one thread each), extracts the trial alignments with the HMM methods,
 symmetrizes them and prints an AER table against the trial gold.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
+from aligner.cli.options import (CHECKPOINT_AT_THE_END, bpe_merges_option, device_option,
+                                 max_epochs_option, quiet_option, seed_option, threads_option)
 from aligner.cli.train import set_threads
 from aligner.utils import check_condition
 
@@ -53,17 +55,14 @@ def aer_table(rows: List[List[str]]) -> str:
               show_default=True, help="Folder with train.en/.fr and trial.en/.fr/.talp.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Keep the model directory here (default: a temporary folder, removed).")
-@click.option("--max-epochs", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Training epochs per direction.")
-@click.option("--bpe-merges", default=1000, show_default=True, type=click.IntRange(min=0))
-@click.option("--device", default="auto", show_default=True)
-@click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default; split between the two "
-                   "directions when they train in parallel, at least 1 each). One thread is the "
-                   "safe choice for this small model: on a busy machine more threads can be "
-                   "slower.")
-@click.option("-q", "--quiet", is_flag=True, help="Only the table.")
+@max_epochs_option(3, min_epochs=1)
+@bpe_merges_option(1000)
+@device_option
+@seed_option
+# one thread is the safe choice for this small model: on a busy machine more threads can be
+# slower; two directions side by side still get one each (one_thread_each below)
+@threads_option(1)
+@quiet_option
 def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """Train on the shipped sample, align the trial set and print its AER table.
@@ -71,7 +70,8 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     Equivalent to: align train -s train+trial.en -t train+trial.fr --model hmm1 (small model,
     --parallel-directions on a multi-core CPU); align extract --method hmm-posterior /
     hmm-viterbi -H grow-diag / intersect / soft-average on trial; align score-aer against
-    trial.talp.
+    trial.talp. With -q it prints only the table. One thread (--threads 1) is the safe
+    choice for this small model: on a busy machine more threads can be slower.
     """
     from aligner.config import DataConfig, TrainConfig
     from aligner.distributed import resolve_device
@@ -104,12 +104,16 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
         workdir = temporary.name
     model_dir = os.path.join(workdir, "model")
     train_config = TrainConfig(**DEMO_TRAINING, max_epochs=max_epochs,
-                               checkpoint_interval=10 ** 9, device=device, seed=seed)
-    parallel = resolve_device(device).type == "cpu" and (os.cpu_count() or 1) >= 2
+                               checkpoint_interval=CHECKPOINT_AT_THE_END, device=device,
+                               seed=seed)
+    # the rule of align train and align run, where --threads 1 still trains side by side
+    parallel = train_run.default_parallel_directions(resolve_device(device), C.DIRECTIONS, 0.0,
+                                                     len(bitext), one_thread_each=True)
     try:
         train_run.train(train_run.TrainRequest(
             model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
-            DataConfig(max_len=200), train_config, overwrite=True, quiet=quiet,
+            DataConfig(),   # align train's --max-len
+            train_config, overwrite=True, quiet=quiet,
             argv=["align", "demo", "--sample-dir", sample_dir], parallel_directions=parallel))
         loaded = LoadedModelDir.load(model_dir, device=resolve_device(device))
         rows = []

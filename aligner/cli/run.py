@@ -20,10 +20,13 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
-from aligner.cli.train import (INPUT, FiniteFloat, bitext_options, check_bitext_args,
-                               check_gold_in_range, parse_key_values, precision_option,
-                               self_training_options,
-                               set_threads)
+from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
+                                 agreement_weight_option, bitext_options, bpe_merges_option, device_option, guide_options,
+                                 max_tokens_option, max_updates_option, model_dir_option,
+                                 model_option_option, overwrite_option, precision_option,
+                                 quiet_option, resume_option, rounds_option, seed_option,
+                                 self_training_options, threads_option)
+from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
 
@@ -53,55 +56,32 @@ logger = logging.getLogger(__name__)
               help="Normalize the lexicon over this many most frequent words (and the "
                    "sentence's) instead of the vocabulary: faster, approximate (0 = exact; "
                    "eval/results/extract_shortlist.md).")
-@click.option("--model-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the trained model here (align extract can align new text with it); "
-                   "default: a temporary directory, removed at the end.")
-@click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in --model-dir (same data and settings): "
-                   "training goes on in the round it stopped in, then the bitext is aligned.")
+@model_dir_option(required=False, default_help="a temporary directory, removed at the end")
+@overwrite_option
+@resume_option
 @click.option("-g", "--gold", type=INPUT, default=None,
               help="Gold alignments (talp) of some of the lines: print the AER table.")
 @click.option("--gold-first-line", type=click.IntRange(min=1), default=None,
               help="Input line (1-based) of the gold's first line [default: the gold covers "
                    "the last lines, the usual benchmark set-up with the test set appended].")
-@click.option("--guide", type=INPUT, default=None,
-              help="Guided training (as align train --guide): another aligner's Pharaoh "
-                   "alignments of these lines, e.g. eflomal's grow-diag (eval/results/"
-                   "guided_enfr.md: the recipe's quality in a third of the updates).")
-@click.option("--guide-weight", default=1.0, show_default=True, type=FiniteFloat(min=0),
-              help="Weight of the guide's cross-entropy term.")
-@click.option("--rounds", default=recipe.ROUNDS, show_default=True,
-              type=click.IntRange(min=1),
-              help="Self-training: after each round but the last, the round's own -H "
-                   "alignments of the bitext become the --guide of the next round, which "
-                   "fine-tunes the round's model (round 1 takes --guide, if given; 1 = one "
-                   "plain training).")
+@guide_options
+@rounds_option(recipe.ROUNDS)
 @self_training_options
-@click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
-              type=FiniteFloat(min=0),
-              help="Agreement training (as align train --agreement-weight): both directions "
-                   "train together, pulled towards the same alignment (0 = apart).")
+@agreement_weight_option
+# not --max-epochs (aligner.cli.options.max_epochs_option says why)
 @click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
               type=click.IntRange(min=1),
               help="Training passes over the bitext per direction in round 1 (and in every "
-                   "round with --afresh).")
-@click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Stop each direction after this many updates (0 = --epochs decides).")
-@click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
-              help="Joint BPE merges [default: one per five pairs, 1,000 to 10,000].")
-@click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
-              help="Override a setting of the recipe's model (e.g. -M d_model=64).")
-@click.option("--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True,
-              type=click.IntRange(min=1), help="Target tokens per training batch.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+                   "round with --afresh); --max-updates, if given, replaces it.")
+@max_updates_option
+@bpe_merges_option()
+@model_option_option
+@max_tokens_option
+@device_option
 @precision_option
-@click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default; on a CPU with 2+ cores the "
-                   "two directions of a bitext of 1,000+ pairs train at the same time, each "
-                   "with half).")
-@click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bars.")
+@seed_option
+@threads_option()
+@quiet_option
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
             forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: Optional[float], self_guide_threshold: float,
@@ -122,7 +102,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     of one epoch: each after the first fine-tunes the previous round's model, guided by its
     own alignments of the bitext (self-training), with a linearly decaying learning rate.
     Exactly one output line per input line, in input order; a line with an empty side, or too
-    long for the model, gets an empty line (and a warning).
+    long for the model, gets an empty line (and a warning). On a CPU with 2+ cores and 2+
+    --threads, the two directions of a bitext of 1,000+ pairs train at the same time, each
+    with half of the threads.
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
@@ -174,7 +156,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     torch_device = resolve_device(device)
     train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
                                max_epochs=0 if max_updates else epochs,
-                               max_updates=max_updates, checkpoint_interval=10 ** 9,
+                               max_updates=max_updates,
+                               checkpoint_interval=CHECKPOINT_AT_THE_END,
                                device=device, precision=precision, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
@@ -190,7 +173,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     request = TrainRequest(
         model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
-        # pairs the model cannot take (subwords + EOS): skipped in training
+        # pairs the model cannot take (subwords + EOS): skipped in training (align train:
+        # --max-len, DataConfig.max_len by default)
         DataConfig(max_len=min(DataConfig.max_len, int(model_options["max_positions"]) - 1),
                    guide=guide or ""),
         train_config, resume=resume, overwrite=overwrite, quiet=quiet,

@@ -14,25 +14,18 @@ import click
 
 from aligner import constants as C
 from aligner import recipe
+from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
+                                 bpe_merges_option, device_option, guide_options,
+                                 max_epochs_option, max_tokens_option, max_updates_option,
+                                 model_dir_option, model_option_option, overwrite_option,
+                                 precision_option, quiet_option, resume_option, rounds_option,
+                                 seed_option, self_training_options, threads_option)
+from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.formats import Bitext, GoldAlignment
 
-INPUT = click.Path(dir_okay=False, exists=False)
-
-
-class FiniteFloat(click.FloatRange):
-    """A float option that refuses inf and nan (a learning rate or loss weight of inf trains
-    to NaN weights), and, like click.FloatRange, values outside [min, max]."""
-
-    name = "float"
-
-    def convert(self, value, param, ctx):
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
 #: the kinds of the registry aligner.models.MODELS (which decides), spelled out so that the
 #: help needs no torch import; tests/test_model_contract.py checks that the two agree
 KNOWN_KINDS = "transformer, hmm0, hmm1, alignment-layer"
@@ -86,18 +79,6 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def bitext_options(function):
-    """-s/-t or -i: a bitext (check the combination with :func:`check_bitext_args`)."""
-    for decorator in reversed([
-        click.option("-s", "--source", type=INPUT, help="Source sentences, one per line."),
-        click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned."),
-        click.option("-i", "--input", "joint", type=INPUT,
-                     help="One 'source ||| target' file instead of -s/-t."),
-    ]):
-        function = decorator(function)
-    return function
-
-
 def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optional[str],
                       what: str) -> None:
     """One error line unless exactly -s and -t, or -i alone, were given for `what`."""
@@ -107,52 +88,9 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                     f"give {what} as -s/-t or as -i, not both (and not neither)")
 
 
-def precision_option(function):
-    """``--precision`` of training (`align train`, `align run`: aligner/precision.py)."""
-    return click.option(
-        "--precision", type=click.Choice(C.PRECISIONS), default="auto", show_default=True,
-        help="Training arithmetic: bf16 = bfloat16 autocast of the forward pass (weights and "
-             "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
-             "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
-             "the same precision.")(function)
-
-
-def self_training_options(function):
-    """The options of self-training rounds after the first (aligner.self_training.SelfTraining;
-    `align train` and `align run`)."""
-    for decorator in reversed([
-        click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT,
-                     show_default=True, type=FiniteFloat(min=0),
-                     help="Weight of the guide term in a self-training round (the previous "
-                          "round's alignments as guide; --guide-weight is --guide's, in "
-                          "round 1)."),
-        click.option("--self-guide-threshold", type=FiniteFloat(0.0, 1.0, max_open=True),
-                     default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
-                     help="Threshold of -H soft-average for the alignments that guide the "
-                          "next self-training round."),
-        click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
-                     show_default=True,
-                     help="Self-training: each round after the first starts from the "
-                          "previous round's model (as align train --init-from), or from new "
-                          "weights."),
-        click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
-                     type=click.IntRange(min=1),
-                     help="Passes over the bitext per direction in a fine-tuned self-training "
-                          "round (a run limited by --max-updates: each round as round 1)."),
-        click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
-                     default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
-                     help="Learning-rate decay of a fine-tuned self-training round (round 1 "
-                          f"and --afresh rounds keep round 1's: align train --lr-schedule, "
-                          f"align run the recipe's {recipe.TRAINING['lr_schedule']})."),
-    ]):
-        function = decorator(function)
-    return function
-
-
 @click.command("train")
 @bitext_options
-@click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False),
-              help="Output model directory (self-contained: config, BPE, vocabularies, weights).")
+@model_dir_option("-o", required=True)
 @click.option("--model", "model_kind", default=recipe.MODEL_KIND, show_default=True,
               help=f"Model kind ({KNOWN_KINDS}).")
 @click.option("--directions", default="fwd,rev", show_default=True,
@@ -163,15 +101,14 @@ def self_training_options(function):
 @click.option("--src-lang", default="en", show_default=True, help="Source language (tokenizer).")
 @click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokenizer).")
 @click.option("--lowercase", is_flag=True, help="Lowercase both sides.")
-@click.option("--bpe-merges", default=None, type=click.IntRange(min=0),
-              help="BPE merge operations (0 = whole words) [default: one per five training "
-                   "pairs, rounded to thousands, 1,000 to 10,000].")
+@bpe_merges_option()
 @click.option("--joint-bpe/--separate-bpe", default=True, show_default=True,
               help="Learn one BPE on both languages, or one per language.")
 @click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--bpe-sample", default=0, show_default=True, type=click.IntRange(min=0),
               help="Learn BPE on a seeded sample of this many pairs (0 = all).")
-@click.option("--max-len", default=200, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-len", default=DataConfig.max_len, show_default=True,
+              type=click.IntRange(min=1),
               help="Skip training pairs with a side longer than this (subwords).")
 @click.option("--max-ratio", default=0.0, show_default=True, type=FiniteFloat(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
@@ -192,8 +129,7 @@ def self_training_options(function):
 @click.option("--markov-order", default=0, show_default=True, type=click.IntRange(min=0),
               help="Markov decoder: self-attention sees only the previous k target tokens, "
                    "with their static embeddings as keys/values (0 = off).")
-@click.option("-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
-              help="Further model-kind setting (repeatable), e.g. -M chunk_size=8.")
+@model_option_option
 @click.option("--base", "base_dir", type=click.Path(file_okay=False), default=None,
               help="alignment-layer: a trained transformer model directory to use as the "
                    "frozen base (skips stage 1; the model size comes from it).")
@@ -206,8 +142,7 @@ def self_training_options(function):
               help="alignment-layer: keys/values of the layer: source word embeddings, encoder "
                    "output, or their average  [default: add]")
 # training
-@click.option("--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True, type=click.IntRange(min=1),
-              help="Padded tokens per batch.")
+@max_tokens_option
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
 @click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=FiniteFloat(min=0),
@@ -222,16 +157,13 @@ def self_training_options(function):
 @click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=FiniteFloat(0, 1))
 @click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=FiniteFloat(min=0),
               help="Gradient norm clipping (0 = off).")
-@click.option("--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Stop after this many updates per direction (0 = no limit).")
-@click.option("--max-epochs", default=None, type=click.IntRange(min=0),
-              help=f"Stop after this many epochs (0 = no limit); with self-training rounds, "
-                   f"round 1's (a fine-tuned round trains --fine-tune-epochs), or every "
-                   f"round's with --max-updates  [default: {recipe.EPOCHS_PER_ROUND} with "
-                   f"self-training rounds (no limit with --max-updates, as align run), "
-                   f"{recipe.EPOCHS} with --rounds 1]")
-@click.option("--checkpoint-interval", default=1000, show_default=True,
-              type=click.IntRange(min=1), help="Updates between checkpoints.")
+@max_updates_option
+@max_epochs_option(None, default_help=f"{recipe.EPOCHS_PER_ROUND} with self-training rounds "
+                                      f"(no limit with --max-updates, as align run), "
+                                      f"{recipe.EPOCHS} with --rounds 1")
+@click.option("--checkpoint-interval", default=TrainConfig.checkpoint_interval,
+              show_default=True, type=click.IntRange(min=1),
+              help="Updates between checkpoints.")
 @click.option("--valid-src", type=INPUT, help="Validation source sentences.")
 @click.option("--valid-tgt", type=INPUT, help="Validation target sentences.")
 @click.option("--valid-gold", type=INPUT,
@@ -240,36 +172,15 @@ def self_training_options(function):
               show_default=True)
 @click.option("--valid-method", default="", help="Extraction method for validation AER "
                                                  "(default: the model kind's first).")
-@click.option("--guide", type=INPUT, default=None,
-              help="Guided alignment training (hmm0, hmm1): Pharaoh word alignments of the "
-                   "training bitext, one line per training line, source-target (e.g. from "
-                   "eflomal, fast_align, GIZA++ or align extract), indexing the words as "
-                   "training sees them (after --tokenize). Adds --guide-weight x the "
-                   "cross-entropy between the guide (uniform over each target subword's linked "
-                   "source subwords) and the model's posterior alignment distribution.")
-@click.option("--guide-weight", default=1.0, show_default=True,
-              type=FiniteFloat(min=0),
-              help="Weight of the guide's cross-entropy term (with --guide).")
-@click.option("--rounds", default=None, type=click.IntRange(min=1),
-              help=f"Self-training (hmm0, hmm1, both directions): after each round but the "
-                   f"last, the round's own alignments of the training bitext (-H "
-                   f"{recipe.HEURISTIC}) guide the next round, which fine-tunes the round's "
-                   f"model (round 1 takes --guide, if given; 1 = one plain training)  "
-                   f"[default: {recipe.ROUNDS} for hmm0 and hmm1 in both directions; 1 for "
-                   f"the other kinds and under torchrun]")
+@guide_options
+@rounds_option(None, default_help=f"{recipe.ROUNDS} for hmm0 and hmm1 in both directions; 1 "
+                                  f"for the other kinds and under torchrun")
 @self_training_options
-@click.option("--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
-              type=FiniteFloat(min=0),
-              help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
-                   "batches, adding this weight x the squared difference of their alignment "
-                   "posteriors over each pair's subwords (0 = each direction on its own).")
-@click.option("--device", default="auto", show_default=True,
-              help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N (under torchrun: "
-                   "local rank r on GPU N+r).")
+@agreement_weight_option
+@device_option
 @precision_option
-@click.option("--seed", default=C.DEFAULT_SEED, show_default=True, type=int)
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default, usually all cores).")
+@seed_option
+@threads_option()
 @click.option("--parallel-directions/--serial-directions", default=None,
               help="CPU: train fwd and rev at the same time, each in its own process with "
                    "half of --threads (the same weights as training them in turn with that "
@@ -277,17 +188,13 @@ def self_training_options(function):
                    "process, see eval/results/parallel_directions.md), or one after the "
                    "other  [default: side by side on a CPU with 2+ cores and threads, from "
                    "1,000 training pairs on, unless --agreement-weight or torchrun]")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in --model-dir (same data and settings; "
-                   "only --max-updates, --max-epochs, --checkpoint-interval and --device may "
-                   "change; a self-training run goes on in the round it stopped in, and a "
-                   "finished one given more --rounds trains them).")
+@resume_option
 @click.option("--resume-ignore-data-change", "ignore_data_change", is_flag=True,
               help="With --resume: continue on the corpus cached in --model-dir even though "
                    "the training bitext given now differs from the one it was built from "
                    "(without this, --resume refuses; --overwrite trains on the new data).")
-@click.option("--overwrite", is_flag=True, help="Replace the run in a non-empty --model-dir.")
-@click.option("-q", "--quiet", is_flag=True, help="Warnings only, no progress bar.")
+@overwrite_option
+@quiet_option
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
             model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
@@ -322,7 +229,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
     DistributedDataParallel on all processes; rank 0 writes the model directory.
     """
-    from aligner.config import DataConfig, TrainConfig
     from aligner.formats import open_bitext, read_bitext, read_gold
     from aligner.models import MODELS, model_class
     from aligner.log import setup_logging

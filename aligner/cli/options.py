@@ -1,0 +1,262 @@
+"""The options that `align train`, `align run` and `align demo` share, each declared once.
+
+Each function here is a click decorator (one option, or a group of options) that every command
+taking the option applies, so that the same option has the same name, type and help text in
+every command (tests/test_cli_options.py compares the --help of all commands). Where commands
+differ in the default (align run trains the recipe of aligner/recipe.py; align demo a small
+model), the decorator takes the default and, where click cannot print it, the words of the
+"[default: ...]" note; the help text before that note stays the same.
+
+Options that only one command has stay in that command's module.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import click
+
+from aligner import constants as C
+from aligner import recipe
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+INPUT = click.Path(dir_okay=False, exists=False)
+
+#: align run and align demo take no --checkpoint-interval: they have no validation set, so a
+#: checkpoint serves only --resume, and one is written at the end of each training (round)
+#: anyway (align train's --checkpoint-interval: TrainConfig.checkpoint_interval)
+CHECKPOINT_AT_THE_END = 10 ** 9
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses inf and nan (a learning rate or loss weight of inf trains
+    to NaN weights), and, like click.FloatRange, values outside [min, max]."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def _with_default(text: str, default_help: Optional[str]) -> str:
+    """`text` plus a "[default: ...]" note (for a default that click cannot print: None, which
+    the command resolves)."""
+    return text if default_help is None else f"{text}  [default: {default_help}]"
+
+
+def _apply(function, decorators):
+    for decorator in reversed(decorators):
+        function = decorator(function)
+    return function
+
+
+def bitext_options(function):
+    """-s/-t or -i: a bitext (check the combination with
+    :func:`aligner.cli.train.check_bitext_args`)."""
+    return _apply(function, [
+        click.option("-s", "--source", type=INPUT, help="Source sentences, one per line."),
+        click.option("-t", "--target", type=INPUT, help="Target sentences, line-aligned."),
+        click.option("-i", "--input", "joint", type=INPUT,
+                     help="One 'source ||| target' file instead of -s/-t."),
+    ])
+
+
+def model_dir_option(*short: str, required: bool, default_help: Optional[str] = None
+                     ) -> Decorator:
+    """--model-dir (align train: required, also -o; align run: a temporary directory unless
+    given, hence `default_help`)."""
+    return click.option(
+        *short, "--model-dir", required=required, default=None,
+        type=click.Path(file_okay=False),
+        help=_with_default("The model directory (self-contained: config, BPE, vocabularies, "
+                           "weights; align extract aligns new text with it).", default_help))
+
+
+def bpe_merges_option(default: Optional[int] = None,
+                      default_help: Optional[str] = "one per five training pairs, rounded to "
+                                                    "thousands, 1,000 to 10,000") -> Decorator:
+    """--bpe-merges: None = recipe.bpe_merges(number of pairs) (align train, align run);
+    align demo gives a number."""
+    return click.option(
+        "--bpe-merges", default=default, show_default=default is not None,
+        type=click.IntRange(min=0),
+        help=_with_default("BPE merge operations (0 = whole words).",
+                           default_help if default is None else None))
+
+
+def model_option_option(function):
+    """-M/--model-option KEY=VALUE (aligner.cli.train.parse_key_values)."""
+    return click.option(
+        "-M", "--model-option", "model_option", multiple=True, metavar="KEY=VALUE",
+        help="A setting of the model kind by name (repeatable; it wins over the other model "
+             "flags and over the recipe), e.g. -M chunk_size=8 or -M d_model=64.")(function)
+
+
+def max_tokens_option(function):
+    """--max-tokens of training batches (aligner.config.TrainConfig.max_tokens)."""
+    return click.option(
+        "--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True,
+        type=click.IntRange(min=1),
+        help="Padded tokens per training batch (max(source, target) length x "
+             "sentences).")(function)
+
+
+def max_updates_option(function):
+    """--max-updates (aligner.config.TrainConfig.max_updates)."""
+    return click.option(
+        "--max-updates", default=0, show_default=True, type=click.IntRange(min=0),
+        help="Stop after this many updates per direction (0 = no limit: the epochs decide); "
+             "with self-training rounds, the length of every round.")(function)
+
+
+def max_epochs_option(default: Optional[int], min_epochs: int = 0,
+                      default_help: Optional[str] = None) -> Decorator:
+    """--max-epochs of align train (None: resolved from --rounds and --max-updates) and align
+    demo (a number, at least 1: the demo has no other limit).
+
+    align run's --epochs stays an option of its own: it is the length of a round that
+    --max-updates replaces (align run trains `0 if max_updates else epochs` epochs), where
+    --max-epochs is a limit beside --max-updates (whichever comes first).
+    """
+    return click.option(
+        "--max-epochs", default=default, show_default=default is not None,
+        type=click.IntRange(min=min_epochs),
+        help=_with_default("Stop after this many epochs per direction (0 = no limit); with "
+                           "self-training rounds, round 1's (a fine-tuned round trains "
+                           "--fine-tune-epochs), or every round's with --max-updates.",
+                           default_help if default is None else None))
+
+
+def guide_options(function):
+    """--guide and --guide-weight: guided training of round 1 (aligner/guide.py)."""
+    return _apply(function, [
+        click.option("--guide", type=INPUT, default=None,
+                     help="Guided alignment training (hmm0, hmm1): Pharaoh word alignments of "
+                          "the training bitext, one line per training line, source-target "
+                          "(e.g. eflomal's grow-diag, or from fast_align, GIZA++ or align "
+                          "extract), indexing the words as training sees them (after "
+                          "--tokenize). Adds --guide-weight x the cross-entropy between the "
+                          "guide (uniform over each target subword's linked source subwords) "
+                          "and the model's posterior alignment distribution (eval/results/"
+                          "guided_enfr.md: the recipe's quality in a third of the updates)."),
+        click.option("--guide-weight", default=1.0, show_default=True,
+                     type=FiniteFloat(min=0),
+                     help="Weight of the guide's cross-entropy term (with --guide)."),
+    ])
+
+
+def rounds_option(default: Optional[int], default_help: Optional[str] = None) -> Decorator:
+    """--rounds of self-training: align run's is recipe.ROUNDS, align train's None (resolved
+    from the model kind and directions: aligner.self_training.default_rounds)."""
+    return click.option(
+        "--rounds", default=default, show_default=default is not None,
+        type=click.IntRange(min=1),
+        help=_with_default(f"Self-training (hmm0, hmm1, both directions): after each round "
+                           f"but the last, the round's own alignments of the training bitext "
+                           f"(-H {recipe.HEURISTIC}; align run: its -H) guide the next round, "
+                           f"which fine-tunes the round's model (round 1 takes --guide, if "
+                           f"given; 1 = one plain training).",
+                           default_help if default is None else None))
+
+
+def self_training_options(function):
+    """The options of self-training rounds after the first (aligner.self_training.SelfTraining;
+    `align train` and `align run`)."""
+    return _apply(function, [
+        click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT,
+                     show_default=True, type=FiniteFloat(min=0),
+                     help="Weight of the guide term in a self-training round (the previous "
+                          "round's alignments as guide; --guide-weight is --guide's, in "
+                          "round 1)."),
+        click.option("--self-guide-threshold", type=FiniteFloat(0.0, 1.0, max_open=True),
+                     default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
+                     help="Threshold of -H soft-average for the alignments that guide the "
+                          "next self-training round."),
+        click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
+                     show_default=True,
+                     help="Self-training: each round after the first starts from the "
+                          "previous round's model (as align train --init-from), or from new "
+                          "weights."),
+        click.option("--fine-tune-epochs", default=recipe.FINE_TUNE_EPOCHS, show_default=True,
+                     type=click.IntRange(min=1),
+                     help="Passes over the bitext per direction in a fine-tuned self-training "
+                          "round (a run limited by --max-updates: each round as round 1)."),
+        click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
+                     default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
+                     help="Learning-rate decay of a fine-tuned self-training round (round 1 "
+                          f"and --afresh rounds keep round 1's: align train --lr-schedule, "
+                          f"align run the recipe's {recipe.TRAINING['lr_schedule']})."),
+    ])
+
+
+def agreement_weight_option(function):
+    """--agreement-weight (aligner/agreement.py)."""
+    return click.option(
+        "--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
+        type=FiniteFloat(min=0),
+        help="Agreement training (hmm0, hmm1): train fwd and rev together on the same "
+             "batches, adding this weight x the squared difference of their alignment "
+             "posteriors over each pair's subwords (0 = each direction on its own).")(function)
+
+
+def resume_option(function):
+    """--resume of a run in --model-dir (aligner.config.RESUMABLE_CHANGES: what may change)."""
+    return click.option(
+        "--resume", is_flag=True,
+        help="Continue the interrupted run in --model-dir (same data and settings; only the "
+             "limits --max-updates and --max-epochs or --epochs, --checkpoint-interval, "
+             "--device and --precision may change): a self-training run goes on in the round "
+             "it stopped in, "
+             "and a finished one given more --rounds trains them; align run then aligns the "
+             "bitext.")(function)
+
+
+def overwrite_option(function):
+    """--overwrite: replace the run in a non-empty --model-dir (aligner.model_dir)."""
+    return click.option("--overwrite", is_flag=True,
+                        help="Replace the run in a non-empty --model-dir.")(function)
+
+
+def device_option(function):
+    """--device (aligner.distributed.resolve_device)."""
+    return click.option(
+        "--device", default="auto", show_default=True,
+        help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N (align train under "
+             "torchrun: local rank r on GPU N+r).")(function)
+
+
+def precision_option(function):
+    """``--precision`` of training (`align train`, `align run`: aligner/precision.py)."""
+    return click.option(
+        "--precision", type=click.Choice(C.PRECISIONS), default="auto", show_default=True,
+        help="Training arithmetic: bf16 = bfloat16 autocast of the forward pass (weights and "
+             "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
+             "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
+             "the same precision.")(function)
+
+
+def seed_option(function):
+    """--seed of training (aligner.config.TrainConfig.seed)."""
+    return click.option("--seed", default=C.DEFAULT_SEED, show_default=True,
+                        type=int)(function)
+
+
+def threads_option(default: int = 0) -> Decorator:
+    """--threads (aligner.cli.train.set_threads): 0 for align train and align run; align demo
+    takes 1 (its small model is no faster with more threads on a busy machine)."""
+    return click.option(
+        "--threads", default=default, show_default=True, type=click.IntRange(min=0),
+        help="CPU threads for torch (0 = torch's default, usually all cores); two directions "
+             "trained side by side get half each, at least 1.")
+
+
+def quiet_option(function):
+    """-q/--quiet (aligner.log.setup_logging)."""
+    return click.option(
+        "-q", "--quiet", is_flag=True,
+        help="Warnings only, no progress bars or messages (align run and align demo still "
+             "print their results).")(function)
