@@ -110,6 +110,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="settings measured at once")
     parser.add_argument("--modules", default=",".join(MODULES),
                         help="the test modules whose BARS are measured")
+    parser.add_argument("--from-json", default=None,
+                        help="write the report of the values a run saved (--output's .json) "
+                             "against the bars of the tests as they are now; measure nothing")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,15 +120,20 @@ def main() -> None:
     if args.worker:
         print(json.dumps(measure(args.seeds, args.threads, modules)))
         return
-    start = time.time()
-    settings = args.settings.split(",")
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:   # each setting: its own process
-        measured = list(pool.map(lambda setting: run_setting(setting, args.seeds, modules),
-                                 settings))
-    results = dict(zip(settings, measured))
-    if args.output:   # the raw values first: a report that fails loses nothing
-        Path(args.output).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    text = report(results, args.seeds, time.time() - start, modules)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results, seconds = saved["results"], saved["seconds"]
+    else:
+        start = time.time()
+        settings = args.settings.split(",")
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:   # a process per setting
+            measured = list(pool.map(lambda setting: run_setting(setting, args.seeds, modules),
+                                     settings))
+        results, seconds = dict(zip(settings, measured)), time.time() - start
+        if args.output:   # the raw values first: a report that fails loses nothing
+            Path(args.output).with_suffix(".json").write_text(
+                json.dumps({"seconds": seconds, "results": results}, indent=1) + "\n")
+    text = report(results, args.seeds, seconds, modules)
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf-8")
     else:

@@ -396,7 +396,7 @@ MONOTONE_CASES = {
                                  {"context": "attention", "alignment_dim": 8})}
 MONOTONE = {name: Bar(f"diagonal links of {name} on a monotone translation",
                       functools.partial(_monotone_accuracy, *case), above=0.85,
-                      margin="MEASURE")
+                      margin="measured 0.933-1.000 (hmm0-posterior), 0.950-1.000 (hmm1)")
             for name, case in MONOTONE_CASES.items()}
 BARS = list(MONOTONE.values())
 

@@ -124,11 +124,11 @@ def _in_tmp(measure):
 
 LOSS_FALLS = Bar("tiny transformer train loss at update 60 / at update 10",
                  _in_tmp(lambda tmp, seed: (lambda l: l[-1] / l[0])(_train_tiny(tmp, seed)[1])),
-                 below=0.8, margin="MEASURE")
+                 below=0.8, margin="measured 0.496-0.627")
 LOSS_STEPS = Bar("tiny transformer: largest ratio of a checkpoint's loss to the one before",
                  _in_tmp(lambda tmp, seed: max(later / earlier for earlier, later in zip(
                      *(lambda l: (l, l[1:]))(_train_tiny(tmp, seed)[1])))),
-                 below=1.0, margin="MEASURE")
+                 below=1.0, margin="measured 0.915-0.960")
 BARS = [LOSS_FALLS, LOSS_STEPS]
 
 

@@ -412,13 +412,15 @@ def _markov_translations(kind: str, markov_order: int, seed: int):
 MARKOV_CASES = {"hmm0": ("hmm0", 1), "transformer": ("transformer", 2)}
 MARKOV_CORRECT = {name: Bar(f"{name} Markov model: test sentences translated right (of 20)",
                             lambda seed, case=case: _markov_translations(*case, seed)[0],
-                            above=15, margin="MEASURE")
+                            above=10, margin="measured 12-20: the same seed gives 20 with AVX-512 "
+                                   "kernels and 12 with the generic ones")
                   for name, case in MARKOV_CASES.items()}
 # attention (transformer) is a noisier aligner than the HMM
 MARKOV_DIAGONAL = {name: Bar(f"{name} Markov model: share of diagonal links",
                              lambda seed, case=case: (lambda r: r[2] / r[1])(
                                  _markov_translations(*case, seed)),
-                             above=0.9 if name == "hmm0" else 0.75, margin="MEASURE")
+                             above=0.75 if name == "hmm0" else 0.6,
+                             margin="measured 0.831-1.000 (hmm0), 0.727-1.000 (transformer)")
                    for name, case in MARKOV_CASES.items()}
 BARS = list(MARKOV_CORRECT.values()) + list(MARKOV_DIAGONAL.values())
 
