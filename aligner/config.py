@@ -195,7 +195,8 @@ class TrainConfig:
 RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device",
                      "precision")
 #: config.json ``extra`` entries that hold a path (the --init-from and --base model
-#: directories): not compared on resume (:meth:`RunConfig.differences`)
+#: directories): on resume only whether there is one is compared here
+#: (:meth:`RunConfig.differences`), their weights by aligner.train_run.check_inputs
 PATH_EXTRAS = ("init_from", "base")
 
 
@@ -284,8 +285,8 @@ class RunConfig:
             # them otherwise. Whether there is a guide counts; its content is compared by
             # aligner.train_run.check_inputs.
             values["data"]["guide"] = bool(values["data"].get("guide"))
-            values["extra"] = {key: value for key, value in (values.get("extra") or {}).items()
-                               if key not in PATH_EXTRAS}
+            values["extra"] = {key: (bool(value) if key in PATH_EXTRAS else value)
+                               for key, value in (values.get("extra") or {}).items()}
             for key in RESUMABLE_CHANGES:
                 if not (linear and key in ("max_updates", "max_epochs")):
                     values["training"].pop(key)

@@ -13,6 +13,9 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      .aligner             the mark of a directory written by a run of ours (written first;
+                           --overwrite replaces only a directory that has it, or a config.json
+                           of ours, and never removes it)
       run.json             the run record: command, inputs and their checksums, device, the
                            seconds of each stage of every session and self-training round
                            (aligner/run_record.py)
@@ -126,18 +129,32 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
     check_condition(overwrite, f"{model_dir}: directory is not empty; use --resume to continue "
                                f"its run or --overwrite to replace it")
     check_overwritable(model_dir, inputs)
+    mark_run(model_dir)   # first: a removal cut off still leaves a directory known as ours
     remove_run_files(model_dir)
     return False
 
 
+#: MODEL_DIR/.aligner: the mark of a directory that a run of ours writes, the first file a
+#: run writes (before anything is removed or prepared) and never removed by --overwrite
+RUN_MARK = ".aligner"
+_RUN_MARK_TEXT = "a model directory written by aligner (align train / align run)\n"
+
+
+def mark_run(model_dir: str) -> None:
+    """Write MODEL_DIR/.aligner, which :func:`holds_run` recognizes."""
+    with atomic_output(os.path.join(model_dir, RUN_MARK)) as out:
+        out.write(_RUN_MARK_TEXT)
+
+
 def holds_run(model_dir: str) -> bool:
-    """Whether `model_dir` holds a run of ours: a ``version`` file (the first file a run
-    writes) that names a version, or a config.json of ours (older directories)."""
-    version = os.path.join(model_dir, C.VERSION_NAME)
-    if os.path.isfile(version) and not os.path.islink(version):
+    """Whether `model_dir` holds a run of ours: its ``.aligner`` mark, or a config.json of ours
+    (directories written before the mark existed). A file named ``version`` is not enough:
+    other projects have one too."""
+    mark = os.path.join(model_dir, RUN_MARK)
+    if os.path.isfile(mark) and not os.path.islink(mark):
         with contextlib.suppress(OSError, UnicodeDecodeError):
-            with open(version, encoding="utf-8") as handle:
-                if re.fullmatch(r"\d+\.\d+\S*\n?", handle.read(100)):
+            with open(mark, encoding="utf-8") as handle:
+                if handle.read(200) == _RUN_MARK_TEXT:
                     return True
     config = config_path(model_dir)
     if os.path.isfile(config) and not os.path.islink(config):
@@ -157,7 +174,7 @@ def check_overwritable(model_dir: str, inputs: Sequence[Optional[str]] = ()) -> 
                      if name not in (BASE_DIR, LOCK_NAME))
     check_condition(holds_run(model_dir),
                     f"{model_dir}: --overwrite replaces a model directory written by align, and "
-                    f"this one holds no run ({C.VERSION_NAME} and {C.CONFIG_NAME} are missing; "
+                    f"this one holds no run (no {RUN_MARK} mark, no {C.CONFIG_NAME} of ours; "
                     f"it holds {', '.join(present[:3])}{', ...' if len(present) > 3 else ''}): "
                     f"nothing was removed; choose a new or empty directory")
     for name in RUN_ENTRIES:
@@ -180,22 +197,21 @@ def check_overwritable(model_dir: str, inputs: Sequence[Optional[str]] = ()) -> 
 
 def discard_unstarted_run(model_dir: str) -> None:
     """Remove what a run that stopped before its training began (no config.json) wrote, so that
-    the corrected command starts in a clean directory; the ``version`` mark stays while other
+    the corrected command starts in a clean directory; the ``.aligner`` mark stays while other
     files remain (they belong to a run of ours: --overwrite may still remove them)."""
     remove_run_files(model_dir)
-    if not any(name not in (BASE_DIR, LOCK_NAME, C.VERSION_NAME)
-               for name in os.listdir(model_dir)):
+    if not any(name not in (BASE_DIR, LOCK_NAME, RUN_MARK) for name in os.listdir(model_dir)):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(model_dir, C.VERSION_NAME))
+            os.unlink(os.path.join(model_dir, RUN_MARK))
 
 
 def remove_run_files(model_dir: str) -> None:
     """Remove what a training run writes at the top level of `model_dir` (RUN_ENTRIES; symbolic
-    links only as links) but the ``version`` mark, which the next run rewrites: a removal cut
-    off (SIGKILL while the corpus or weights are removed) leaves a directory still recognized
-    as a run of ours (:func:`holds_run`), which --resume or --overwrite can go on with. The
-    run record goes last."""
-    first = [name for name in RUN_ENTRIES if name not in (C.RUN_RECORD_NAME, C.VERSION_NAME)]
+    links only as links), never its ``.aligner`` mark: a removal cut off (SIGKILL while the
+    corpus or weights are removed) leaves a directory still recognized as a run of ours
+    (:func:`holds_run`), which --resume or --overwrite can go on with. The run record goes
+    last."""
+    first = [name for name in RUN_ENTRIES if name != C.RUN_RECORD_NAME]
     for name in first + [C.RUN_RECORD_NAME]:
         path = os.path.join(model_dir, name)
         if os.path.isdir(path) and not os.path.islink(path):

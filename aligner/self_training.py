@@ -37,8 +37,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from aligner import constants as C
 from aligner import recipe
 from aligner.config import RunConfig
-from aligner.utils import (AlignerError, atomic_output, check_condition,
-                           remove_stale_temporaries)
+from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +184,6 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
             check_overwritable(model_dir, request_inputs(request))
         # an earlier run's round files must not be taken for this run's
         _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
-    if int(os.environ.get("RANK", "0")) == 0:
-        remove_stale_temporaries(model_dir)   # a guide being written when a run was killed
     for round_number in range(first, plan.rounds + 1):
         start = time.time()
         mode = mode if round_number == first else FRESH
@@ -325,8 +322,9 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
                    if option in saved and saved[option] != value]
     check_condition(not differences,
                     f"{model_dir}: cannot resume, these self-training settings differ from the "
-                    f"saved run: {', '.join(differences)} (give the saved ones, or "
-                    f"--overwrite to start a new run)")
+                    f"saved run: {', '.join(differences)} (give the saved ones: -H and "
+                    f"--shortlist are align run's, so a run it started goes on with align run "
+                    f"--resume; or --overwrite to start a new run)")
 
 
 def _check_trained_round(request: "TrainRequest") -> None:

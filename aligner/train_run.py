@@ -291,8 +291,19 @@ def _bitext_names(bitext: Bitext) -> str:
     return f"{bitext.source_name} + {bitext.target_name}"
 
 
+def start_weights(start_dir: str) -> Dict[str, str]:
+    """{direction: sha256 of params.best.pt} of the model directory a run starts from
+    (--init-from, or the base of stage 2): what is compared on --resume, wherever it lies."""
+    from aligner.model_dir import file_sha256, params_path
+
+    return {direction: file_sha256(params_path(start_dir, direction, "best"))
+            for direction in C.DIRECTIONS
+            if os.path.isfile(params_path(start_dir, direction, "best"))}
+
+
 def record_inputs(model_dir: str, bitext: "Bitext | BitextFiles",
-                  fingerprint: Optional[str] = None, guide: Optional[str] = None) -> None:
+                  fingerprint: Optional[str] = None, guide: Optional[str] = None,
+                  start_dir: Optional[str] = None) -> None:
     """Write MODEL_DIR/corpus/inputs.json: the files, pair count and fingerprint of the bitext
     the cached corpus is encoded from, and the sha256 of its `guide` file, if any
     (:func:`check_inputs` compares them on --resume); `fingerprint`: its
@@ -301,15 +312,18 @@ def record_inputs(model_dir: str, bitext: "Bitext | BitextFiles",
 
     record = {"files": _bitext_names(bitext), "pairs": len(bitext),
               "sha256": fingerprint or bitext_fingerprint(bitext)}
-    if guide is not None:
+    if guide is not None and os.path.isfile(guide):   # (a pipe was read once, when encoded)
         record["guide_sha256"] = file_sha256(guide)
+    if start_dir is not None:
+        record["start_weights_sha256"] = start_weights(start_dir)
     with atomic_output(os.path.join(model_dir, CORPUS_DIR, INPUTS_NAME)) as out:
         json.dump(record, out, indent=2, sort_keys=True)
         out.write("\n")
 
 
 def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False,
-                 guide: Optional[str] = None) -> None:
+                 guide: Optional[str] = None, start_dir: Optional[str] = None,
+                 saved_guide: Optional[str] = None) -> None:
     """On --resume: refuse (one line) when `bitext` is not the bitext the cached corpus of
     `model_dir` was encoded from, unless `ignore_change` (then training continues on the cached
     corpus and `bitext` is not used). Likewise for the `guide` file: it is compared by content,
@@ -331,11 +345,23 @@ def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False,
         raise AlignerError(f"{path}: not a record of the training data ({error})") from None
     files, pairs, fingerprint = recorded
     guide_sha256 = record.get("guide_sha256")
-    if (guide is not None and guide_sha256 is not None and not ignore_change
-            and os.path.isfile(guide) and file_sha256(guide) != guide_sha256):
-        raise AlignerError(f"{guide}: not the guide the run's corpus was encoded with (its "
-                           f"content differs); --resume would go on training with the old "
-                           f"one (use --overwrite to train with this guide)")
+    if guide is not None and not ignore_change:
+        if guide_sha256 is not None:
+            changed = os.path.isfile(guide) and file_sha256(guide) != guide_sha256
+        else:   # recorded before guides were fingerprinted: compare where they lie
+            changed = (saved_guide is not None
+                       and os.path.realpath(saved_guide) != os.path.realpath(guide))
+        if changed:
+            raise AlignerError(f"{guide}: not the guide the run's corpus was encoded with "
+                               f"(its content differs); --resume would go on training with "
+                               f"the old one (use --overwrite to train with this guide)")
+    recorded_start = record.get("start_weights_sha256")
+    if start_dir is not None and recorded_start is not None:
+        now = start_weights(start_dir)
+        check_condition(all(now.get(d) == sha for d, sha in recorded_start.items()),
+                        f"{start_dir}: not the model the run started from (its weights "
+                        f"differ); a direction without a checkpoint would start from these "
+                        f"(use --overwrite to start anew from them)")
     if fingerprint == bitext_fingerprint(bitext):
         return
     if ignore_change:
@@ -353,7 +379,7 @@ def check_inputs(model_dir: str, bitext: Bitext, ignore_change: bool = False,
 
 def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
                      data_config, bitext: "Bitext | BitextFiles",
-                     fingerprint: Optional[str] = None) -> None:
+                     fingerprint: Optional[str] = None, start_dir: Optional[str] = None) -> None:
     """Encode the training corpus into MODEL_DIR/corpus (with the record of the bitext it came
     from, `bitext`) and save prep, BPE and vocabularies. `source` / `target`: the bitext's
     (tokenized) sides, iterated once for the corpus and once more for a guide."""
@@ -364,7 +390,8 @@ def _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir: str,
                   max_len=data_config.max_len, max_ratio=data_config.max_ratio)
     if data_config.guide:
         _encode_guide(pre, data_config.guide, source, target, corpus_dir)
-    record_inputs(model_dir, bitext, fingerprint, guide=data_config.guide or None)
+    record_inputs(model_dir, bitext, fingerprint, guide=data_config.guide or None,
+                  start_dir=start_dir)
     pre.save(model_dir)
     src_vocab.save(os.path.join(model_dir, C.VOCAB_SRC))
     tgt_vocab.save(os.path.join(model_dir, C.VOCAB_TGT))
@@ -618,7 +645,7 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
     from aligner.distributed import resolve_device
     from aligner.log import log_run_info, setup_logging
     from aligner.model_dir import (acquire_lock, config_path, discard_unstarted_run,
-                                   release_lock, write_version)
+                                   mark_run, release_lock, write_version)
 
     model_dir = request.model_dir
     from aligner.precision import resolve_precision
@@ -637,7 +664,8 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
             lock = acquire_lock(model_dir)  # before anything is removed or written
             resumed = configured = _open_model_dir(request)
             if not resumed:
-                write_version(model_dir)    # first: marks the directory as a run of ours
+                mark_run(model_dir)         # first: marks the directory as a run of ours
+                write_version(model_dir)
                 started = True
             record = begin_record(request, resumed, device, precision, context.world_size)
         context.barrier()
@@ -674,6 +702,8 @@ def _train_in_group(request: TrainRequest, context: DistributedContext
                             f"{model_dir}: cannot resume, these settings differ from the saved "
                             f"run: {', '.join(differences)} (use --overwrite to start a new run)")
         if context.is_main:
+            if not resumed:   # refused here, the run still leaves nothing behind
+                check_batches(model_dir, request.train_config)
             config.save(config_path(model_dir))
             configured = True
         validation = _validation(request, pre, src_vocab, tgt_vocab)
@@ -758,7 +788,8 @@ def check_request(request: TrainRequest) -> None:
                     f"(hmm0, hmm1), not '{kind}'")
     check_condition(request.train_config.guide_weight == 0 or bool(request.data_config.guide),
                     "--guide-weight needs --guide")
-    if request.data_config.guide:
+    if request.data_config.guide and os.path.isfile(request.data_config.guide):
+        # (a pipe can be read once: it is checked while it is encoded)
         from aligner.guide import check_guide_file
 
         # the links against the words only where training sees the words as they are
@@ -794,6 +825,16 @@ def check_init_dir(init_dir: str, model_kind: str, directions: Sequence[str],
                         f"{init_dir}: no trained {direction} model to start from")
 
 
+def check_batches(model_dir: str, train_config: TrainConfig) -> None:
+    """The batcher's own checks on the encoded corpus (pairs left to train on, --max-tokens
+    against the longest pair), before the run counts as configured: one error line, and a
+    fresh run refused there removes what it wrote."""
+    from aligner.data import TokenBatcher
+
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    TokenBatcher.from_corpus(corpus, train_config.max_tokens, seed=train_config.seed)
+
+
 def request_inputs(request: TrainRequest) -> List[str]:
     """The files a run reads (the bitext, the guide, the validation bitext): never removed by
     its --overwrite."""
@@ -807,7 +848,7 @@ def _open_model_dir(request: TrainRequest) -> bool:
     """Rank 0, holding the lock: make the model directory ready (:func:`prepare_output_dir`);
     when an earlier run is resumed, check its cached corpus and every direction before anything
     is trained. Returns whether the run is resumed."""
-    from aligner.model_dir import direction_dir, prepare_output_dir
+    from aligner.model_dir import config_path, direction_dir, prepare_output_dir
 
     model_dir = request.model_dir
     resumed = prepare_output_dir(model_dir, request.resume, request.overwrite,
@@ -816,8 +857,11 @@ def _open_model_dir(request: TrainRequest) -> bool:
                    *(direction_dir(model_dir, d) for d in C.DIRECTIONS)):
         remove_stale_temporaries(folder)    # of a run killed while it wrote (the lock is ours)
     if resumed:
+        saved = RunConfig.load(config_path(model_dir))
         check_inputs(model_dir, request.bitext, request.ignore_data_change,
-                     request.data_config.guide or None)
+                     request.data_config.guide or None,
+                     start_dir=request.base_dir or request.init_dir,
+                     saved_guide=saved.data.guide or None)
         if request.agreement:
             from aligner.agreement import check_agreement_resumable
 
@@ -955,7 +999,7 @@ def _prepare_like(model_dir: str, other_dir: str, bitext: Bitext, data_config: D
     pre, src_vocab, tgt_vocab = load_preprocessing(other_dir)
     source, target = tokenize_bitext(pre, bitext)
     _encode_and_save(pre, src_vocab, tgt_vocab, source, target, model_dir, data_config,
-                     bitext)
+                     bitext, start_dir=other_dir)
     logger.info("preprocessing and vocabularies of %s", other_dir)
     logger.info("preparation took %.1fs", time.time() - start)
     return pre, src_vocab, tgt_vocab

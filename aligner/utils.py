@@ -43,13 +43,17 @@ def os_error_message(error: OSError, path: Optional[str] = None) -> str:
 
 
 def is_special_file(path: str) -> bool:
-    """Whether `path` is an existing character device or FIFO (/dev/null, /dev/stdout, a named
-    pipe): such an output is written in place, never replaced by a regular file."""
+    """Whether `path` is an existing character device or FIFO (/dev/null, a named pipe), or
+    anything under /dev or /proc (/dev/stdout links to whatever stdout is, a regular file too):
+    such an output is written in place, never replaced by a regular file."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+    system = ("/dev/", "/proc/")
+    return (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+            or os.path.abspath(path).startswith(system)
+            or (os.path.islink(path) and os.readlink(path).startswith(system)))
 
 
 @contextlib.contextmanager
@@ -145,6 +149,9 @@ def check_writable(path: Optional[str], option: str = "-o") -> None:
     read-only or immutable). `option` names the option in the message.
     """
     if path is None or path == "-":
+        return
+    if is_special_file(path):   # written in place: only the file itself must be writable
+        check_condition(os.access(path, os.W_OK), f"{path}: {option} is not writable")
         return
     directory = os.path.dirname(os.path.abspath(path))
     check_condition(os.path.isdir(directory), f"{path}: output directory does not exist")

@@ -92,6 +92,8 @@ def test_overwrite_refuses_a_directory_without_a_run_and_keeps_the_users_corpus(
     sources, targets, _ = monotone_corpus(20, seed=1)
     src, tgt, _ = write_corpus(work / "corpus", "s", sources, targets)
     before = snapshot(work)
+    (work / "version").write_text("1.4.2\n")      # the project's own version file
+    before = snapshot(work)
     line = one_error_line(invoke("train", "-s", src, "-t", tgt, "-o", work, "--overwrite",
                                  *TINY))
     assert "holds no run" in line and "nothing was removed" in line
@@ -468,3 +470,59 @@ def test_a_guide_without_links_is_warned_about(tmp_path, corpus):
                  "--rounds", "1", "--max-updates", "2", "--guide", empty,
                  *[a for a in HMM_TINY if a != "-q"])
     assert "the guide has no link on any line" in result.output
+
+
+def test_resume_compares_the_start_model_by_its_weights(tmp_path, corpus):
+    """A fine-tuning run resumed with another --init-from model (or none) is refused: a direction
+    without a checkpoint would start from it. The same model elsewhere is accepted."""
+    import shutil
+    m1, m2, tuned = tmp_path / "m1", tmp_path / "m2", tmp_path / "tuned"
+    args = ["-s", corpus["src"], "-t", corpus["tgt"], "--max-updates", 2, *TINY]
+    run("train", *args, "-o", m1)
+    run("train", *args, "-o", m2, "--seed", 7)
+    run("train", *args, "-o", tuned, "--init-from", m1)
+    line = one_error_line(invoke("train", *args, "-o", tuned, "--init-from", m2, "--resume",
+                                 "--max-updates", 4))
+    assert "m2: not the model the run started from" in line
+    line = one_error_line(invoke("train", *args, "-o", tuned, "--resume", "--max-updates", 4))
+    assert "settings differ" in line and "extra.init_from" in line
+    shutil.move(str(m1), str(tmp_path / "moved"))
+    run("train", *args, "-o", tuned, "--init-from", tmp_path / "moved", "--resume",
+        "--max-updates", 4)
+
+
+def test_a_guide_from_a_pipe_is_read_once(tmp_path, corpus):
+    fifo = tmp_path / "guide.fifo"
+    os.mkfifo(fifo)
+    text = Path(corpus["gold"]).read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", tmp_path / "m", "--rounds", "1",
+        "--max-updates", "2", "--guide", fifo, *HMM_TINY)
+    writer.join(timeout=30)
+    assert not writer.is_alive()
+
+
+def test_a_link_to_a_process_stream_is_written_in_place(tmp_path, corpus):
+    """`-o /dev/stdout` with stdout redirected to a file: the file gets the output and the link
+    stays a link (imitated by a link of our own to /proc/self/fd/1)."""
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    redirected = tmp_path / "redirected.txt"
+    with open(redirected, "w") as out:
+        done = subprocess.run([sys.executable, "-m", "aligner", "symmetrize", "-f",
+                               corpus["gold"], "-r", corpus["gold"], "-o", link, "-q"],
+                              stdout=out, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink()
+    assert redirected.read_text() == Path(corpus["gold"]).read_text()
+
+
+def test_a_run_refused_by_its_batches_leaves_nothing_behind(tmp_path, corpus):
+    model = tmp_path / "m"
+    args = ["-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 2, *TINY]
+    line = one_error_line(invoke("train", *args, "--max-tokens", 3))
+    assert "--max-tokens 3 is smaller than the longest training pair" in line
+    assert not model.exists() or os.listdir(model) == []
+    run("train", *args)

@@ -12,7 +12,8 @@ from aligner import constants as C
 from aligner.config import DataConfig, RunConfig, TrainConfig
 from aligner.data import EncodedCorpus, encode_corpus, encode_pair
 from aligner.formats import GoldAlignment
-from aligner.model_dir import (load_model, load_params, prepare_output_dir, save_params)
+from aligner.model_dir import (RUN_MARK, load_model, load_params, mark_run, prepare_output_dir,
+                               save_params)
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
 from aligner.train import Trainer, Validation, learning_rate, seed_everything
@@ -316,10 +317,13 @@ def test_prepare_output_dir_rules(tmp_path):
     with pytest.raises(AlignerError, match="holds no run .* nothing was removed"):
         prepare_output_dir(str(target), resume=False, overwrite=True)
     assert sorted(os.listdir(target)) == [C.CONFIG_NAME, "fwd", "notes.txt"]
-    (target / C.VERSION_NAME).write_text("0.1.0\n")   # the mark every run writes first
+    (target / C.VERSION_NAME).write_text("1.4.2\n")   # another project's version file: not ours
+    with pytest.raises(AlignerError, match="holds no run .* nothing was removed"):
+        prepare_output_dir(str(target), resume=False, overwrite=True)
+    mark_run(str(target))                              # the mark every run writes first
     assert prepare_output_dir(str(target), resume=False, overwrite=True) is False
-    # the run's own files removed; the version mark stays (the next run rewrites it)
-    assert sorted(os.listdir(target)) == ["notes.txt", C.VERSION_NAME]
+    # the run's own files removed; the mark stays
+    assert sorted(os.listdir(target)) == [RUN_MARK, "notes.txt"]
     with pytest.raises(AlignerError, match="cannot resume"):
         prepare_output_dir(str(target), resume=True, overwrite=False)
     with pytest.raises(AlignerError, match="nothing to resume"):
