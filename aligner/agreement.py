@@ -1,6 +1,6 @@
 """Agreement training: both directions in one step, pulled towards the same alignment.
 
-DESIGN.md §1b (Liang, Taskar & Klein 2006, *Alignment by Agreement*). On one batch of pairs
+Liang, Taskar & Klein 2006, *Alignment by Agreement*. On one batch of pairs
 the forward model (source → target) and the reverse model (target → source) are trained
 together with
 

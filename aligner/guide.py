@@ -1,4 +1,5 @@
-"""Guide alignments for guided alignment training (Garg et al. 2019; DESIGN.md §1b).
+"""Guide alignments for guided alignment training (Garg et al. 2019, *Jointly Learning to
+Align and Translate with Transformer Models*).
 
 A guide is a Pharaoh file of word links, one line per training line (from eflomal, GIZA++,
 fast_align or ``align`` itself), in source–target orientation. Training adds
