@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-
-from aligner.cli import main
-from conftest import restored_aligner_logger
+import cli_runner
+from cli_runner import error_line
+from conftest import cut_off_at_checkpoint, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,23 +40,15 @@ RUN_TINY = ["-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1", "-M", "
 
 
 def invoke(*args):
+    """`align ARGS...` in-process, whatever its exit status; the aligner logger restored."""
     with restored_aligner_logger():
-        return CliRunner().invoke(main, [str(a) for a in args])
+        return cli_runner.run(*args, ok=False)
 
 
 def run(*args):
-    result = invoke(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result
-
-
-def one_error_line(result) -> str:
-    """The single `align: error:` line of a failed command (and no traceback)."""
-    assert result.exit_code == 1, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("align: error:")]
-    assert len(errors) == 1, result.output
-    return errors[0]
+    """`align ARGS...` in-process, asserting exit status 0; the aligner logger restored."""
+    with restored_aligner_logger():
+        return cli_runner.run(*args)
 
 
 def snapshot(directory: Path) -> dict:
@@ -94,7 +85,7 @@ def test_overwrite_refuses_a_directory_without_a_run_and_keeps_the_users_corpus(
     before = snapshot(work)
     (work / "version").write_text("1.4.2\n")      # the project's own version file
     before = snapshot(work)
-    line = one_error_line(invoke("train", "-s", src, "-t", tgt, "-o", work, "--overwrite",
+    line = error_line(invoke("train", "-s", src, "-t", tgt, "-o", work, "--overwrite",
                                  *TINY))
     assert "holds no run" in line and "nothing was removed" in line
     assert snapshot(work) == before
@@ -103,7 +94,7 @@ def test_overwrite_refuses_a_directory_without_a_run_and_keeps_the_users_corpus(
     (work / "fwd" / "notes.txt").write_text("mine")
     (work / "config.json").write_text('{"learning_rate": 0.1}')
     before = snapshot(work)
-    line = one_error_line(invoke("run", "-s", src, "-t", tgt, "--model-dir", work,
+    line = error_line(invoke("run", "-s", src, "-t", tgt, "--model-dir", work,
                                  "--overwrite", "--max-updates", 2, "-o", tmp_path / "out",
                                  *RUN_TINY))
     assert "holds no run" in line
@@ -117,7 +108,7 @@ def test_overwrite_never_removes_an_input_inside_the_run(tmp_path, trained):
     inside = model / "corpus" / "mine.src"       # the user keeps the bitext in corpus/
     inside.write_bytes(Path(trained["src"]).read_bytes())
     before = snapshot(model)
-    line = one_error_line(invoke("train", "-s", inside, "-t", trained["tgt"], "-o", model,
+    line = error_line(invoke("train", "-s", inside, "-t", trained["tgt"], "-o", model,
                                  "--overwrite", "--max-updates", 2, *TINY))
     assert "an input of this run lies in" in line and "nothing was removed" in line
     assert snapshot(model) == before
@@ -134,7 +125,7 @@ def test_overwrite_refuses_a_symlinked_run_entry_before_removing_anything(tmp_pa
     shutil.rmtree(model / "corpus")
     (model / "corpus").symlink_to(elsewhere, target_is_directory=True)
     before = snapshot(model)
-    line = one_error_line(invoke("train", "-s", trained["src"], "-t", trained["tgt"], "-o",
+    line = error_line(invoke("train", "-s", trained["src"], "-t", trained["tgt"], "-o",
                                  model, "--overwrite", "--max-updates", 2, *TINY))
     assert "corpus: a symbolic link" in line
     assert (elsewhere / "keep.txt").read_text() == "mine"
@@ -149,11 +140,11 @@ def test_every_input_is_checked_before_an_overwrite_removes_anything(tmp_path, c
     assert "selftrain.json" in before and "selftrain.round1.align" in before
     short_guide = tmp_path / "short.align"
     short_guide.write_text("0-0\n" * 5)            # 5 lines for a 40-line bitext
-    line = one_error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+    line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
                                  *args, "--overwrite", "--guide", short_guide))
     assert "short.align: 5 lines, but the training bitext has 40" in line
     assert snapshot(model) == before
-    line = one_error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+    line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
                                  *args, "--overwrite", "-M", "no_such_option=3"))
     assert "no_such_option" in line
     assert snapshot(model) == before               # the selftrain.* files too
@@ -173,7 +164,7 @@ def test_a_run_stopped_before_training_leaves_nothing_behind(tmp_path, corpus):
             "--model", "hmm0", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
             "--decoder-layers", "1", "--ff-dim", "32", "--bpe-merges", "0", "--rounds", "1",
             "--threads", "1", "-q"]
-    line = one_error_line(invoke("train", *args, "--guide", guide))
+    line = error_line(invoke("train", *args, "--guide", guide))
     assert "g.align:10: link 0-5 outside the sentence pair" in line
     assert not model.exists() or os.listdir(model) == []
     run("train", *args)
@@ -186,15 +177,15 @@ def test_an_output_that_names_an_input_or_another_output_is_refused(tmp_path, tr
     src_copy = tmp_path / "v.src"
     src_copy.write_bytes(Path(trained["src"]).read_bytes())
     before = src_copy.read_bytes()
-    line = one_error_line(invoke("extract", trained["model"], "-s", src_copy, "-t",
+    line = error_line(invoke("extract", trained["model"], "-s", src_copy, "-t",
                                  trained["tgt"], "-o", src_copy, "-q"))
     assert "-o names the input file of -s" in line
     assert src_copy.read_bytes() == before
     out = tmp_path / "x.align"
-    line = one_error_line(invoke("run", "-s", trained["src"], "-t", trained["tgt"], "-o", out,
+    line = error_line(invoke("run", "-s", trained["src"], "-t", trained["tgt"], "-o", out,
                                  "-f", out, *RUN_TINY))
     assert "-o and -f name the same file" in line
-    line = one_error_line(invoke("symmetrize", "-f", out, "-r", trained["gold"], "-o",
+    line = error_line(invoke("symmetrize", "-f", out, "-r", trained["gold"], "-o",
                                  tmp_path / "." / "x.align"))
     assert "names the input file of -f" in line
 
@@ -215,20 +206,20 @@ def test_devices_and_fifos_are_written_in_place(tmp_path, trained):
     assert received[0] == Path(trained["gold"]).read_text()   # the diagonal, intersected
 
 
-def test_a_full_device_is_one_error_line(tmp_path):
+def test_a_full_device_is_error_line(tmp_path):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     links = tmp_path / "links.align"
     links.write_text("0-0 1-1\n" * 1000)
-    line = one_error_line(invoke("symmetrize", "-f", links, "-r", links, "-o", "/dev/full",
+    line = error_line(invoke("symmetrize", "-f", links, "-r", links, "-o", "/dev/full",
                                  "-q"))
     assert line == "align: error: /dev/full: cannot write: No space left on device"
 
 
-def test_an_unwritable_model_directory_parent_is_one_error_line(tmp_path, corpus):
+def test_an_unwritable_model_directory_parent_is_error_line(tmp_path, corpus):
     parent = tmp_path / "a_file"
     parent.write_text("not a directory")
-    line = one_error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o",
+    line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o",
                                  parent / "model", *TINY))
     assert "a_file" in line
 
@@ -241,7 +232,7 @@ def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path, corpus):
     model = tmp_path / "m"
     model.mkdir()
     (model / ".lock").symlink_to(target)
-    line = one_error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o",
+    line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o",
                                  model, "--max-updates", 2, *TINY))
     assert ".lock: cannot open the run lock: a symbolic link" in line
     assert target.read_text() == "precious\n"
@@ -255,7 +246,7 @@ def test_a_symlinked_log_is_refused_and_its_target_untouched(tmp_path, corpus):
     target.write_text("precious\n")
     (model / "train.log").unlink()
     (model / "train.log").symlink_to(target)
-    line = one_error_line(invoke("train", *args, "--max-updates", 4, "--resume"))
+    line = error_line(invoke("train", *args, "--max-updates", 4, "--resume"))
     assert "train.log: cannot open the log: a symbolic link" in line
     assert target.read_text() == "precious\n"
 
@@ -311,13 +302,13 @@ def test_non_finite_settings_are_refused(corpus, tmp_path, option, value):
     assert result.exit_code == 2 and "is not a finite number" in result.output, result.output
     result = invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", tmp_path / "m",
                     "-M", "dropout=NaN", *TINY)
-    assert "--model-option dropout=NaN: not a finite number" in one_error_line(result)
+    assert "--model-option dropout=NaN: not a finite number" in error_line(result)
     assert not (tmp_path / "m").exists()
 
 
 def test_a_diverging_run_stops_with_one_line_and_keeps_no_nan_checkpoint(corpus, tmp_path):
     model = tmp_path / "m"
-    line = one_error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
+    line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
                                  "--directions", "fwd", *TINY, "--lr", "1e6", "--warmup", "0",
                                  "--checkpoint-interval", "1", "--max-updates", 30))
     assert "not finite" in line and "the last checkpoint" in line.lower()
@@ -337,7 +328,7 @@ def test_resuming_self_training_with_another_guide_threshold_is_refused(tmp_path
     run("train", *args)
     state = json.loads((model / "selftrain.json").read_text())
     assert state["settings"]["--self-guide-threshold"] == 0.5
-    line = one_error_line(invoke("train", *args, "--rounds", "3", "--resume",
+    line = error_line(invoke("train", *args, "--rounds", "3", "--resume",
                                  "--self-guide-threshold", "0.55"))
     assert "--self-guide-threshold (0.5 saved, 0.55 asked)" in line
     run("train", *args, "--rounds", "3", "--resume")      # the same settings go on
@@ -346,32 +337,15 @@ def test_resuming_self_training_with_another_guide_threshold_is_refused(tmp_path
 def test_a_run_resumes_however_its_directory_is_spelled(tmp_path, corpus):
     """Cut off in round 2 (whose guide is MODEL_DIR/selftrain.round1.align), resumed as
     ./DIR, by absolute path, and after the directory moved."""
-    from aligner.train import Trainer
-
     args = ["-s", corpus["src"], "-t", corpus["tgt"], "--rounds", "3", "--max-updates", "4",
             "--checkpoint-interval", "2", *HMM_TINY]
-    save, calls = Trainer.save_checkpoint, []
-
-    def save_then_cut_off(self, *a, **k):
-        save(self, *a, **k)
-        calls.append(1)
-        if len(calls) == 5:                         # round 2, fwd's first checkpoint
-            raise KeyboardInterrupt
-
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        Trainer.save_checkpoint = save_then_cut_off
-        try:
-            one_error_line(invoke("train", *args, "-o", "i4"))
-        finally:
-            Trainer.save_checkpoint = save
-        calls.clear()
-        Trainer.save_checkpoint = save_then_cut_off
-        try:   # ./i4 goes on, is cut off again in round 3
-            one_error_line(invoke("train", *args, "-o", "./i4", "--resume"))
-        finally:
-            Trainer.save_checkpoint = save
+        with cut_off_at_checkpoint(5):              # round 2, fwd's first checkpoint
+            error_line(invoke("train", *args, "-o", "i4"))
+        with cut_off_at_checkpoint(5):              # ./i4 goes on, is cut off again
+            error_line(invoke("train", *args, "-o", "./i4", "--resume"))
         os.rename("i4", "moved")
         run("train", *args, "-o", tmp_path / "moved", "--resume")
     finally:
@@ -401,7 +375,7 @@ def test_align_run_goes_on_with_resume_after_sigkill(tmp_path, corpus):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (tmp_path / "cut.align").exists()
-    line = one_error_line(invoke("run", *common, "--model-dir", model, "-o",
+    line = error_line(invoke("run", *common, "--model-dir", model, "-o",
                                  tmp_path / "cut.align"))
     assert "use --resume to continue" in line
     run("run", *common, "--model-dir", model, "-o", tmp_path / "cut.align", "--resume")
@@ -432,7 +406,7 @@ def test_stale_temporary_files_of_a_killed_run_are_removed_on_resume(tmp_path, t
     ({"threshold": -1}, "extra.align_run.threshold: -1 is not a probability threshold"),
     ("x", "extra.align_run: expected"),
     ({"symmetrize": "nearest"}, "soft-average")])
-def test_bad_recorded_extraction_defaults_are_one_error_line(tmp_path, trained, recorded,
+def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, recorded,
                                                              message):
     import shutil
     model = tmp_path / "model"
@@ -440,7 +414,7 @@ def test_bad_recorded_extraction_defaults_are_one_error_line(tmp_path, trained, 
     config = json.loads((model / "config.json").read_text())
     config["extra"]["align_run"] = recorded
     (model / "config.json").write_text(json.dumps(config))
-    line = one_error_line(invoke("extract", model, "-s", trained["src"], "-t", trained["tgt"],
+    line = error_line(invoke("extract", model, "-s", trained["src"], "-t", trained["tgt"],
                                  "-o", tmp_path / "out", "-q"))
     assert message in line
 
@@ -458,7 +432,7 @@ def test_threshold_alone_applies_where_the_default_heuristic_is_soft_average(tmp
     transformer = tmp_path / "transformer"
     run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", transformer, "--model",
         "transformer", "--max-updates", 2, *TINY)
-    line = one_error_line(invoke("extract", transformer, "-s", corpus["src"], "-t",
+    line = error_line(invoke("extract", transformer, "-s", corpus["src"], "-t",
                                  corpus["tgt"], "--threshold", "0.3", "-q"))
     assert "default heuristic is grow-diag: give -H soft-average" in line
 
@@ -481,10 +455,10 @@ def test_resume_compares_the_start_model_by_its_weights(tmp_path, corpus):
     run("train", *args, "-o", m1)
     run("train", *args, "-o", m2, "--seed", 7)
     run("train", *args, "-o", tuned, "--init-from", m1)
-    line = one_error_line(invoke("train", *args, "-o", tuned, "--init-from", m2, "--resume",
+    line = error_line(invoke("train", *args, "-o", tuned, "--init-from", m2, "--resume",
                                  "--max-updates", 4))
     assert "m2: not the model the run started from" in line
-    line = one_error_line(invoke("train", *args, "-o", tuned, "--resume", "--max-updates", 4))
+    line = error_line(invoke("train", *args, "-o", tuned, "--resume", "--max-updates", 4))
     assert "settings differ" in line and "extra.init_from" in line
     shutil.move(str(m1), str(tmp_path / "moved"))
     run("train", *args, "-o", tuned, "--init-from", tmp_path / "moved", "--resume",
@@ -522,7 +496,7 @@ def test_a_link_to_a_process_stream_is_written_in_place(tmp_path, corpus):
 def test_a_run_refused_by_its_batches_leaves_nothing_behind(tmp_path, corpus):
     model = tmp_path / "m"
     args = ["-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 2, *TINY]
-    line = one_error_line(invoke("train", *args, "--max-tokens", 3))
+    line = error_line(invoke("train", *args, "--max-tokens", 3))
     assert "--max-tokens 3 is smaller than the longest training pair" in line
     assert not model.exists() or os.listdir(model) == []
     run("train", *args)

@@ -13,7 +13,7 @@ from aligner.formats import read_pharaoh
 from aligner.run_record import RunRecord
 from aligner.self_training import default_rounds
 from cli_runner import error_line, run
-from conftest import ROOT, restored_aligner_logger
+from conftest import ROOT, cut_off_at_checkpoint, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 #: a tiny hmm1 with align run's data limit (max_len = max_positions - 1); --max-epochs 0: the
@@ -296,8 +296,7 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
     assert not record.earlier_unrecorded
 
 
-def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, corpus,
-                                                                      monkeypatch):
+def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, corpus):
     """A self-training run over another one's directory (--overwrite), cut off in round 1,
     resumes round 1: the earlier run's round-1 links and state are gone before it trains."""
     src, tgt = corpus
@@ -306,18 +305,7 @@ def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, 
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--seed", "7")
         assert (model / "selftrain.round1.align").exists()
-        from aligner.train import Trainer
-
-        save, calls = Trainer.save_checkpoint, []
-
-        def save_then_cut_off(self, *a, **k):
-            save(self, *a, **k)
-            calls.append(1)
-            if len(calls) == 1:
-                raise KeyboardInterrupt
-
-        with monkeypatch.context() as patch:
-            patch.setattr(Trainer, "save_checkpoint", save_then_cut_off)
+        with cut_off_at_checkpoint(1):
             error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--overwrite",
                            ok=False))
         assert not list(model.glob("selftrain.*"))
@@ -352,26 +340,13 @@ def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
     """A round whose training ended is not taken for trained unless the state says so (an
     --afresh run cut off in round 2, resumed as fine-tuning: refused as other settings), and
     going on from a trained round checks the data and settings as train() does."""
-    from aligner.train import Trainer
-
     src, tgt = corpus
     args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
     model = tmp_path / "m"
-    save, calls = Trainer.save_checkpoint, []
-
-    def save_then_cut_off(self, *a, **k):
-        save(self, *a, **k)
-        calls.append(1)
-        if len(calls) == 5:                        # round 2, fwd's first checkpoint
-            raise KeyboardInterrupt
-
     with restored_aligner_logger():
-        Trainer.save_checkpoint = save_then_cut_off
-        try:
+        with cut_off_at_checkpoint(5):             # round 2, fwd's first checkpoint
             error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--afresh",
                            ok=False))
-        finally:
-            Trainer.save_checkpoint = save
         assert _round_state(model) == {"round": 2, "trained": False}
         config = (model / "config.json").read_text()
         line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume",

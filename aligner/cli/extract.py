@@ -148,7 +148,6 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     -i - -o -` serves a process that sends one pair and waits for its alignment. It ends at
     the end of the input, and quietly when the reader goes away (a closed pipe).
     """
-    import os
     import time
 
     from aligner import link_probs as link_probs_module
