@@ -21,7 +21,7 @@ subword is uniform over the encoder subwords it is linked to, and all zero when 
 from __future__ import annotations
 
 import os
-from itertools import zip_longest
+from itertools import tee, zip_longest
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -147,9 +147,10 @@ def check_guide_file(path: str, bitext: Any, check_links: bool) -> None:
 
     links = iter_pharaoh(path)
     n_links = 0
-    if check_links:
-        for line_links, _, _ in check_guides(links, (src for src, _ in bitext),
-                                             (tgt for _, tgt in bitext), path):
+    if check_links:   # one pass over the bitext, its two sides taken in step
+        sources, targets = tee(iter(bitext))
+        for line_links, _, _ in check_guides(links, (src for src, _ in sources),
+                                             (tgt for _, tgt in targets), path):
             n_links += len(line_links)
     else:
         n_lines = 0

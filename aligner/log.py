@@ -12,7 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Sequence
 
 from aligner import __version__
-from aligner.utils import AlignerError
+from aligner.utils import open_no_follow
 
 FORMAT = "[%(asctime)s %(levelname)s] %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -56,13 +56,7 @@ class _LogFile(logging.StreamHandler):
     on stderr as one line, not as a traceback per message."""
 
     def __init__(self, path: str):
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            descriptor = os.open(path, flags, 0o666)
-        except OSError as error:
-            reason = ("a symbolic link (the log is a plain file: remove the link)"
-                      if os.path.islink(path) else error.strerror)
-            raise AlignerError(f"{path}: cannot open the log: {reason}") from None
+        descriptor = open_no_follow(path, os.O_WRONLY | os.O_APPEND, "log")
         super().__init__(os.fdopen(descriptor, "a", encoding="utf-8"))
         self.path = path
         self.failed = False

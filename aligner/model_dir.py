@@ -64,7 +64,8 @@ from aligner.config import RunConfig
 from aligner.models import build_model
 from aligner.models.base import AlignmentModel
 from aligner.prep import PREP_CONFIG_NAME, Preprocessor
-from aligner.utils import AlignerError, atomic_output, check_condition, first_line
+from aligner.utils import (AlignerError, atomic_output, check_condition, first_line,
+                           open_no_follow)
 from aligner.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -249,14 +250,7 @@ def acquire_lock(model_dir: str) -> RunLock:
         fcntl = None
     path = os.path.join(model_dir, LOCK_NAME)
     while True:
-        try:   # never through a symbolic link: its target would be overwritten
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
-                                 0o644)
-            handle = os.fdopen(descriptor, "r+", encoding="utf-8")
-        except OSError as error:
-            reason = ("a symbolic link (a run lock is a plain file: remove the link)"
-                      if os.path.islink(path) else error.strerror)
-            raise AlignerError(f"{path}: cannot open the run lock: {reason}") from None
+        handle = os.fdopen(open_no_follow(path, os.O_RDWR, "run lock"), "r+", encoding="utf-8")
         if fcntl is None:
             return _unlocked(path, handle, "this system has no flock")
         try:

@@ -294,11 +294,12 @@ def _bitext_names(bitext: Bitext) -> str:
 def start_weights(start_dir: str) -> Dict[str, str]:
     """{direction: sha256 of params.best.pt} of the model directory a run starts from
     (--init-from, or the base of stage 2): what is compared on --resume, wherever it lies."""
-    from aligner.model_dir import file_sha256, params_path
+    from aligner.model_dir import file_sha256, params_path, recorded_checksum
 
-    return {direction: file_sha256(params_path(start_dir, direction, "best"))
-            for direction in C.DIRECTIONS
-            if os.path.isfile(params_path(start_dir, direction, "best"))}
+    paths = {direction: params_path(start_dir, direction, "best") for direction in C.DIRECTIONS}
+    # the checksum written beside the weights (checked on every load), hashed only without one
+    return {direction: recorded_checksum(path) or file_sha256(path)
+            for direction, path in paths.items() if os.path.isfile(path)}
 
 
 def record_inputs(model_dir: str, bitext: "Bitext | BitextFiles",

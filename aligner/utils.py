@@ -34,12 +34,23 @@ def check_condition(condition: bool, message: str) -> None:
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
-def os_error_message(error: OSError, path: Optional[str] = None) -> str:
-    """One line for an OSError: 'PATH: what the OS said' (the path from the error, else
-    `path`)."""
-    name = error.filename if error.filename is not None else path
+def os_error_message(error: OSError) -> str:
+    """One line for an OSError: 'PATH: what the OS said' (just what it said when the error
+    names no file)."""
     reason = error.strerror or first_line(error) or type(error).__name__
-    return f"{name}: {reason}" if name is not None else reason
+    return f"{error.filename}: {reason}" if error.filename is not None else reason
+
+
+def open_no_follow(path: str, flags: int, what: str) -> int:
+    """os.open(path, flags | O_NOFOLLOW | O_CREAT, 0o666 less the umask): a file of a model
+    directory that a symbolic link must not redirect (its target would be overwritten). One
+    AlignerError naming `path` and `what` it is when it cannot be opened."""
+    try:
+        return os.open(path, flags | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as error:
+        reason = (f"a symbolic link (the {what} is a plain file: remove the link)"
+                  if os.path.islink(path) else error.strerror)
+        raise AlignerError(f"{path}: cannot open the {what}: {reason}") from None
 
 
 def is_special_file(path: str) -> bool:
