@@ -187,17 +187,17 @@ def check_distinct_files(inputs: Dict[str, Optional[str]],
     """Refuse (one line, before any work) an output that names one of the inputs (it would
     be replaced) or the same file as another output (one would overwrite the other). Keys
     are the options that name the files; None and "-" (stdin/stdout) are skipped, and so are
-    character devices and FIFOs among the outputs (two outputs may well go to /dev/null)."""
-    given_outputs = [(option, path) for option, path in outputs.items()
-                     if path is not None and path != "-"]
-    for option, path in given_outputs:
+    outputs written in place (:func:`is_special_file`: /dev/null may be an input and two
+    outputs at once, a terminal both /dev/stdin and /dev/stdout)."""
+    files = [(option, path) for option, path in outputs.items()
+             if path is not None and path != "-" and not is_special_file(path)]
+    for option, path in files:
         for input_option, input_path in inputs.items():
             if input_path is None or input_path == "-":
                 continue
             check_condition(not same_file(path, input_path),
                             f"{path}: {option} names the input file of {input_option}: it "
                             f"would be replaced; give another output file")
-    files = [(option, path) for option, path in given_outputs if not is_special_file(path)]
     for k, (option, path) in enumerate(files):
         for other_option, other in files[k + 1:]:
             check_condition(not same_file(path, other),

@@ -6,6 +6,7 @@ for its settings (self-training ones too) but not for how its paths are spelled,
 interrupted `align run` goes on with --resume (after SIGKILL too)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -188,6 +189,31 @@ def test_an_output_that_names_an_input_or_another_output_is_refused(tmp_path, tr
     line = error_line(invoke("symmetrize", "-f", out, "-r", trained["gold"], "-o",
                                  tmp_path / "." / "x.align"))
     assert "names the input file of -f" in line
+
+
+def test_one_terminal_may_be_the_input_and_the_output(tmp_path):
+    """Written in place, a terminal is not replaced: `-f /dev/stdin -o /dev/stdout` on one
+    terminal (both name the same device) reads the links typed and prints the result."""
+    import pty
+
+    links = tmp_path / "r.align"
+    links.write_text("0-0 1-1\n")
+    master, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "aligner", "symmetrize", "-f",
+                                "/dev/stdin", "-r", links, "-H", "intersect", "-o",
+                                "/dev/stdout", "-q"], stdin=terminal, stdout=terminal,
+                               stderr=subprocess.PIPE, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(terminal)
+    os.write(master, b"0-0 1-1 1-0\n\x04")           # a line, then end of input (Ctrl-D)
+    _, stderr = process.communicate(timeout=120)
+    printed = b""
+    with contextlib.suppress(OSError):                # EIO once the terminal has no writer
+        while chunk := os.read(master, 1024):
+            printed += chunk
+    os.close(master)
+    assert process.returncode == 0, stderr
+    assert b"0-0 1-1\r\n" in printed.split(b"1-0\r\n", 1)[-1]
 
 
 def test_devices_and_fifos_are_written_in_place(tmp_path, trained):
