@@ -165,7 +165,7 @@ def read_bitext(source: Optional[str] = None, target: Optional[str] = None,
                                                            "or source and target files (-s/-t)")
         src_sentences, tgt_sentences = [], []
         for line_no, line in enumerate(read_lines(joint), start=1):
-            src_words, tgt_words = _joint_sides(line, joint, line_no)
+            src_words, tgt_words = joint_sides(line, joint, line_no)
             src_sentences.append(src_words)
             tgt_sentences.append(tgt_words)
         return Bitext(src_sentences, tgt_sentences, joint, joint)
@@ -178,7 +178,7 @@ def read_bitext(source: Optional[str] = None, target: Optional[str] = None,
                   [tokenize_line(line) for line in tgt_lines], source, target)
 
 
-def _joint_sides(line: str, name: str, line_no: int) -> Tuple[List[str], List[str]]:
+def joint_sides(line: str, name: str, line_no: int) -> Tuple[List[str], List[str]]:
     """The words of the two sides of one ``source ||| target`` line."""
     parts = line.split(JOINT_SEPARATOR)
     check_condition(len(parts) > 1, f"{name}:{line_no}: missing '{JOINT_SEPARATOR}' "
@@ -215,7 +215,7 @@ class BitextFiles:
     def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
         if self.joint is not None:
             for line_no, line in enumerate(iter_lines(self.joint), start=1):
-                yield _joint_sides(line, self.joint, line_no)
+                yield joint_sides(line, self.joint, line_no)
             return
         missing = object()
         src_lines, tgt_lines = iter_lines(self.source_name), iter_lines(self.target_name)

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO, Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from aligner.formats import Bitext, _joint_sides, tokenize_line
+from aligner.formats import Bitext, joint_sides, tokenize_line
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 #: longest wait, after the first pair of a batch has arrived, for more pairs to join it
@@ -214,7 +214,7 @@ class StreamBitext:
         for n in range(first_line, first_line + count):
             if len(self.sources) == 1:
                 try:
-                    src, tgt = _joint_sides(self.sources[0].lines.popleft(), self.source_name,
+                    src, tgt = joint_sides(self.sources[0].lines.popleft(), self.source_name,
                                             n)
                 except AlignerError as bad_line:
                     error = bad_line

@@ -48,7 +48,7 @@ from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
-from aligner.precision import resolve_precision
+from aligner.precision import autocast_context, resolve_precision
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -86,15 +86,6 @@ def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> f
     return config.lr * min(warm, math.sqrt(config.warmup / update))
 
 
-def autocast_context(device: torch.device, precision: str = "auto"
-                     ) -> contextlib.AbstractContextManager:
-    """The context of a training forward pass: :func:`aligner.precision.autocast_context` of
-    `precision` (``auto``: bf16 autocast on CUDA with native bfloat16, nothing elsewhere)."""
-    from aligner import precision as P
-
-    return P.autocast_context(precision, device)
-
-
 class _LossModule(nn.Module):
     """Wraps ``model.loss`` as ``forward`` so that DistributedDataParallel can hook it."""
 
@@ -129,7 +120,7 @@ class Validation:
         model.eval()
         total, tokens, batches = 0.0, 0, 0
         for _, batch in pair_batches(model, self.pairs, direction, self.max_tokens, device):
-            with autocast_context(device, precision):
+            with autocast_context(precision, device):
                 loss, n_tokens = model.loss(batch.src, batch.tgt_in, batch.tgt_out, 0.0)
             total += float(loss)
             tokens += int(n_tokens)
@@ -436,7 +427,7 @@ class Trainer:
                                                batch.src.size(1)).to(self.device),
                          "guide_weight": self.config.guide_weight}
             with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
-                with autocast_context(self.device, self.precision):
+                with autocast_context(self.precision, self.device):
                     loss, _ = self.loss_module(batch.src, batch.tgt_in, batch.tgt_out,
                                                self.config.label_smoothing, **guide)
                 (loss * scale).backward()
