@@ -70,6 +70,13 @@ FINE_TUNE_EPOCHS = 1
 #: 6.2 / 7.2, de-en 24.4 against inverse-sqrt's 6.5 / 7.2, 23.8 (eval/results/rounds4_enfr.md:
 #: the choice is made on en-fr dev)
 FINE_TUNE_LR_SCHEDULE = "linear"
+#: lines each self-training round trains on, a sample drawn anew per round (round r+1's is
+#: aligned by round r's model to guide it; aligner/round_samples.py): the training budget that
+#: stops growing with the corpus. A bitext of at most this many lines trains on all of it in
+#: every round (the 25k benchmark, unchanged). 40,000: four rounds of one epoch over 40k
+#: pairs, each costing what a round on a 40k corpus costs, whatever the corpus size
+#: (eval/results/scale_enfr.md: time and AER on en-fr 407k)
+ROUND_PAIRS = 40000
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
 #: -H soft-average threshold of the output after self-training rounds (`align run`'s, and

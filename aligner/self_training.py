@@ -61,7 +61,10 @@ class SelfTraining:
     last round's model). fine_tune: round r+1 starts from round r's weights (else from new
     ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
     bitext (unless the request limits updates) and learning-rate decay. shortlist: the
-    lexicon shortlist of the guides' extraction (0 = exact).
+    lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
+    round trains on, a sample of the bitext drawn anew per round (aligner/round_samples.py; 0
+    or more than the bitext has = all; round 1 trains on all when it has a --guide, which
+    covers all).
     """
 
     rounds: int = recipe.ROUNDS
@@ -73,6 +76,7 @@ class SelfTraining:
     fine_tune_epochs: int = recipe.FINE_TUNE_EPOCHS
     fine_tune_lr_schedule: str = recipe.FINE_TUNE_LR_SCHEDULE
     shortlist: int = 0
+    round_pairs: int = recipe.ROUND_PAIRS
 
 
 @dataclass
@@ -126,6 +130,7 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
     """The training request of round `round_number` (1-based) of `plan` on `request` (round
     1's; its resume flag is left to the caller)."""
     extra = dict(request.extra or {})
+    bitext = training_lines(request, plan, round_number)
     if plan.rounds > 1:
         extra[SELF_TRAINING_KEY] = {"round": round_number}
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
@@ -133,7 +138,7 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
             extra[C.ALIGN_RUN_SETTINGS] = {"symmetrize": plan.heuristic,
                                            "threshold": plan.output_threshold}
     if round_number == 1:
-        return dataclasses.replace(request, extra=extra or None)
+        return dataclasses.replace(request, bitext=bitext, extra=extra or None)
     model_dir, config = request.model_dir, request.train_config
     config = dataclasses.replace(config, guide_weight=plan.guide_weight)
     init_dir = None
@@ -143,9 +148,23 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
         if not config.max_updates:
             config = dataclasses.replace(config, max_epochs=plan.fine_tune_epochs)
     return dataclasses.replace(
-        request, train_config=config, extra=extra, overwrite=True, init_dir=init_dir,
+        request, bitext=bitext, train_config=config, extra=extra, overwrite=True,
+        init_dir=init_dir,
         data_config=dataclasses.replace(request.data_config,
                                         guide=guide_path(model_dir, round_number - 1)))
+
+
+def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: int):
+    """The bitext round `round_number` of `plan` trains on (and the round before it aligns to
+    guide it): ``request.bitext``, or its sample of ``plan.round_pairs`` lines for that round
+    (aligner/round_samples.py) — not for one plain training, nor for a round 1 trained with
+    the user's --guide (its lines are the whole bitext's)."""
+    from aligner.round_samples import round_bitext
+
+    if plan.rounds == 1 or (round_number == 1 and request.data_config.guide):
+        return request.bitext
+    return round_bitext(request.bitext, plan.round_pairs, request.train_config.seed,
+                        round_number)
 
 
 def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
@@ -193,6 +212,9 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                                                              or request.overwrite)),
             record=record)
         record.current_round = round_number
+        if this_round.bitext is not request.bitext:
+            logger.info("round %d trains on %s", round_number,
+                        this_round.bitext.description)
         if round_number > 1:
             logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
                         plan.rounds, this_round.data_config.guide,
@@ -218,8 +240,8 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                 _write_state(model_dir, round_number, plan, trained=True)
         aligned = time.time()
         result.training_seconds += aligned - start
-        if round_number < plan.rounds:    # the next round's guide
-            align_bitext(model_dir, request.bitext,
+        if round_number < plan.rounds:    # the next round's guide, of its lines
+            align_bitext(model_dir, training_lines(request, plan, round_number + 1),
                          resolve_device(request.train_config.device),
                          model_class(request.model_kind).METHODS[0], plan.shortlist,
                          plan.heuristic, plan.guide_threshold,
@@ -306,7 +328,7 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
             "-H/--symmetrize": plan.heuristic, "--fine-tune/--afresh": plan.fine_tune,
             "--fine-tune-epochs": plan.fine_tune_epochs,
             "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
-            "--shortlist": plan.shortlist}
+            "--shortlist": plan.shortlist, "--round-pairs": plan.round_pairs}
 
 
 def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],

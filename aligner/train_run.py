@@ -767,6 +767,8 @@ def run_inputs(request: TrainRequest) -> Dict[str, Any]:
     inputs: Dict[str, Any] = {"bitext": {
         "source": absolute(bitext.source_name), "target": absolute(bitext.target_name),
         "pairs": len(bitext), "sha256": saved.get("sha256")}}
+    if getattr(bitext, "description", ""):   # a self-training round's sample of the lines
+        inputs["bitext"]["lines"] = bitext.description
     if request.data_config.guide:
         inputs["guide"] = {"path": absolute(request.data_config.guide),
                            "sha256": saved.get("guide_sha256")}

@@ -185,6 +185,13 @@ def self_training_options(function):
                      type=click.IntRange(min=1),
                      help="Passes over the bitext per direction in a fine-tuned self-training "
                           "round (a run limited by --max-updates: each round as round 1)."),
+        click.option("--round-pairs", default=recipe.ROUND_PAIRS, show_default=True,
+                     type=click.IntRange(min=0),
+                     help="Self-training: each round trains on this many lines of the "
+                          "bitext, a sample drawn anew per round (round 1's with --seed), and "
+                          "only they are aligned to guide it: a round costs the same on any "
+                          "larger corpus (0 = every round trains on the whole bitext, as it "
+                          "does when the bitext has no more lines)."),
         click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
                      default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
                      help="Learning-rate decay of a fine-tuned self-training round (round 1 "

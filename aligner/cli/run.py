@@ -89,7 +89,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: float, rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
-            fine_tune_lr_schedule: str,
+            fine_tune_lr_schedule: str, round_pairs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
             device: str, precision: str, seed: int, threads: int, quiet: bool) -> None:
@@ -186,7 +186,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         guide_threshold=self_guide_threshold, heuristic=heuristic,
                         output_threshold=threshold, fine_tune=fine_tune,
                         fine_tune_epochs=fine_tune_epochs,
-                        fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist)
+                        fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
+                        round_pairs=round_pairs)
     try:
         trained = train_rounds(request, plan)
         aligning = time.time()

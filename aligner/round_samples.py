@@ -1,0 +1,94 @@
+"""Which lines of the bitext each self-training round trains on: a training budget that stops
+growing with the corpus.
+
+With ``round_pairs`` = S below the bitext's N lines, round r (1-based) trains on S lines and
+the round before it aligns only those S lines to guide it, so a round costs the same at 25k
+and at 4M pairs. The samples are consecutive windows of one permutation of the line indices
+(numpy's PCG64 seeded with the run's seed), taken cyclically::
+
+    perm = permutation(N)                       # line indices 0..N-1, shuffled once
+    sample(r) = sorted(perm[(r-1)*S mod N : ... + S])   # S indices, wrapping around perm
+
+so the rounds see distinct lines until the corpus is used up (R rounds: min(R*S, N) distinct
+lines) and a sample never holds a line twice. A sample keeps the bitext's order. With S = 0 or
+S >= N every round trains on the whole bitext (the rounds of the 25k benchmark).
+
+:class:`SampledBitext` is the sample as a bitext (iterating reads the underlying bitext and
+keeps the sample's lines): training, its resume checks and the guides' alignment take it as
+they take the whole one.
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+
+def sample_lines(n_lines: int, round_pairs: int, seed: int, round_number: int
+                 ) -> Optional[np.ndarray]:
+    """Sorted 0-based line indices (int64, length `round_pairs`) that round `round_number`
+    trains on, or None when it trains on all `n_lines` (round_pairs 0 or >= n_lines)."""
+    if round_pairs <= 0 or round_pairs >= n_lines:
+        return None
+    permutation = np.random.Generator(np.random.PCG64(seed)).permutation(n_lines)
+    start = ((round_number - 1) * round_pairs) % n_lines
+    positions = (start + np.arange(round_pairs)) % n_lines
+    return np.sort(permutation[positions])
+
+
+class SampledBitext:
+    """The lines `lines` (sorted 0-based indices) of `bitext` (a Bitext or BitextFiles), as a
+    bitext: iterating gives their (source words, target words) in order, reading `bitext` once
+    per pass; ``len()`` is the number of lines kept. ``source_name`` / ``target_name`` are the
+    underlying files (what the run record names); ``description`` says which lines."""
+
+    def __init__(self, bitext, lines: np.ndarray, description: str = ""):
+        self.bitext = bitext
+        self.lines = np.asarray(lines, dtype=np.int64)
+        self.source_name, self.target_name = bitext.source_name, bitext.target_name
+        self.description = description
+
+    def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
+        wanted = iter(self.lines.tolist())
+        following = next(wanted, None)
+        for index, pair in enumerate(self.bitext):
+            if following is None:
+                return
+            if index == following:
+                yield pair
+                following = next(wanted, None)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @property
+    def source(self) -> "_SampledSide":
+        return _SampledSide(self, 0)
+
+    @property
+    def target(self) -> "_SampledSide":
+        return _SampledSide(self, 1)
+
+
+class _SampledSide:
+    """One side of a :class:`SampledBitext`: iterating gives its sentences (lists of words)."""
+
+    def __init__(self, bitext: SampledBitext, index: int):
+        self.bitext, self.index = bitext, index
+
+    def __iter__(self) -> Iterator[List[str]]:
+        for pair in self.bitext:
+            yield pair[self.index]
+
+    def __len__(self) -> int:
+        return len(self.bitext)
+
+
+def round_bitext(bitext, round_pairs: int, seed: int, round_number: int):
+    """The bitext round `round_number` trains on: `bitext` itself, or its sample
+    (:func:`sample_lines`) as a :class:`SampledBitext`."""
+    lines = sample_lines(len(bitext), round_pairs, seed, round_number)
+    if lines is None:
+        return bitext
+    return SampledBitext(bitext, lines, f"round {round_number}'s sample of {len(lines)} of "
+                                        f"{len(bitext)} lines (seed {seed})")
