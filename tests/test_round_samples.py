@@ -1,0 +1,126 @@
+"""--round-pairs: each self-training round trains on a sample of the bitext drawn anew per round
+(aligner/round_samples.py), and the round before it aligns only that sample to guide it."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from aligner.formats import Bitext, read_pharaoh
+from aligner.round_samples import SampledBitext, round_bitext, sample_lines
+from cli_runner import error_line, run
+from conftest import restored_aligner_logger
+from synthetic import monotone_corpus, write_corpus
+from test_self_training import TRAIN_TINY
+
+
+def test_no_sample_when_the_budget_covers_the_bitext():
+    assert sample_lines(100, 0, seed=1, round_number=2) is None
+    assert sample_lines(100, 100, seed=1, round_number=2) is None
+    assert sample_lines(100, 250, seed=1, round_number=1) is None
+
+
+def test_samples_are_cyclic_windows_of_one_seeded_permutation():
+    """Brute force: the permutation drawn by hand, the windows cut by hand."""
+    n, size = 10, 4
+    permutation = np.random.Generator(np.random.PCG64(7)).permutation(n).tolist()
+    cycle = permutation * 3
+    for round_number in range(1, 6):
+        start = ((round_number - 1) * size) % n
+        expected = sorted(cycle[start:start + size])
+        assert sample_lines(n, size, 7, round_number).tolist() == expected
+
+
+def test_rounds_see_distinct_lines_until_the_corpus_is_used_up():
+    n, size = 1000, 230
+    samples = [sample_lines(n, size, 3, r) for r in range(1, 5)]      # 920 lines of 1000
+    for sample in samples:
+        assert len(sample) == size and len(set(sample.tolist())) == size
+        assert (np.diff(sample) > 0).all()                               # input order
+    assert len(set(np.concatenate(samples).tolist())) == 4 * size       # no line twice
+    wrapped = [sample_lines(n, size, 3, r) for r in range(1, 6)]       # 1150 > 1000: wraps
+    seen = np.concatenate(wrapped)
+    assert len(set(seen.tolist())) == n and np.bincount(seen, minlength=n).max() == 2
+    # the seed decides the sample; the same seed, the same sample
+    assert (sample_lines(n, size, 3, 2) == samples[1]).all()
+    assert not np.array_equal(sample_lines(n, size, 4, 2), samples[1])
+
+
+def test_sampled_bitext_gives_the_lines_it_holds_in_order():
+    sources = [[f"s{k}"] * (k % 3) for k in range(20)]
+    targets = [[f"t{k}"] for k in range(20)]
+    bitext = Bitext(sources, targets, "a.src", "a.tgt")
+    lines = np.array([0, 4, 5, 19])
+    view = SampledBitext(bitext, lines)
+    assert list(view) == [(sources[k], targets[k]) for k in lines]
+    assert list(view) == list(view)                                      # re-iterable
+    assert list(view.source) == [sources[k] for k in lines]
+    assert list(view.target) == [targets[k] for k in lines]
+    assert len(view) == len(view.source) == 4
+    assert (view.source_name, view.target_name) == ("a.src", "a.tgt")
+    assert round_bitext(bitext, 0, 1, 2) is bitext
+    sample = round_bitext(bitext, 5, 1, 2)
+    assert list(sample.lines) == sample_lines(20, 5, 1, 2).tolist()
+    assert sample.description == "round 2's sample of 5 of 20 lines (seed 1)"
+
+
+def _fingerprint(pairs) -> str:
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{' '.join(source)}\t{' '.join(target)}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    sources, targets, golds = monotone_corpus(20, seed=6)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    return src, tgt, sources, targets
+
+
+def test_each_round_trains_on_its_sample_and_the_guide_aligns_the_next_one(tmp_path, corpus):
+    """align train --rounds 3 --round-pairs 8 on 20 lines: each guide has the next round's 8
+    lines, the last round's cached corpus is exactly round 3's sample (its fingerprint from the
+    lines picked by hand), align extract then aligns all 20 lines, and --resume with another
+    --round-pairs is refused."""
+    src, tgt, sources, targets = corpus
+    model = tmp_path / "m"
+    args = ["--rounds", "3", "--round-pairs", "8", "--max-updates", "3", "--seed", "5",
+            *TRAIN_TINY]
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, *args)
+    for round_number in (1, 2):
+        guide = read_pharaoh(str(model / f"selftrain.round{round_number}.align"))
+        assert len(guide) == 8
+        following = sample_lines(20, 8, 5, round_number + 1)
+        for links, k in zip(guide, following):     # each guide line indexes its sample line
+            assert all(i < len(sources[k]) and j < len(targets[k]) for i, j in links)
+    inputs = json.loads((model / "corpus" / "inputs.json").read_text())
+    round3 = sample_lines(20, 8, 5, 3)
+    assert inputs["pairs"] == 8
+    assert inputs["sha256"] == _fingerprint((sources[k], targets[k]) for k in round3)
+    record = json.loads((model / "run.json").read_text())
+    assert record["sessions"][0]["inputs"]["bitext"]["lines"] == \
+        "round 1's sample of 8 of 20 lines (seed 5)"
+    run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
+    assert len(read_pharaoh(str(tmp_path / "x"))) == 20
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args[:2],
+                          "--round-pairs", "9", *args[4:], "--resume", ok=False))
+    assert "--round-pairs (8 saved, 9 asked)" in line
+
+
+def test_a_budget_as_large_as_the_bitext_trains_as_without_one(tmp_path, corpus):
+    """--round-pairs 0 and --round-pairs 20 (the bitext's size) give the same guides and
+    weights: every round trains on the whole bitext."""
+    src, tgt, _, _ = corpus
+    with restored_aligner_logger():
+        for name, pairs in (("all", "0"), ("same", "20")):
+            run("train", "-s", src, "-t", tgt, "-o", tmp_path / name, "--rounds", "2",
+                "--round-pairs", pairs, "--max-updates", "2", *TRAIN_TINY)
+    assert (tmp_path / "all" / "selftrain.round1.align").read_bytes() == \
+        (tmp_path / "same" / "selftrain.round1.align").read_bytes()
+    assert (tmp_path / "all" / "fwd" / "params.best.pt").read_bytes() == \
+        (tmp_path / "same" / "fwd" / "params.best.pt").read_bytes()
+    assert len(read_pharaoh(str(tmp_path / "all" / "selftrain.round1.align"))) == 20
