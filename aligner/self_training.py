@@ -18,9 +18,11 @@ included. config.json records the round in
 the round that began last: ``--resume`` continues a run in the round it was cut off in, or
 begins the next when that round's links are written (:func:`resume_point`).
 
-Needs a kind that trains with a guide (hmm0, hmm1), both directions, and one process: under
-torchrun each round is one command (``align extract`` of the bitext, then ``align train
---guide ... --init-from ...``).
+Needs a kind that trains with a guide (hmm0, hmm1) and both directions. Under torchrun every
+rank runs the rounds in one process group: each round trains through DDP
+(aligner/train_run.py), the guide alignment between rounds is sharded over the ranks by
+block (aligner/corpus_alignment.py), and rank 0 alone writes and moves the round files, the
+others waiting for it in a barrier.
 """
 from __future__ import annotations
 
@@ -96,7 +98,6 @@ def guide_path(model_dir: str, round_number: int) -> str:
 
 def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
     """Why rounds after the first cannot align the bitext or train on it; None when they can."""
-    from aligner.distributed import torchrun_world_size
     from aligner.train_run import supports_guide
 
     if not supports_guide(model_kind):
@@ -105,16 +106,12 @@ def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Option
     if set(directions) != set(C.DIRECTIONS):
         return ("self-training guides a round by both directions' alignments; train "
                 "--directions fwd,rev")
-    if torchrun_world_size() > 1:
-        return ("not under torchrun; train one round per command (--rounds 1): align extract "
-                "the bitext, then align train --guide LINKS --init-from PREVIOUS_MODEL")
     return None
 
 
 def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
     """`align train`'s default --rounds: the recipe's for a kind that trains with a guide in
-    both directions on one process; 1 otherwise (the transformer, the alignment layer, one
-    direction, torchrun)."""
+    both directions; 1 otherwise (the transformer, the alignment layer, one direction)."""
     return recipe.ROUNDS if _why_not_self_training(model_kind, directions) is None else 1
 
 
@@ -170,8 +167,24 @@ def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: in
 def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     """Train `plan.rounds` rounds into ``request.model_dir`` (see the module docstring);
     ``request`` is round 1's. With ``request.resume`` the directory's run continues where it
-    was cut off (:func:`resume_point`). Returns the last round's summaries and the time
-    spent."""
+    was cut off (:func:`resume_point`). Under torchrun every rank calls this. Returns the last
+    round's summaries and the time spent."""
+    from aligner.distributed import distributed
+    from aligner.train_run import train
+
+    check_rounds(request.model_kind, request.directions, plan.rounds)
+    if request.resume and plan.rounds == 1:   # one ordinary run: train() resumes it
+        return RoundsResult(summaries=train(request))
+    # one process group for every round: each round's training and guide alignment use it
+    with distributed(request.train_config.device) as context:
+        return _train_rounds_in_group(request, plan, context)
+
+
+def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
+                           context: "DistributedContext") -> RoundsResult:
+    """:func:`train_rounds` inside the process group `context` (one process: a 1-rank
+    context). Rank 0 alone writes, moves and removes round files; every rank trains and
+    aligns its share of the guides."""
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import resolve_device
     from aligner.model_dir import BASE_DIR, LOCK_NAME, check_overwritable
@@ -181,21 +194,19 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     from aligner.train_run import (begin_record, check_request, request_inputs, run_inputs,
                                    train)
 
-    check_rounds(request.model_kind, request.directions, plan.rounds)
     model_dir = request.model_dir
     result = RoundsResult(summaries={})
-    if request.resume and plan.rounds == 1:   # one ordinary run: train() resumes it
-        result.summaries = train(request)
-        return result
     first, mode = resume_point(model_dir, plan) if request.resume else (1, FRESH)
     if mode == DONE:
         logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
         return result
-    # one record for every round (each rewrites the directory; the record goes on)
-    record = (RunRecord.resumed(model_dir) if request.resume
-              else RunRecord(record_path(model_dir)))
+    # one record for every round (each rewrites the directory; the record goes on); rank 0's
+    record = None
+    if context.is_main:
+        record = (RunRecord.resumed(model_dir) if request.resume
+                  else RunRecord(record_path(model_dir)))
     if (mode == FRESH and request.overwrite and os.path.isdir(model_dir)
-            and int(os.environ.get("RANK", "0")) == 0):
+            and context.is_main):
         # everything checked before anything is removed: the request, and that the directory
         # holds a run of ours without the inputs in it
         check_request(round_request(request, plan, 1))
@@ -203,6 +214,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
             check_overwritable(model_dir, request_inputs(request))
         # an earlier run's round files must not be taken for this run's
         _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
+    context.barrier()
     for round_number in range(first, plan.rounds + 1):
         start = time.time()
         mode = mode if round_number == first else FRESH
@@ -211,7 +223,8 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
             overwrite=mode == RESTART or (mode == FRESH and (round_number > 1
                                                              or request.overwrite)),
             record=record)
-        record.current_round = round_number
+        if record is not None:
+            record.current_round = round_number
         if this_round.bitext is not request.bitext:
             logger.info("round %d trains on %s", round_number,
                         this_round.bitext.description)
@@ -221,39 +234,50 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
                         ", from its model's weights" if plan.fine_tune else "",
                         {RESUME: " (resumed)", RESTART: " (again)",
                          TRAINED: " (trained)"}.get(mode, ""))
-            if mode == FRESH:   # this round rewrites the directory: keep what it starts from
-                _keep_round_log(model_dir, round_number - 1)
+            if mode == FRESH and context.is_main:   # this round rewrites the directory:
+                _keep_round_log(model_dir, round_number - 1)   # keep what it starts from
                 if plan.fine_tune:
                     _keep_previous_round(model_dir)
                 _write_state(model_dir, round_number, plan)
+            context.barrier()
         if mode == TRAINED:
-            _check_trained_round(this_round)
-            device = resolve_device(request.train_config.device)
-            begin_record(this_round, True, device,
-                         resolve_precision(request.train_config.precision, device), 1)
-            record.set_inputs(run_inputs(this_round))
+            _check_trained_round(this_round, log_to_file=context.is_main)
+            if record is not None:
+                device = resolve_device(request.train_config.device)
+                begin_record(this_round, True, device,
+                             resolve_precision(request.train_config.precision, device),
+                             context.world_size)
+                record.set_inputs(run_inputs(this_round))
             logger.info("round %d is trained: its links of the bitext guide round %d",
                         round_number, round_number + 1)
         else:
             result.summaries = train(this_round)
-            if plan.rounds > 1:
+            if plan.rounds > 1 and context.is_main:
                 _write_state(model_dir, round_number, plan, trained=True)
+        context.barrier()
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide, of its lines
+            # every rank aligns its share of the blocks; rank 0 writes the file
             align_bitext(model_dir, training_lines(request, plan, round_number + 1),
-                         resolve_device(request.train_config.device),
+                         resolve_device(request.train_config.device, context.local_rank,
+                                        context.local_world_size),
                          model_class(request.model_kind).METHODS[0], plan.shortlist,
                          plan.heuristic, plan.guide_threshold,
                          {plan.heuristic: guide_path(model_dir, round_number)},
-                         quiet=request.quiet, precision=request.train_config.precision)
+                         quiet=request.quiet or not context.is_main,
+                         precision=request.train_config.precision)
             seconds = time.time() - aligned
             result.alignment_seconds += seconds
-            record.add_stage("guide", seconds)
+            if record is not None:
+                record.add_stage("guide", seconds)
             logger.info("self-training guide: %s of the bitext took %.1fs",
                         guide_path(model_dir, round_number), seconds)
+            context.barrier()
         # the round's start is not needed once its links (or the last model) are written
-        shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
+        if context.is_main:
+            shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
+        context.barrier()
     return result
 
 
@@ -349,11 +373,12 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
                     f"--resume; or --overwrite to start a new run)")
 
 
-def _check_trained_round(request: "TrainRequest") -> None:
+def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> None:
     """What train() checks on --resume, for a trained round whose training is not resumed
     (TRAINED): the bitext is the one the cached corpus was built from, and the settings are the
     saved run's (but for its bookkeeping in ``extra``: the round, the output's defaults).
-    Attaches MODEL_DIR/train.log (the round's log) to the console logging."""
+    Attaches MODEL_DIR/train.log (the round's log) to the console logging (`log_to_file`:
+    rank 0's; the other ranks of a torchrun job log nothing, as in training)."""
     from aligner.log import setup_logging
     from aligner.model_dir import config_path, load_preprocessing
     from aligner.train_run import check_inputs, run_config
@@ -370,8 +395,8 @@ def _check_trained_round(request: "TrainRequest") -> None:
     check_condition(not differences,
                     f"{model_dir}: cannot resume, these settings differ from the saved run: "
                     f"{', '.join(differences)} (use --overwrite to start a new run)")
-    setup_logging(quiet=request.quiet, verbose=request.verbose,
-                  logfile=os.path.join(model_dir, C.LOG_NAME))
+    setup_logging(quiet=request.quiet, verbose=request.verbose, console=log_to_file,
+                  logfile=os.path.join(model_dir, C.LOG_NAME) if log_to_file else None)
 
 
 def _write_state(model_dir: str, round_number: int, plan: SelfTraining,

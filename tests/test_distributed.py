@@ -177,3 +177,54 @@ def test_two_stages_share_one_process_group(tmp_path):
                                                                           "destroy": 1}
     assert (tmp_path / "model" / "base" / "fwd" / "params.best.pt").exists()
     assert (tmp_path / "model" / "fwd" / "params.best.pt").exists()
+
+
+# -- self-training rounds under torchrun ----------------------------------------------------------
+
+def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    """Two self-training rounds of the direct HMM on 2 ranks, torch.distributed's public
+    init/destroy counted."""
+    from aligner.self_training import SelfTraining, train_rounds
+    from aligner.train_run import TrainRequest
+
+    _environment(rank, world_size, port)
+    calls = {"init": 0, "destroy": 0}
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    def counted_init(*args, **kwargs):
+        calls["init"] += 1
+        return init(*args, **kwargs)
+
+    def counted_destroy(*args, **kwargs):
+        calls["destroy"] += 1
+        return destroy(*args, **kwargs)
+
+    dist.init_process_group, dist.destroy_process_group = counted_init, counted_destroy
+    sources, targets, _ = monotone_corpus(40, seed=7)
+    request = TrainRequest(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
+                           "hmm1", dict(MODEL), PrepConfig(bpe_merges=10), DataConfig(),
+                           _config(max_updates=2), quiet=True)
+    train_rounds(request, SelfTraining(rounds=2, round_pairs=30))
+    with open(os.path.join(workdir, f"calls{rank}.json"), "w") as out:
+        json.dump(calls, out)
+
+
+def test_self_training_rounds_run_under_torchrun(tmp_path):
+    """The recipe's rounds are not refused under torchrun: both ranks train every round in
+    one process group, round 1's model aligns round 2's sample (its guide, one line per
+    sampled pair, written once) and the model directory ends as round 2's run of 2
+    processes."""
+    mp.spawn(_rounds_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"calls{rank}.json").read_text()) == {"init": 1,
+                                                                          "destroy": 1}
+    model = tmp_path / "model"
+    guide = (model / "selftrain.round1.align").read_text().splitlines()
+    assert len(guide) == 30 and any(guide)
+    assert sorted(p.name for p in model.iterdir() if p.name.endswith(".tmp")) == []
+    assert not (model / "previous_round").exists()
+    config = json.loads((model / "config.json").read_text())
+    assert config["extra"]["self_training"] == {"round": 2}
+    record = json.loads((model / "run.json").read_text())
+    assert [stage["stage"] for stage in record["stages"]].count("guide") == 1
+    assert {session["processes"] for session in record["sessions"]} == {2}

@@ -116,8 +116,8 @@ def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, co
     assert default_rounds("alignment-layer", ("fwd", "rev")) == 1
     assert default_rounds("hmm1", ("fwd",)) == 1
     assert default_rounds("hmm1", ("rev", "fwd")) == recipe.ROUNDS   # the order is the user's
-    monkeypatch.setenv("WORLD_SIZE", "2")              # torchrun: one round per command
-    assert default_rounds("hmm1", ("fwd", "rev")) == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")              # torchrun: the same recipe
+    assert default_rounds("hmm1", ("fwd", "rev")) == recipe.ROUNDS
     monkeypatch.delenv("WORLD_SIZE")
     src, tgt = corpus
     model = tmp_path / "m"
@@ -145,14 +145,6 @@ def test_rounds_that_cannot_self_train_are_refused(tmp_path, corpus, extra, mess
                           *extra, *TRAIN_TINY, ok=False))
     assert message in line and "--rounds 2" in line
     assert not (tmp_path / "m").exists()
-
-
-def test_rounds_are_refused_under_torchrun(tmp_path, corpus, monkeypatch):
-    src, tgt = corpus
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--rounds", "2",
-                          *TRAIN_TINY, ok=False))
-    assert "not under torchrun" in line and "--init-from" in line
 
 
 def _interrupt_alignment(monkeypatch):

@@ -174,7 +174,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                                                  "(default: the model kind's first).")
 @guide_options
 @rounds_option(None, default_help=f"{recipe.ROUNDS} for hmm0 and hmm1 in both directions; 1 "
-                                  f"for the other kinds and under torchrun")
+                                  f"for the other kinds")
 @self_training_options
 @agreement_weight_option
 @device_option
@@ -221,14 +221,15 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
-    self-training rounds of one epoch (one round under torchrun), each after the first
+    self-training rounds of one epoch, each after the first
     fine-tuning the previous round's model guided by its own alignments of the bitext (kept
     as MODEL_DIR/selftrain.roundN.align), with a linearly decaying learning rate; align
     extract MODEL_DIR then gives the recipe's alignments (hmm-posterior, -H soft-average at
     the recorded threshold).
 
-    Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) training runs with
-    DistributedDataParallel on all processes; rank 0 writes the model directory.
+    Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) the same recipe
+    runs on all processes: training with DistributedDataParallel, the alignments between
+    rounds sharded over the ranks; rank 0 writes the model directory.
     """
     from aligner.formats import open_bitext, read_bitext, read_gold
     from aligner.models import MODELS, model_class
