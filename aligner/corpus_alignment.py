@@ -12,6 +12,7 @@ import contextlib
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from aligner import constants as C
+from aligner import faults
 
 
 def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, heuristic: str,
@@ -82,6 +83,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
                                    for f, r in zip(hard["fwd"], hard["rev"])]
             for name, handle in files.items():
                 handle.writelines(format_links(links) + "\n" for links in hard[name])
+            faults.reached("alignment-block")
             if keep_soft:
                 kept["alignments"].extend(hard[heuristic])
             n_links += sum(map(len, hard[heuristic]))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from aligner import constants as C
-from aligner import recipe
+from aligner import faults, recipe
 from aligner.config import RunConfig
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -234,6 +234,8 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
                         ", from its model's weights" if plan.fine_tune else "",
                         {RESUME: " (resumed)", RESTART: " (again)",
                          TRAINED: " (trained)"}.get(mode, ""))
+            if mode == FRESH:
+                faults.reached("round-start")
             if mode == FRESH and context.is_main:   # this round rewrites the directory:
                 _keep_round_log(model_dir, round_number - 1)   # keep what it starts from
                 if plan.fine_tune:
@@ -258,6 +260,7 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
         aligned = time.time()
         result.training_seconds += aligned - start
         if round_number < plan.rounds:    # the next round's guide, of its lines
+            faults.reached("guide-alignment")
             # every rank aligns its share of the blocks; rank 0 writes the file
             align_bitext(model_dir, training_lines(request, plan, round_number + 1),
                          resolve_device(request.train_config.device, context.local_rank,

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from aligner import constants as C
+from aligner import faults
 from aligner.config import TrainConfig
 from aligner.data import EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
@@ -322,6 +323,7 @@ class Trainer:
             out.write("\t".join(METRICS_COLUMNS) + "\n")
             for row in self.state.metrics:
                 out.write("\t".join(_format_metric(row.get(k)) for k in METRICS_COLUMNS) + "\n")
+        faults.reached("checkpoint")
 
     def weight_models(self) -> Dict[str, AlignmentModel]:
         """The models whose weights a checkpoint holds, by name (here: the direction's)."""

@@ -25,6 +25,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List
 import torch
 
 from aligner import constants as C
+from aligner import faults
 from aligner.config import DataConfig, RunConfig, TrainConfig
 from aligner.data import EncodedCorpus
 from aligner.distributed import DistributedContext
@@ -421,6 +422,7 @@ def _prepare_data(model_dir: str, bitext: "Bitext | BitextFiles", prep_config: "
     (and fingerprints the bitext), BPE and the vocabularies are learned from the counts, the
     second encodes (a third reads a --guide beside the bitext). With
     ``bpe_sample_sentences`` BPE is learned on a sample drawn in the first pass."""
+    faults.reached("preparation")
     from aligner.prep import Preprocessor, WordCounts, _reservoir_sample
 
     start = time.time()
@@ -998,6 +1000,7 @@ def _prepare_like(model_dir: str, other_dir: str, bitext: Bitext, data_config: D
     """Stage 2 (`other_dir` = the base) or ``--init-from`` (the model fine-tuned): the other
     model directory's preprocessing and vocabularies (copied into `model_dir`) and the training
     corpus (and guide) encoded with them into MODEL_DIR/corpus (rank 0 only)."""
+    faults.reached("preparation")
     start = time.time()
     pre, src_vocab, tgt_vocab = load_preprocessing(other_dir)
     source, target = tokenize_bitext(pre, bitext)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from aligner import recipe
+from aligner import faults, recipe
 from aligner.formats import read_pharaoh
 from aligner.run_record import RunRecord
 from aligner.self_training import default_rounds
@@ -147,58 +147,21 @@ def test_rounds_that_cannot_self_train_are_refused(tmp_path, corpus, extra, mess
     assert not (tmp_path / "m").exists()
 
 
-def _interrupt_alignment(monkeypatch):
-    """The first alignment of the bitext (after round 1's training) is cut off."""
-    import aligner.corpus_alignment
-
-    def cut_off(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(aligner.corpus_alignment, "align_bitext", cut_off)
-
-
-def _interrupt_training(monkeypatch):
-    """Round 2 is cut off right after fwd's first checkpoint (rev has not started): round 1
-    writes 4 checkpoints (2 per direction at --max-updates 4 --checkpoint-interval 2)."""
-    from aligner.train import Trainer
-
-    save = Trainer.save_checkpoint
-    calls = []
-
-    def save_then_cut_off(self, *args, **kwargs):
-        save(self, *args, **kwargs)
-        calls.append(self.direction)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_cut_off)
+#: where a 3-round run is cut off (aligner/faults.py: the point and its pass): the first
+#: alignment of the bitext (after round 1's training); once round 1's links are written, as
+#: round 2 begins; round 2 while it encodes the corpus (its --overwrite has removed round 1's
+#: config.json and weights, kept aside in previous_round; round 1's preparation is the first
+#: pass); round 2 right after fwd's first checkpoint, rev not started (round 1 writes 4
+#: checkpoints, 2 per direction at --max-updates 4 --checkpoint-interval 2)
+CUT_OFF_IN_ALIGNMENT = ("guide-alignment", 1)
+CUT_OFF_AFTER_THE_LINKS = ("round-start", 1)
+CUT_OFF_IN_PREPARATION = ("preparation", 2)
+CUT_OFF_IN_TRAINING = ("checkpoint", 5)
 
 
-def _interrupt_after_the_links(monkeypatch):
-    """Cut off once round 1's links are written, as round 2 begins."""
-    import aligner.self_training
-
-    def cut_off(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(aligner.self_training, "_keep_round_log", cut_off)
-
-
-def _interrupt_preparation(monkeypatch):
-    """Round 2 is cut off while it encodes the corpus: its --overwrite has removed round 1's
-    config.json and weights (kept aside in previous_round), its own are not written yet."""
-    import aligner.train_run
-
-    def cut_off(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(aligner.train_run, "_prepare_like", cut_off)
-
-
-@pytest.mark.parametrize("interrupt", [_interrupt_alignment, _interrupt_after_the_links,
-                                       _interrupt_preparation, _interrupt_training])
-def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypatch,
-                                                      interrupt):
+@pytest.mark.parametrize("interrupt", [CUT_OFF_IN_ALIGNMENT, CUT_OFF_AFTER_THE_LINKS,
+                                       CUT_OFF_IN_PREPARATION, CUT_OFF_IN_TRAINING])
+def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, interrupt):
     """Cut off (Ctrl-C) between or inside rounds, the same command plus --resume ends with
     the directory an uninterrupted run writes."""
     src, tgt = corpus
@@ -206,15 +169,14 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", whole, *args)
-        with monkeypatch.context() as patch:
-            interrupt(patch)
+        with faults.injected(*interrupt):
             line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args, ok=False))
         assert "interrupted; continue with the same command plus --resume" in line
-        if interrupt is _interrupt_preparation:
+        if interrupt == CUT_OFF_IN_PREPARATION:
             assert not (cut / "config.json").exists()
         run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
     round2_log = (cut / "selftrain.round2.log").read_text()
-    if interrupt is _interrupt_training:   # fwd went on from its checkpoint, rev began
+    if interrupt == CUT_OFF_IN_TRAINING:   # fwd went on from its checkpoint, rev began
         assert "[fwd] resumed at update 2" in round2_log
         assert "[rev] resumed" not in round2_log
     else:
@@ -251,8 +213,7 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, monkeypa
     assert "holds round 3 of a self-training run; --rounds 2 ends before it" in line
 
 
-def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_path, corpus,
-                                                                         monkeypatch):
+def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_path, corpus):
     """MODEL_DIR/run.json of a 2-round run cut off in round 2's training, then resumed: the
     first session's stages (round 1 and round 2's preparation), the resumed session's (round
     2's directions), their seconds within the commands' wall time."""
@@ -263,8 +224,7 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
     model = tmp_path / "m"
     start = time.time()
     with restored_aligner_logger():
-        with monkeypatch.context() as patch:
-            _interrupt_training(patch)
+        with faults.injected(*CUT_OFF_IN_TRAINING):
             error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, ok=False))
         first = RunRecord.load(str(model))
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume")

@@ -1,0 +1,96 @@
+"""The public fault-injection point (aligner/faults.py), and `align run` cut off for real by
+SIGKILL at each stage of the recipe, then finished by `align run --resume`."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from aligner import faults
+from aligner.utils import AlignerError
+from cli_runner import error_line, run
+from conftest import ROOT
+from synthetic import monotone_corpus, write_corpus
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("checkpoint", ("checkpoint", 1, "kill")),
+    ("round-start:3", ("round-start", 3, "kill")),
+    ("alignment-block:2:interrupt", ("alignment-block", 2, "interrupt")),
+])
+def test_a_spec_names_the_point_the_pass_and_the_action(spec, expected):
+    assert faults.parse(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["nowhere", "checkpoint:0", "checkpoint:x", "checkpoint:2:stop",
+                                  "checkpoint:1:kill:3"])
+def test_a_bad_spec_is_refused(spec):
+    with pytest.raises(AlignerError, match="ALIGNER_FAULT"):
+        faults.parse(spec)
+
+
+def test_a_bad_spec_in_the_environment_is_one_line(tmp_path, monkeypatch):
+    sources, targets, golds = monotone_corpus(6, seed=1)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
+    monkeypatch.setenv(faults.ENV, "checkpont:2")
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--rounds", "1",
+                          "--max-updates", "1", *TINY, ok=False))
+    assert "ALIGNER_FAULT='checkpont:2'" in line
+
+
+def test_injected_cuts_off_at_the_counted_pass_only_inside_the_block():
+    faults.reached("checkpoint")                    # not armed: nothing happens
+    with faults.injected("checkpoint", 3):
+        faults.reached("checkpoint")
+        faults.reached("round-start")               # another point is not counted
+        faults.reached("checkpoint")
+        with pytest.raises(KeyboardInterrupt):
+            faults.reached("checkpoint")
+        faults.reached("checkpoint")                # the fourth pass goes on
+    faults.reached("checkpoint")
+
+
+TINY = ["--d-model", "16", "--heads", "2", "--encoder-layers", "1", "--decoder-layers", "1",
+        "--ff-dim", "32", "--max-positions", "12", "--max-len", "11", "--bpe-merges", "0",
+        "--threads", "1", "-q"]
+RUN_TINY = ["-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1", "-M", "dec_layers=1",
+            "-M", "d_ff=32", "-M", "max_positions=12", "--bpe-merges", "0", "--threads", "1",
+            "--rounds", "2", "--max-updates", "4", "-q"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """A 2-round `align run` of a tiny corpus, not cut off: (its arguments, output text)."""
+    folder = tmp_path_factory.mktemp("whole")
+    sources, targets, golds = monotone_corpus(12, seed=4)
+    src, tgt, _ = write_corpus(folder, "c", sources, targets, golds)
+    common = ["-s", str(src), "-t", str(tgt), *RUN_TINY]
+    run("run", *common, "--model-dir", folder / "model", "-o", folder / "whole.align")
+    return common, (folder / "whole.align").read_text()
+
+
+#: each stage of `align run` (2 rounds of 4 updates, one checkpoint per direction and round,
+#: fwd's then rev's): round 2's preparation (round 1's is the first pass), round 2's training
+#: after fwd's checkpoint (rev not trained), the start of round 2 (round 1's links written), the
+#: alignment between the rounds, the final alignment (the guide's block is the first pass)
+STAGES = ["preparation:2", "checkpoint:3", "round-start:1", "guide-alignment:1",
+          "alignment-block:2"]
+
+
+@pytest.mark.parametrize("spec", STAGES)
+def test_align_run_killed_at_any_stage_ends_as_an_uninterrupted_run(tmp_path, uninterrupted,
+                                                                    spec):
+    common, expected = uninterrupted
+    model, output = tmp_path / "model", tmp_path / "cut.align"
+    killed = subprocess.run([sys.executable, "-m", "aligner", "run", *common, "--model-dir",
+                             str(model), "-o", str(output)], cwd=ROOT, capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                            faults.ENV: spec})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not output.exists()
+    run("run", *common, "--model-dir", model, "-o", output, "--resume")
+    assert output.read_text() == expected
+    assert not [p for p in model.rglob("*.tmp")]
