@@ -74,10 +74,9 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: aligned by round r's model to guide it; aligner/round_samples.py): the training budget that
 #: stops growing with the corpus. A bitext of at most this many lines trains on all of it in
 #: every round (the 25,237-line en-fr benchmark, unchanged). 30,000: the whole job on the
-#: 407k en-fr Hansards within 90 minutes on 2 cores, by the rates measured there (a round of
-#: 40,000 lines trained 1,011 updates at 1.25 upd/s for fwd, the slower direction, 13.5 min,
-#: and its guide took 205 s; the final alignment of 407k lines at that rate, 35 min: four
-#: rounds of 40k came to 109 min in all, of 30k to about 84). eval/results/scale_enfr.md
+#: 407k en-fr Hansards within 90 minutes on 2 cores. Measured there (eval/results/scale_enfr.md):
+#: align train 37 min (a round 6.5-8 min, its guide 2 min) + align extract 24.5 min, dev /
+#: trial 5.0 / 6.1 against eflomal's 7.2 / 8.1 in the same run
 ROUND_PAIRS = 30000
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
