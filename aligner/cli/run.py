@@ -21,7 +21,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
-                                 agreement_weight_option, bitext_options, bpe_merges_option, device_option, guide_options,
+                                 agreement_weight_option, bitext_options, block_lines_option,
+                                 bpe_merges_option, device_option, guide_options,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
@@ -77,6 +78,7 @@ logger = logging.getLogger(__name__)
 @bpe_merges_option()
 @model_option_option
 @max_tokens_option
+@block_lines_option
 @device_option
 @precision_option
 @seed_option
@@ -92,7 +94,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str, round_pairs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
-            device: str, precision: str, seed: int, threads: int, quiet: bool) -> None:
+            block_lines: Optional[int], device: str, precision: str, seed: int, threads: int,
+            quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
@@ -102,7 +105,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     of one epoch: each after the first fine-tunes the previous round's model, guided by its
     own alignments of the bitext (self-training), with a linearly decaying learning rate.
     Exactly one output line per input line, in input order; a line with an empty side, or too
-    long for the model, gets an empty line (and a warning). On a CPU with 2+ cores and 2+
+    long for the model, gets an empty line (and a warning). The final alignment keeps each
+    finished block of --block-lines lines in MODEL_DIR/alignment.parts until the outputs are
+    written: --resume after a cut-off run goes on from the first unfinished block (not with
+    --soft, which holds every matrix in memory). On a CPU with 2+ cores and 2+
     --threads, the two directions of a bitext of 1,000+ pairs train at the same time, each
     with half of the threads.
     """
@@ -187,14 +193,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         output_threshold=threshold, fine_tune=fine_tune,
                         fine_tune_epochs=fine_tune_epochs,
                         fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
-                        round_pairs=round_pairs)
+                        round_pairs=round_pairs, block_lines=block_lines or 0)
     try:
         trained = train_rounds(request, plan)
         aligning = time.time()
         gold_rows, matrices, links = align_bitext(
             model_dir, bitext, torch_device, recipe.METHOD, shortlist, heuristic, threshold,
             {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
-            keep_soft=soft is not None, quiet=quiet, precision=precision)
+            keep_soft=soft is not None, quiet=quiet, precision=precision,
+            # the finished blocks, kept until the outputs are written: --resume goes on
+            # from the first unfinished one (a run without --resume starts in a model
+            # directory of its own, where such a folder can only be stale)
+            parts=os.path.join(model_dir, C.ALIGNMENT_PARTS), resume=resume,
+            overwrite=not resume, block_lines=block_lines)
         if matrices is not None:
             write_results(output, matrices.pop("alignments"), soft, matrices)
         seconds = {"training": trained.training_seconds,
