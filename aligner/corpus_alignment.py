@@ -46,7 +46,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     from aligner import inference
     from aligner.blocks import align_in_blocks, bitext_identity
     from aligner.formats import format_links
-    from aligner.model_dir import LoadedModelDir, weights_checksums
+    from aligner.model_dir import LoadedModelDir, model_checksums
     from aligner.precision import autocast_context, resolve_precision
     from aligner.soft_symmetrize import soft_average
     from aligner.symmetrize import symmetrize
@@ -94,7 +94,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
         gold = {name: [sorted(hard[name][k]) for k in gold_here] for name in gold_rows}
         return lines, {"links": sum(map(len, hard[heuristic])), "gold": gold}
 
-    record = {"model": weights_checksums(model_dir, C.DIRECTIONS), "input":
+    record = {"model": model_checksums(model_dir, C.DIRECTIONS), "input":
               bitext_identity(bitext), "method": method, "shortlist": shortlist,
               "heuristic": heuristic, "threshold": threshold,
               "precision": resolve_precision(precision, device),

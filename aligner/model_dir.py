@@ -374,15 +374,21 @@ def recorded_checksum(path: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def weights_checksums(model_dir: str, directions: Sequence[str],
-                      checkpoint: str = "best") -> Dict[str, str]:
-    """{direction: sha256 of its `checkpoint` weights file}: the one its ``.sha256`` file
-    records, else computed (what identifies the model a parts folder was aligned with)."""
+def model_checksums(model_dir: str, directions: Sequence[str],
+                    checkpoint: str = "best") -> Dict[str, str]:
+    """What identifies the model that aligns (a parts folder records it, aligner/blocks.py):
+    the sha256 of each direction's `checkpoint` weights (the one its ``.sha256`` file
+    records, else computed) and of the files extraction reads beside them (config,
+    preprocessing, BPE codes, vocabularies); "" for a file that is missing."""
     sums = {}
     for direction in directions:
         path = params_path(model_dir, direction, checkpoint)
         sums[direction] = recorded_checksum(path) or (file_sha256(path)
                                                       if os.path.isfile(path) else "")
+    for name in (C.CONFIG_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
+                 C.VOCAB_SRC, C.VOCAB_TGT):
+        path = os.path.join(model_dir, name)
+        sums[name] = file_sha256(path) if os.path.isfile(path) else ""
     return sums
 
 

@@ -174,7 +174,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.formats import format_links, open_bitext, read_bitext
     from aligner.inference import extract
     from aligner.log import setup_logging
-    from aligner.model_dir import LoadedModelDir, weights_checksums
+    from aligner.model_dir import LoadedModelDir, model_checksums
     from aligner.precision import autocast_context, resolve_precision
     from aligner.soft_symmetrize import soft_average
     from aligner.streaming import AlignRun, stream_extract
@@ -258,7 +258,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         return ({"out": lines, "probs": numbers},
                                 {"links": sum(map(len, links))})
 
-                    record = {"model": weights_checksums(model_dir, directions, checkpoint),
+                    record = {"model": model_checksums(model_dir, directions, checkpoint),
                               "input": bitext_identity(bitext), "method": method,
                               "options": options, "direction": direction,
                               "heuristic": heuristic, "threshold": threshold,
