@@ -218,6 +218,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0:
+        return   # torchrun: rank 0 aligned the bitext (aligner/blocks.py) and reports
     click.echo(f"align run: {n_lines} sentence pairs, {links} links "
                f"({links / max(1, n_lines):.1f} per pair); training {seconds['training']:.0f}s, "
                f"alignment {seconds['alignment']:.0f}s"
