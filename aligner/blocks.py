@@ -146,7 +146,7 @@ def _prepare(folder: str, record: Dict[str, Any], resume: bool, overwrite: bool,
                                f"--overwrite")
         logger.info("%s: removed the blocks of an earlier alignment (%s)", folder,
                     "other model or settings" if resume else "--overwrite")
-        shutil.rmtree(folder)
+        _remove(folder)
     elif resume:
         logger.debug("%s: no finished blocks to resume from: aligning from the first line",
                      folder)
@@ -293,8 +293,23 @@ def _concatenate(folder: str, n_blocks: int, outputs: Dict[str, Optional[str]],
                 with open(os.path.join(folder, _block_name(index, name)),
                           encoding="utf-8") as part:
                     shutil.copyfileobj(part, handle)
-    shutil.rmtree(folder)
+    _remove(folder)
     return metas
+
+
+def _remove(folder: str) -> None:
+    """Remove a parts folder of ours, its record last: a removal cut off leaves a folder still
+    known as ours (with fewer blocks, aligned again on --resume)."""
+    for name in os.listdir(folder):
+        if name != PARTS_RECORD:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, PARTS_RECORD))
+    os.rmdir(folder)
 
 
 def _stream(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
