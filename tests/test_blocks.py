@@ -200,3 +200,50 @@ def test_run_killed_in_an_alignment_resumes_from_its_blocks(run_corpus, tmp_path
     for name, path in outputs.items():
         assert path.read_text() == run_corpus["ref"][name], name
     assert not [name for name in os.listdir(model) if name.endswith(C.PARTS_SUFFIX)]
+
+
+def _align_bitext_worker(rank: int, world_size: int, port: int, model: str, src: str,
+                         tgt: str, out: str) -> None:
+    """One rank of a torchrun-like group calling align_bitext, as a stage of a run does."""
+    import torch
+
+    from aligner.corpus_alignment import align_bitext
+    from aligner.distributed import init_distributed, shutdown_distributed
+    from aligner.formats import open_bitext
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    context = init_distributed("cpu")
+    _, _, links = align_bitext(model, open_bitext(src, tgt), torch.device("cpu"),
+                               "hmm-posterior", 0, "soft-average", 0.55,
+                               {"soft-average": out, "fwd": out + ".fwd"}, quiet=True,
+                               parts=out + C.PARTS_SUFFIX, block_lines=BLOCK)
+    assert (links > 0) == (rank == 0)             # rank 0 reports, the others return nothing
+    assert os.path.isfile(out) and not os.path.exists(out + C.PARTS_SUFFIX)
+    shutdown_distributed(context)
+
+
+def test_align_bitext_under_a_process_group_shards_blocks_and_rank_0_writes(run_corpus,
+                                                                          tmp_path):
+    """align_bitext (align run's final alignment, a self-training guide) called by the 2
+    ranks of a gloo group: the files of one process, byte for byte."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from aligner.corpus_alignment import align_bitext
+    from aligner.formats import open_bitext
+
+    model = str(run_corpus["tmp"] / "ref-model")
+    src, tgt = str(run_corpus["src"]), str(run_corpus["tgt"])
+    ref = str(tmp_path / "ref.txt")
+    align_bitext(model, open_bitext(src, tgt), torch.device("cpu"), "hmm-posterior", 0,
+                 "soft-average", 0.55, {"soft-average": ref, "fwd": ref + ".fwd"},
+                 quiet=True, parts=ref + C.PARTS_SUFFIX, block_lines=BLOCK)
+    out = str(tmp_path / "dist.txt")
+    mp.spawn(_align_bitext_worker, args=(2, _free_port(), model, src, tgt, out), nprocs=2,
+             join=True)
+    for suffix in ("", ".fwd"):
+        assert open(out + suffix).read() == open(ref + suffix).read()
+    assert sorted(os.listdir(tmp_path)) == ["dist.txt", "dist.txt.fwd", "ref.txt",
+                                            "ref.txt.fwd"]
