@@ -233,8 +233,8 @@ def block_lines_option(function):
     return click.option(
         "--block-lines", type=click.IntRange(min=1), default=None,
         help="Lines per block of the alignment of the bitext: what is in memory at a time, "
-             "what --resume goes on from after a cut-off run and what torchrun shares out "
-             "over its processes  [default: 10000]")(function)
+             "what --resume goes on from after a cut-off run and, for align extract under "
+             "torchrun, what one process aligns  [default: 10000]")(function)
 
 
 def device_option(function):
