@@ -26,6 +26,13 @@ METRICS_NAME = "metrics.tsv"
 LOG_NAME = "train.log"
 #: the run record: the command, inputs and seconds of each stage (aligner/run_record.py)
 RUN_RECORD_NAME = "run.json"
+#: the parts folder of `align run`'s final alignment: each finished block's output lines,
+#: kept until the outputs are complete, so that --resume goes on from the first unfinished
+#: block (aligner/blocks.py)
+ALIGNMENT_PARTS = "alignment.parts"
+#: the parts folder of another alignment is its output's name plus this (`align extract -o
+#: FILE`: FILE.parts; a self-training guide: MODEL_DIR/selftrain.roundN.align.parts)
+PARTS_SUFFIX = ".parts"
 
 # Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
 HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")

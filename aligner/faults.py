@@ -33,7 +33,8 @@ POINTS: Dict[str, str] = {
     "round-start": "a self-training round after the first begins: the previous round's links "
                    "of the bitext are written, nothing of the new round is",
     "guide-alignment": "a self-training round's model begins to align the next round's lines",
-    "alignment-block": "a block of lines of a whole-bitext alignment is written",
+    "alignment-block": "a block of lines of a whole-bitext alignment is finished (its part "
+                       "and the part's record written, aligner/blocks.py)",
 }
 ACTIONS = ("kill", "interrupt")
 

@@ -13,6 +13,8 @@ Layout (file names from aligner/constants.py)::
       vocab.tgt.json       ... of the target language
       corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
       train.log            the training log
+      alignment.parts/     align run's final alignment while it runs: the finished blocks'
+                           lines (aligner/blocks.py), removed once the outputs are written
       .aligner             the mark of a directory written by a run of ours (written first;
                            --overwrite replaces only a directory that has it, or a config.json
                            of ours, and never removes it)
@@ -81,7 +83,7 @@ CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
                C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, C.RUN_RECORD_NAME,
-               JOINT_DIR) + C.DIRECTIONS
+               JOINT_DIR, C.ALIGNMENT_PARTS) + C.DIRECTIONS
 
 
 def config_path(model_dir: str) -> str:
@@ -370,6 +372,24 @@ def recorded_checksum(path: str) -> Optional[str]:
     except (OSError, UnicodeDecodeError):
         return None
     return match.group(1) if match else None
+
+
+def model_checksums(model_dir: str, directions: Sequence[str],
+                    checkpoint: str = "best") -> Dict[str, str]:
+    """What identifies the model that aligns (a parts folder records it, aligner/blocks.py):
+    the sha256 of each direction's `checkpoint` weights (the one its ``.sha256`` file
+    records, else computed) and of the files extraction reads beside them (config,
+    preprocessing, BPE codes, vocabularies); "" for a file that is missing."""
+    sums = {}
+    for direction in directions:
+        path = params_path(model_dir, direction, checkpoint)
+        sums[direction] = recorded_checksum(path) or (file_sha256(path)
+                                                      if os.path.isfile(path) else "")
+    for name in (C.CONFIG_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
+                 C.VOCAB_SRC, C.VOCAB_TGT):
+        path = os.path.join(model_dir, name)
+        sums[name] = file_sha256(path) if os.path.isfile(path) else ""
+    return sums
 
 
 def verify_checksum(path: str) -> None:

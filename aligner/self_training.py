@@ -4,7 +4,9 @@ What `align train --rounds N` and `align run --rounds N` do (the recipe: four ro
 aligner/recipe.py). Round 1 is the request as given (with its --guide, if any). After each
 round but the last, the round's model aligns its own training bitext (the kind's first
 extraction method, both directions combined by the plan's heuristic at ``guide_threshold``)
-into ``MODEL_DIR/selftrain.round{r}.align``, and round r+1 trains guided by that file at
+into ``MODEL_DIR/selftrain.round{r}.align`` (block by block through
+``selftrain.round{r}.align.parts``: a guide cut off goes on from its last finished block),
+and round r+1 trains guided by that file at
 ``guide_weight`` — fine-tuning round r's weights (``align train --init-from``; they are kept
 aside in ``MODEL_DIR/previous_round`` while round r+1 rewrites the directory) for
 ``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new weights (``fine_tune`` off).
@@ -66,7 +68,8 @@ class SelfTraining:
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
     round trains on, a sample of the bitext drawn anew per round (aligner/round_samples.py; 0
     or more than the bitext has = all; round 1 trains on all when it has a --guide, which
-    covers all).
+    covers all). block_lines: lines per block of the guides' alignment (0 =
+    inference.BLOCK_LINES), the unit a guide cut off goes on from.
     """
 
     rounds: int = recipe.ROUNDS
@@ -79,6 +82,7 @@ class SelfTraining:
     fine_tune_lr_schedule: str = recipe.FINE_TUNE_LR_SCHEDULE
     shortlist: int = 0
     round_pairs: int = recipe.ROUND_PAIRS
+    block_lines: int = 0
 
 
 @dataclass
@@ -269,7 +273,13 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
                          plan.heuristic, plan.guide_threshold,
                          {plan.heuristic: guide_path(model_dir, round_number)},
                          quiet=request.quiet or not context.is_main,
-                         precision=request.train_config.precision)
+                         precision=request.train_config.precision,
+                         # a guide cut off goes on from its last finished block; parts of
+                         # another model (the round trained again) are discarded
+                         parts=guide_path(model_dir, round_number) + C.PARTS_SUFFIX,
+                         resume=True, stale="discard",
+                         block_lines=plan.block_lines or None,
+                         description=f"guide {round_number}")
             seconds = time.time() - aligned
             result.alignment_seconds += seconds
             if record is not None:
@@ -414,8 +424,9 @@ def _write_state(model_dir: str, round_number: int, plan: SelfTraining,
 
 def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
     """Remove what an earlier run left beside its model (before an --overwrite run trains):
-    its rounds' alignments and logs (selftrain.roundN.align / .log), its selftrain.json and a
-    previous_round it was cut off with, so that no round file of another run is taken for
+    its rounds' alignments and logs (selftrain.roundN.align / .log), its selftrain.json, a
+    previous_round and a guide's parts folder (selftrain.roundN.align.parts) it was cut off
+    with, so that no round file of another run is taken for
     this run's. `keep`: a file that stays (this run's --guide, which may be such a file).
     Each removal is logged."""
     for name in sorted(os.listdir(model_dir)):
@@ -425,7 +436,9 @@ def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
         if (re.fullmatch(r"selftrain\.(round\d+\.(align|log)|json)", name)
                 and os.path.isfile(path)):
             os.unlink(path)
-        elif name == PREVIOUS_ROUND_DIR and os.path.isdir(path) and not os.path.islink(path):
+        elif ((name == PREVIOUS_ROUND_DIR
+               or re.fullmatch(r"selftrain\.round\d+\.align" + re.escape(C.PARTS_SUFFIX), name))
+              and os.path.isdir(path) and not os.path.islink(path)):
             shutil.rmtree(path)
         else:
             continue

@@ -41,6 +41,8 @@ OUTSIDE_TRAINING = {
     "--max-tokens": "training batches (train, run) or inference batches (extract, translate)",
     "--precision": "training (train, run) or inference (extract, translate)",
     "--link-probs": "extract writes the link probabilities there; score-aer reads them",
+    "--resume": "train, run: the run in --model-dir; extract: the blocks kept in -o's FILE.parts",
+    "--overwrite": "train, run: the run in --model-dir; extract: the parts folder FILE.parts",
     # the same meaning, declared in the inference commands' own modules (not yet shared)
     "-q": "not yet shared with extract, show, symmetrize, translate",
     "--quiet": "as -q",

@@ -121,7 +121,10 @@ def test_extract_in_blocks_equals_extract_at_once(tmp_path, corpus, monkeypatch)
         monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 50_000)
         assert out.read_text() == whole and len(whole.split("\n")) == 11
         assert "test.joint:8: an empty side" in blocks.stderr
-        assert "lines 7-9 of 10" in blocks.stderr
+        # one bar over the 10 lines (no log line per block); the parts beside -o are gone
+        assert "10/10" in blocks.stderr and "lines 7-9" not in blocks.stderr
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(heuristic)) \
+            == [out.name]
 
 
 def test_train_user_errors_are_one_line(tmp_path, corpus):

@@ -112,8 +112,11 @@ def test_timeout_default_and_environment(monkeypatch):
             process_group_timeout()
 
 
-SHORT_TIMEOUT_S = 2
-RANK0_BUSY_S = 8
+#: long enough for the ranks to connect on a loaded machine (the store's connection waits
+#: for the same timeout), far below gloo's own default of 30 minutes
+SHORT_TIMEOUT_S = 10
+#: rank 0 stays busy until rank 1 has given up, or this long
+RANK0_BUSY_S = 120
 
 
 def _timeout_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
@@ -123,7 +126,9 @@ def _timeout_worker(rank: int, world_size: int, port: int, workdir: str) -> None
     os.environ[TIMEOUT_ENV] = str(SHORT_TIMEOUT_S)
     context = init_distributed("cpu")
     if rank == 0:
-        time.sleep(RANK0_BUSY_S)
+        deadline = time.time() + RANK0_BUSY_S
+        while not os.path.exists(os.path.join(workdir, "rank1.json")) and time.time() < deadline:
+            time.sleep(0.1)
         return
     start = time.time()
     try:
@@ -131,17 +136,18 @@ def _timeout_worker(rank: int, world_size: int, port: int, workdir: str) -> None
         outcome = "passed"
     except Exception as error:  # gloo's timeout: RuntimeError / DistBackendError
         outcome = type(error).__name__ + ": " + str(error).splitlines()[0]
-    with open(os.path.join(workdir, "rank1.json"), "w") as out:
+    with open(os.path.join(workdir, "rank1.tmp"), "w") as out:
         json.dump({"outcome": outcome, "waited": time.time() - start}, out)
+    os.replace(os.path.join(workdir, "rank1.tmp"), os.path.join(workdir, "rank1.json"))
 
 
 def test_the_timeout_reaches_the_waiting_ranks(tmp_path):
-    """With ALIGNER_DIST_TIMEOUT=2 the waiting rank gives up after about 2 s (gloo's own
+    """With ALIGNER_DIST_TIMEOUT=10 the waiting rank gives up after about 10 s (gloo's own
     default would wait 30 minutes): the timeout is the one the process group was made with."""
     mp.spawn(_timeout_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     result = json.loads((tmp_path / "rank1.json").read_text())
     assert result["outcome"] != "passed"
-    assert SHORT_TIMEOUT_S - 0.5 <= result["waited"] < RANK0_BUSY_S - 2, result
+    assert SHORT_TIMEOUT_S - 0.5 <= result["waited"] < SHORT_TIMEOUT_S + 30, result
 
 
 # -- one process group for both stages of the alignment layer ------------------------------------

@@ -5,11 +5,13 @@ inside the command function.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from aligner import constants as C
+from aligner.cli.options import block_lines_option
 from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
 
@@ -110,6 +112,14 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Input from a pipe or terminal: the longest wait, in seconds, after a "
                    "batch's first pair for more pairs to join it (0: align what has "
                    "arrived at once).")
+@block_lines_option
+@click.option("--resume", is_flag=True,
+              help="Go on with the alignment that a cut-off run of this command left beside "
+                   "-o FILE (FILE.parts: its finished blocks; the same model, input and "
+                   "settings) from its first unfinished block.")
+@click.option("--overwrite", is_flag=True,
+              help="Remove the parts folder a cut-off run of this command left beside -o "
+                   "FILE (FILE.parts) and align anew.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
               show_default=True, help="Which saved weights to use.")
 @click.option("--max-tokens", default=None, type=click.IntRange(min=1),
@@ -123,15 +133,16 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True,
-              help="Warnings only (no progress bars: by default one per direction on stderr).")
+              help="Warnings only (no progress bar: by default one over the input lines, on "
+                   "stderr).")
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float], output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
-            stream_wait: float, checkpoint: str,
-            max_tokens: Optional[int], device: str, precision: str, threads: int,
-            quiet: bool) -> None:
+            stream_wait: float, block_lines: Optional[int], resume: bool, overwrite: bool,
+            checkpoint: str, max_tokens: Optional[int], device: str, precision: str,
+            threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
 
     Writes one Pharaoh line (0-based source-target word links "i-j") per input line, in input
@@ -139,8 +150,13 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     warning. Input is tokenized text (the model applies its own BPE, and its tokenizer when it
     was trained with --tokenize). Options and outputs are checked before the model is loaded;
     -o and --soft are written only when everything is computed. A corpus is read and aligned
-    in blocks of 10,000 lines, so memory does not grow with it (except with --soft, whose
-    file holds every matrix).
+    in blocks of 10,000 lines (--block-lines), so memory does not grow with it (except with
+    --soft, whose file holds every matrix). With -o FILE each finished block is kept in
+    FILE.parts until FILE is written: a run cut off goes on from its first unfinished block
+    with --resume.
+
+    Under torchrun (torchrun --nproc_per_node N -m aligner extract ... -o FILE) the N
+    processes share the blocks out and rank 0 writes FILE, the same file as one process.
 
     Streaming: when an input is a pipe or a terminal (-i -, or -s/-t from pipes), pairs are
     aligned as they arrive: a batch takes the pairs that came within 50 ms (--stream-wait)
@@ -150,20 +166,22 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     """
     import time
 
+    from aligner import inference
     from aligner import link_probs as link_probs_module
     from aligner import streaming
-    from aligner.distributed import resolve_device
-    from aligner.streaming import AlignRun, optional_output, stream_extract
-    from aligner.formats import bitext_blocks, format_links, open_bitext, read_bitext
-    from aligner import inference
+    from aligner.blocks import align_in_blocks, bitext_identity, parts_folder
+    from aligner.distributed import distributed, resolve_device, torchrun_world_size
+    from aligner.formats import format_links, open_bitext, read_bitext
     from aligner.inference import extract
     from aligner.log import setup_logging
-    from aligner.model_dir import LoadedModelDir
+    from aligner.model_dir import LoadedModelDir, model_checksums
     from aligner.precision import autocast_context, resolve_precision
     from aligner.soft_symmetrize import soft_average
-    from aligner.utils import atomic_output
+    from aligner.streaming import AlignRun, stream_extract
 
-    logger = setup_logging(quiet=quiet)
+    ranks = torchrun_world_size()
+    is_main = ranks == 1 or int(os.environ.get("RANK", "0")) == 0
+    logger = setup_logging(quiet=quiet or not is_main)
     set_threads(threads)
     check_bitext_args(source, target, joint, "the sentence pairs")
     check_condition(heuristic is None or direction == "both",
@@ -174,6 +192,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                                  "file name")
     check_condition(link_probs != "-", "--link-probs -: give a file name (--inline-probs "
                                        "writes i-j:p links to -o, stdout included)")
+    check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_writable(output, "-o")
@@ -186,83 +205,98 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         if value is not None:  # layer-sgd options; a method without them rejects them
             options[key] = value
     stream = soft is None and streaming.streams(source, target, joint)
+    # the finished blocks of -o FILE, kept until FILE is written (not for --soft, which
+    # holds every matrix, nor for streamed input)
+    parts = None if stream or soft is not None else parts_folder(output)
+    if resume or ranks > 1:
+        why = ("reads its input from a pipe or terminal as it comes" if stream
+               else "holds every matrix of --soft in memory" if soft is not None
+               else "writes to stdout (give -o FILE)" if parts is None else None)
+        check_condition(why is None, f"{'--resume' if resume else 'torchrun'}: this "
+                                     f"alignment has no blocks to "
+                                     f"{'resume from' if resume else 'share out'}: it {why}")
     # --soft keeps every matrix: the bitext in memory; otherwise read block by block
     if not stream:
         bitext = (read_bitext(source, target, joint) if soft
                   else open_bitext(source, target, joint))
     start = time.time()
-    torch_device = resolve_device(device)
-    precision = resolve_precision(precision, torch_device)
-    directions = C.DIRECTIONS if direction == "both" else (direction,)
-    loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
-    kind_methods = next(iter(loaded.models.values())).METHODS
-    method = method or kind_methods[0]
-    check_condition(method in kind_methods,
-                    f"unknown method '{method}' for model kind '{loaded.config.model_kind}' "
-                    f"(choose from {', '.join(kind_methods)})")
-    given_threshold = threshold
-    heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
-    check_condition(given_threshold is None or direction != "both"
-                    or heuristic in C.SOFT_HEURISTICS,
-                    f"--threshold is the threshold of -H soft-average, and this model's "
-                    f"default heuristic is {heuristic}: give -H soft-average too")
-    n_pairs = n_links = 0
-    scored = link_probs is not None or inline_probs
-    run = AlignRun(loaded, method, direction, heuristic, threshold, max_tokens, torch_device,
-                   options)
-    with autocast_context(precision, torch_device):
-        if stream:   # pairs as they arrive, each batch written and flushed at once
-            n_pairs, n_links = stream_extract(run, source, target, joint, output, link_probs,
-                                              inline_probs, stream_wait)
-        elif scored and soft is None:   # block by block, with each link's probability
-            with atomic_output(output) as out, optional_output(link_probs) as probs_out, \
-                    inference.DirectionWorkers() as workers:
-                for block in bitext_blocks(bitext, inference.BLOCK_LINES, bitext.source_name,
-                                           bitext.target_name):
-                    counts = run.write(block, out, probs_out, inline_probs,
-                                       progress=not quiet, parallel=workers)
-                    n_pairs, n_links = n_pairs + counts[0], n_links + counts[1]
-                    del block
-        elif soft is None:   # block by block: the output grows, memory does not
-            # one pair of direction workers for every block
-            with atomic_output(output) as out, inference.DirectionWorkers() as workers:
-                block_lines = inference.BLOCK_LINES
-                for block in bitext_blocks(bitext, block_lines, bitext.source_name,
-                                           bitext.target_name):
-                    if len(bitext) > block_lines:
-                        logger.info("lines %d-%d of %d", block.first_line,
-                                    block.first_line + len(block) - 1, len(bitext))
-                    alignments = extract(loaded, block, method, direction, heuristic,
+    with distributed(device) as context:   # torchrun: the ranks share the blocks out
+        torch_device = resolve_device(device, context.local_rank, context.local_world_size)
+        precision = resolve_precision(precision, torch_device)
+        directions = C.DIRECTIONS if direction == "both" else (direction,)
+        loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
+        kind_methods = next(iter(loaded.models.values())).METHODS
+        method = method or kind_methods[0]
+        check_condition(method in kind_methods,
+                        f"unknown method '{method}' for model kind "
+                        f"'{loaded.config.model_kind}' (choose from {', '.join(kind_methods)})")
+        given_threshold = threshold
+        heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
+        check_condition(given_threshold is None or direction != "both"
+                        or heuristic in C.SOFT_HEURISTICS,
+                        f"--threshold is the threshold of -H soft-average, and this model's "
+                        f"default heuristic is {heuristic}: give -H soft-average too")
+        n_pairs = n_links = 0
+        scored = link_probs is not None or inline_probs
+        run = AlignRun(loaded, method, direction, heuristic, threshold, max_tokens,
+                       torch_device, options)
+        with autocast_context(precision, torch_device):
+            if stream:   # pairs as they arrive, each batch written and flushed at once
+                n_pairs, n_links = stream_extract(run, source, target, joint, output,
+                                                  link_probs, inline_probs, stream_wait)
+            elif soft is None:   # block by block: the output grows, memory does not
+                # one pair of direction workers for every block
+                with inference.DirectionWorkers() as workers:
+                    def align_block(block):
+                        links, matrices = run.align(block, scored, parallel=workers)
+                        if scored:
+                            lines, numbers = link_probs_module.output_lines(
+                                links, matrices, direction, heuristic, inline_probs)
+                        else:
+                            lines = [format_links(line) + "\n" for line in links]
+                            numbers = None
+                        return ({"out": lines, "probs": numbers},
+                                {"links": sum(map(len, links))})
+
+                    record = {"model": model_checksums(model_dir, directions, checkpoint),
+                              "input": bitext_identity(bitext), "method": method,
+                              "options": options, "direction": direction,
+                              "heuristic": heuristic, "threshold": threshold,
+                              "precision": precision, "inline_probs": inline_probs,
+                              "max_tokens": max_tokens
+                              or inference.default_max_tokens(torch_device)}
+                    metas = align_in_blocks(
+                        bitext, block_lines or inference.BLOCK_LINES,
+                        {"out": output, "probs": link_probs}, align_block, parts, record,
+                        resume, overwrite, progress=not quiet)
+                if metas is not None:
+                    n_pairs = sum(meta["lines"] for meta in metas)
+                    n_links = sum(meta["links"] for meta in metas)
+            else:   # the .npz holds every matrix: the whole bitext at once
+                matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
+                                         torch_device, options, progress=not quiet)
+                if direction == "both" and heuristic in C.SOFT_HEURISTICS:
+                    # the matrices --soft writes are the ones soft-average combines: one pass
+                    alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"],
+                                               threshold) for k in range(len(bitext))]
+                else:
+                    alignments = extract(loaded, bitext, method, direction, heuristic,
                                          max_tokens, torch_device, options, threshold,
-                                         progress=not quiet, parallel=workers)
-                    out.writelines(format_links(links) + "\n" for links in alignments)
-                    n_pairs += len(alignments)
-                    n_links += sum(map(len, alignments))
-                    del block, alignments   # freed before the next block is read
-        else:   # the .npz holds every matrix: the whole bitext at once
-            matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
-                                     torch_device, options, progress=not quiet)
-            if direction == "both" and heuristic in C.SOFT_HEURISTICS:
-                # the matrices --soft writes are the ones soft-average combines: one pass
-                alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"],
-                                           threshold) for k in range(len(bitext))]
-            else:
-                alignments = extract(loaded, bitext, method, direction, heuristic, max_tokens,
-                                     torch_device, options, threshold, progress=not quiet,
-                                     parallel=True)
-            if scored:
-                by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
-                                for d in directions}
-                lines, numbers = link_probs_module.output_lines(
-                    alignments, by_direction, direction, heuristic, inline_probs)
-            else:
-                lines, numbers = None, None
-            write_results(output, alignments, soft, matrices, lines, link_probs, numbers)
-            n_pairs, n_links = len(alignments), sum(map(len, alignments))
-    logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", n_pairs,
-                method, direction,
-                f", {heuristic}" if direction == "both" else "",
-                precision, n_links, time.time() - start)
+                                         progress=not quiet, parallel=True)
+                if scored:
+                    by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
+                                    for d in directions}
+                    lines, numbers = link_probs_module.output_lines(
+                        alignments, by_direction, direction, heuristic, inline_probs)
+                else:
+                    lines, numbers = None, None
+                write_results(output, alignments, soft, matrices, lines, link_probs, numbers)
+                n_pairs, n_links = len(alignments), sum(map(len, alignments))
+    if is_main:
+        logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", n_pairs,
+                    method, direction,
+                    f", {heuristic}" if direction == "both" else "",
+                    precision, n_links, time.time() - start)
 
 
 def soft_matrices(loaded, bitext, method: str, directions, max_tokens: Optional[int], device,

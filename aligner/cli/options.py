@@ -219,13 +219,22 @@ def resume_option(function):
              "--device and --precision may change): a self-training run goes on in the round "
              "it stopped in, "
              "and a finished one given more --rounds trains them; align run then aligns the "
-             "bitext.")(function)
+             "bitext, from the first unfinished block of an alignment cut off.")(function)
 
 
 def overwrite_option(function):
     """--overwrite: replace the run in a non-empty --model-dir (aligner.model_dir)."""
     return click.option("--overwrite", is_flag=True,
                         help="Replace the run in a non-empty --model-dir.")(function)
+
+
+def block_lines_option(function):
+    """--block-lines: lines per block of a whole-bitext alignment (aligner/blocks.py)."""
+    return click.option(
+        "--block-lines", type=click.IntRange(min=1), default=None,
+        help="Lines per block of the alignment of the bitext: what is in memory at a time, "
+             "what --resume goes on from after a cut-off run and, for align extract under "
+             "torchrun, what one process aligns  [default: 10000]")(function)
 
 
 def device_option(function):

@@ -21,7 +21,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
-                                 agreement_weight_option, bitext_options, bpe_merges_option, device_option, guide_options,
+                                 agreement_weight_option, bitext_options, block_lines_option,
+                                 bpe_merges_option, device_option, guide_options,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
@@ -77,6 +78,7 @@ logger = logging.getLogger(__name__)
 @bpe_merges_option()
 @model_option_option
 @max_tokens_option
+@block_lines_option
 @device_option
 @precision_option
 @seed_option
@@ -92,7 +94,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str, round_pairs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
-            device: str, precision: str, seed: int, threads: int, quiet: bool) -> None:
+            block_lines: Optional[int], device: str, precision: str, seed: int, threads: int,
+            quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
@@ -102,14 +105,17 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     of one epoch: each after the first fine-tunes the previous round's model, guided by its
     own alignments of the bitext (self-training), with a linearly decaying learning rate.
     Exactly one output line per input line, in input order; a line with an empty side, or too
-    long for the model, gets an empty line (and a warning). On a CPU with 2+ cores and 2+
+    long for the model, gets an empty line (and a warning). The final alignment keeps each
+    finished block of --block-lines lines in MODEL_DIR/alignment.parts until the outputs are
+    written: --resume after a cut-off run goes on from the first unfinished block (not with
+    --soft, which holds every matrix in memory). On a CPU with 2+ cores and 2+
     --threads, the two directions of a bitext of 1,000+ pairs train at the same time, each
     with half of the threads.
     """
     from aligner.cli.extract import write_results
     from aligner.config import DataConfig, TrainConfig
     from aligner.corpus_alignment import align_bitext
-    from aligner.distributed import resolve_device
+    from aligner.distributed import distributed, resolve_device, torchrun_world_size
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
@@ -161,6 +167,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                device=device, precision=precision, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
+    check_condition(model_dir is not None or torchrun_world_size() == 1,
+                    "under torchrun give --model-dir (on a file system every rank reads): "
+                    "each process would make a temporary directory of its own")
     temporary = None
     if model_dir is None:
         temporary = tempfile.mkdtemp(prefix="align-run-")
@@ -187,18 +196,28 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         output_threshold=threshold, fine_tune=fine_tune,
                         fine_tune_epochs=fine_tune_epochs,
                         fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
-                        round_pairs=round_pairs)
+                        round_pairs=round_pairs, block_lines=block_lines or 0)
     try:
-        trained = train_rounds(request, plan)
-        aligning = time.time()
-        gold_rows, matrices, links = align_bitext(
-            model_dir, bitext, torch_device, recipe.METHOD, shortlist, heuristic, threshold,
-            {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
-            keep_soft=soft is not None, quiet=quiet, precision=precision)
-        if matrices is not None:
-            write_results(output, matrices.pop("alignments"), soft, matrices)
-        seconds = {"training": trained.training_seconds,
-                   "alignment": trained.alignment_seconds + time.time() - aligning}
+        # under torchrun one process group for the rounds and the final alignment (its
+        # blocks sharded over the ranks, aligner/blocks.py)
+        with distributed(device) as context:
+            trained = train_rounds(request, plan)
+            aligning = time.time()
+            gold_rows, matrices, links = align_bitext(
+                model_dir, bitext,
+                resolve_device(device, context.local_rank, context.local_world_size),
+                recipe.METHOD, shortlist, heuristic, threshold,
+                {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
+                keep_soft=soft is not None, quiet=quiet, precision=precision,
+                # the finished blocks, kept until the outputs are written: --resume goes on
+                # from the first unfinished one (a run without --resume starts in a model
+                # directory of its own, where such a folder can only be stale)
+                parts=os.path.join(model_dir, C.ALIGNMENT_PARTS), resume=resume,
+                overwrite=not resume, block_lines=block_lines)
+            if matrices is not None:
+                write_results(output, matrices.pop("alignments"), soft, matrices)
+            seconds = {"training": trained.training_seconds,
+                       "alignment": trained.alignment_seconds + time.time() - aligning}
     except KeyboardInterrupt:
         raise AlignerError("interrupted; " + (
             f"continue with the same command plus --resume (the run is in {model_dir})"
@@ -207,6 +226,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+    if torchrun_world_size() > 1 and int(os.environ.get("RANK", "0")) != 0:
+        return   # torchrun: rank 0 wrote the outputs (aligner/blocks.py) and reports
     click.echo(f"align run: {n_lines} sentence pairs, {links} links "
                f"({links / max(1, n_lines):.1f} per pair); training {seconds['training']:.0f}s, "
                f"alignment {seconds['alignment']:.0f}s"
