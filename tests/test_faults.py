@@ -12,7 +12,7 @@ import pytest
 from aligner import faults
 from aligner.utils import AlignerError
 from cli_runner import error_line, run
-from conftest import ROOT
+from conftest import ROOT, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
 
@@ -68,7 +68,8 @@ def uninterrupted(tmp_path_factory):
     sources, targets, golds = monotone_corpus(12, seed=4)
     src, tgt, _ = write_corpus(folder, "c", sources, targets, golds)
     common = ["-s", str(src), "-t", str(tgt), *RUN_TINY]
-    run("run", *common, "--model-dir", folder / "model", "-o", folder / "whole.align")
+    with restored_aligner_logger():   # a module fixture: outside the per-test restoration
+        run("run", *common, "--model-dir", folder / "model", "-o", folder / "whole.align")
     return common, (folder / "whole.align").read_text()
 
 
