@@ -13,9 +13,11 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
   ``training_state.pt`` and ``metrics.tsv``;
 * resuming from ``training_state.pt`` continues with exactly the batches, RNG states,
   optimizer state and counters of the interrupted run, so N updates in one go and N/2 + resume
-  + N/2 give bit-identical parameters (on CPU);
+  + N/2 give bit-identical parameters (on CPU; on CUDA with ``deterministic``);
 * DDP under torchrun: gradients are averaged over ranks, every rank takes its own shard of each
   epoch's batches, only rank 0 writes files and logs to the console;
+* ``config.deterministic``: deterministic kernels (:func:`use_deterministic_algorithms`),
+  for bit-identical runs on a GPU (the CPU is deterministic without it);
 * ``config.precision`` (aligner/precision.py): the forward pass and the loss run under bf16
   autocast with ``bf16``, and with ``auto`` on a CUDA device with native bfloat16 (parameters,
   gradients and optimizer state stay fp32); fp32 otherwise, on the CPU unless asked.
@@ -62,6 +64,30 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
     torch.manual_seed(seed)
+
+
+#: cuBLAS's deterministic workspace setting (CUDA's documentation: results of cuBLAS calls
+#: are reproducible with ":4096:8" or ":16:8"); torch refuses cuBLAS calls under
+#: use_deterministic_algorithms without one
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def use_deterministic_algorithms(enabled: bool) -> None:
+    """``--deterministic``: torch.use_deterministic_algorithms(True) and, unless the
+    environment sets it, CUBLAS_WORKSPACE_CONFIG=:4096:8 — best before CUDA starts (cuBLAS
+    reads it when it creates its handle): the commands call this first. Nothing when not
+    `enabled` (a setting made by the caller stays).
+
+    On a GPU every kernel the trainers use then has a deterministic implementation (torch's
+    list: scatter_add_, index_add, index_put, gather and index_select backward, embedding
+    backward, cuBLAS with the workspace setting) or raises (none known here), so a run and
+    its resumed twin give the same bits. On the CPU the kernels are deterministic anyway:
+    the output is the same with and without it.
+    """
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

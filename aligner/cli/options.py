@@ -216,7 +216,7 @@ def resume_option(function):
         "--resume", is_flag=True,
         help="Continue the interrupted run in --model-dir (same data and settings; only the "
              "limits --max-updates and --max-epochs or --epochs, --checkpoint-interval, "
-             "--device and --precision may change): a self-training run goes on in the round "
+             "--device, --precision and --deterministic may change): a self-training run goes on in the round "
              "it stopped in, "
              "and a finished one given more --rounds trains them; align run then aligns the "
              "bitext.")(function)
@@ -244,6 +244,16 @@ def precision_option(function):
              "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
              "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
              "the same precision.")(function)
+
+
+def deterministic_option(function):
+    """--deterministic of training (aligner.train.use_deterministic_algorithms)."""
+    return click.option(
+        "--deterministic", is_flag=True,
+        help="Deterministic GPU kernels (torch.use_deterministic_algorithms, "
+             "CUBLAS_WORKSPACE_CONFIG=:4096:8): a CUDA run and its --resume twin give the same "
+             "weights bit for bit, somewhat slower. The CPU is deterministic without it (the "
+             "same output either way).")(function)
 
 
 def seed_option(function):

@@ -21,7 +21,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
-                                 agreement_weight_option, bitext_options, bpe_merges_option, device_option, guide_options,
+                                 agreement_weight_option, bitext_options, bpe_merges_option,
+                                 deterministic_option, device_option, guide_options,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
@@ -79,6 +80,7 @@ logger = logging.getLogger(__name__)
 @max_tokens_option
 @device_option
 @precision_option
+@deterministic_option
 @seed_option
 @threads_option()
 @quiet_option
@@ -92,7 +94,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str, round_pairs: int,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
-            device: str, precision: str, seed: int, threads: int, quiet: bool) -> None:
+            device: str, precision: str, deterministic: bool, seed: int, threads: int,
+            quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
@@ -115,8 +118,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.metrics import score_aer
     from aligner.prep import PrepConfig
     from aligner.self_training import SelfTraining, train_rounds
+    from aligner.train import use_deterministic_algorithms
     from aligner.train_run import TrainRequest, default_parallel_directions
 
+    use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
     check_bitext_args(source, target, joint, "the bitext")
@@ -158,7 +163,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates,
                                checkpoint_interval=CHECKPOINT_AT_THE_END,
-                               device=device, precision=precision, seed=seed,
+                               device=device, precision=precision,
+                               deterministic=deterministic, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     temporary = None

@@ -15,7 +15,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 bpe_merges_option, device_option, guide_options,
+                                 bpe_merges_option, deterministic_option, device_option,
+                                 guide_options,
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
@@ -179,6 +180,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @agreement_weight_option
 @device_option
 @precision_option
+@deterministic_option
 @seed_option
 @threads_option()
 @click.option("--parallel-directions/--serial-directions", default=None,
@@ -213,7 +215,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int, agreement_weight: float,
             device: str,
-            precision: str, seed: int, threads: int,
+            precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
@@ -235,8 +237,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.log import setup_logging
     from aligner.prep import PrepConfig
     from aligner.self_training import SelfTraining, check_rounds, default_rounds, train_rounds
+    from aligner.train import use_deterministic_algorithms
     from aligner.train_run import TrainRequest
 
+    use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
@@ -277,7 +281,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device,
-                               precision=precision, seed=seed,
+                               precision=precision, deterministic=deterministic, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass
