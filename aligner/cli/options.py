@@ -271,10 +271,9 @@ def resume_option(function):
         "--resume", is_flag=True,
         help="Continue the interrupted run in --model-dir (same data and settings; only the "
              "limits --max-updates and --max-epochs or --epochs, --checkpoint-interval, "
-             "--device, --precision and --deterministic may change): a self-training run goes on in the round "
-             "it stopped in, "
-             "and a finished one given more --rounds trains them; align run then aligns the "
-             "bitext.")(function)
+             "--device, --precision and --deterministic may change): a self-training run "
+             "goes on in the round it stopped in, and a finished one given more --rounds "
+             "trains them; align run then aligns the bitext.")(function)
 
 
 def overwrite_option(function):
