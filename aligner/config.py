@@ -159,6 +159,10 @@ class TrainConfig:
     #: one of constants.PRECISIONS (aligner/precision.py: auto = bf16 autocast on CUDA with
     #: native bfloat16, fp32 elsewhere)
     precision: str = "auto"
+    #: torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (aligner.train.
+    #: use_deterministic_algorithms): bit-identical GPU runs; the CPU's output is the same
+    #: either way
+    deterministic: bool = False
     seed: int = C.DEFAULT_SEED
 
     def __post_init__(self) -> None:
@@ -193,7 +197,7 @@ class TrainConfig:
 
 #: training options that may differ when a run is resumed (everything else must match)
 RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_interval", "device",
-                     "precision")
+                     "precision", "deterministic")
 #: config.json ``extra`` entries that hold a path (the --init-from and --base model
 #: directories): on resume only whether there is one is compared here
 #: (:meth:`RunConfig.differences`), their weights by aligner.train_run.check_inputs

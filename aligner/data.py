@@ -329,7 +329,7 @@ class TokenBatcher:
         self.world_size = world_size
         self.epoch = 0
         self.position = 0
-        self._cache: Tuple[int, List[List[int]]] = (-1, [])
+        self._cache: Tuple[int, List[List[int]], List[List[int]]] = (-1, [], [])
         check_condition(len(self) > 0,
                         f"only {len(self._all_batches(0))} batch(es) per epoch for {world_size} "
                         f"ranks: lower --max-tokens or use fewer ranks")
@@ -353,11 +353,26 @@ class TokenBatcher:
 
     def epoch_batches(self, epoch: int) -> List[List[int]]:
         """This rank's batches of `epoch` (a pure function of the settings and `epoch`)."""
+        return self._epoch(epoch)[1]
+
+    def _epoch(self, epoch: int) -> Tuple[List[List[int]], List[List[int]]]:
+        """All ranks' batches of `epoch` and this rank's share of them (cached per epoch)."""
         if self._cache[0] != epoch:
             batches = self._all_batches(epoch)
             per_rank = len(batches) // self.world_size
-            self._cache = (epoch, batches[self.rank:per_rank * self.world_size:self.world_size])
-        return self._cache[1]
+            self._cache = (epoch, batches[self.rank:per_rank * self.world_size:self.world_size],
+                           batches)
+        return self._cache[2], self._cache[1]
+
+    def slot_batches(self, epoch: int, position: int) -> List[List[int]]:
+        """The batches that ranks 0 .. world_size-1 take as their batch number `position`
+        (0-based) of `epoch`: this rank's own batch among them. Every rank computes the same
+        list without asking the others (the batches are a function of the settings and the
+        epoch), e.g. the token count of an update over all ranks without a collective."""
+        batches = self._epoch(epoch)[0]
+        check_condition(0 <= position < len(self.epoch_batches(epoch)),
+                        f"batch {position} outside the {len(self)} batches of an epoch")
+        return batches[position * self.world_size:(position + 1) * self.world_size]
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same for every epoch and every rank)."""

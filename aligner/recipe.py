@@ -14,6 +14,7 @@ eval/results/rounds4_enfr.md and quality.md for its time and AER against eflomal
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict
 
 MODEL_KIND = "hmm1"
@@ -90,6 +91,55 @@ THRESHOLD = 0.55
 #: -H soft-average threshold of the alignments that guide the next self-training round: the
 #: best one for round 1 on en-fr dev (the 0.5 row above)
 SELF_GUIDE_THRESHOLD = 0.5
+
+
+#: the direct HMM's transition-score budget (DirectHMMConfig.chunk_floats: floats of the
+#: (B, I+1, J+2, J+1) scores alive at once before training chunks and recomputes them) on the
+#: CPU: the model's own default, 2^24 floats = 64 MiB
+CPU_CHUNK_FLOATS = 1 << 24
+#: on a CUDA GPU, by :func:`device_defaults`. NOT MEASURED: no run of this project has had a
+#: GPU; these are arithmetic from the CPU-measured point (TRAINING), to be measured:
+#: batches of 12,000 padded tokens, 10x the CPU's 1,200 (a d_model-128 model on 1,200
+#: tokens leaves a large GPU mostly idle; 12,000 is a few hundred pairs of Hansards length)
+GPU_MAX_TOKENS = 12000
+#: the learning rate scales with the square root of the batch (Adam; Krizhevsky 2014,
+#: Hoffer et al. 2017) from TRAINING's 3e-3 at 1,200 tokens: 3e-3 x sqrt(12,000 / 1,200) =
+#: 3e-3 x 3.16 = 9.5e-3, capped here at 6e-3, twice the measured rate (the highest rate this
+#: project has trained with is 5e-3, the d_model-64 demo model: eval/results/
+#: hmm_speed_demo_size.md)
+GPU_LR_CAP = 6e-3
+#: 2^28 floats = 1 GiB per float32 score tensor; training keeps a few of them per chunk (scores,
+#: their log-softmax, gradients): a few GiB at most. A 12,000-token batch of 100-subword pairs
+#: (120 pairs) has B·(J+2)·(J+1) = 120·102·101 = 1.24M floats per target position, 125M for
+#: its 101 positions: 2^24 cuts it into 8 chunks recomputed in backward (13 positions each),
+#: 2^28 takes it whole (500 MB); batches of 30-subword pairs fit either way (12M floats)
+GPU_CHUNK_FLOATS = 1 << 28
+
+
+def device_defaults(device: Any) -> Dict[str, Any]:
+    """The settings of `align train` / `align run` that depend on the device: ``max_tokens``,
+    ``lr`` and ``warmup`` (TrainConfig) and ``chunk_floats`` (the direct HMM's
+    DirectHMMConfig), for `device` (a torch.device, or its name: "cpu", "cuda", "cuda:1").
+    A pure function of the device's type: nothing is asked of CUDA.
+
+    The CPU (and every device but CUDA): TRAINING's values as measured, and the model's
+    chunk budget. CUDA (not measured, see :data:`GPU_MAX_TOKENS`): GPU_MAX_TOKENS tokens per
+    batch, k = GPU_MAX_TOKENS / TRAINING's max_tokens = 10 times the CPU's; lr =
+    min(TRAINING's lr · sqrt(k), GPU_LR_CAP) = min(9.5e-3, 6e-3) = 6e-3; warmup =
+    TRAINING's warmup / k = 150 / 10 = 15 updates (the same 180,000 tokens of warm-up: an
+    epoch of the 25k en-fr pairs is about 60 updates of 12,000 tokens, so 150 would never end
+    in a one-epoch round); chunk_floats GPU_CHUNK_FLOATS. Values the user gives (--max-tokens,
+    --lr, --warmup, -M chunk_floats=N) win over these.
+    """
+    kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
+    if kind != "cuda":
+        return dict(max_tokens=TRAINING["max_tokens"], lr=TRAINING["lr"],
+                    warmup=TRAINING["warmup"], chunk_floats=CPU_CHUNK_FLOATS)
+    scale = GPU_MAX_TOKENS / TRAINING["max_tokens"]
+    return dict(max_tokens=GPU_MAX_TOKENS,
+                lr=min(TRAINING["lr"] * math.sqrt(scale), GPU_LR_CAP),
+                warmup=max(1, round(TRAINING["warmup"] / scale)),
+                chunk_floats=GPU_CHUNK_FLOATS)
 
 
 def bpe_merges(n_pairs: int) -> int:

@@ -8,7 +8,7 @@ times are read from a file made for it rather than from its logs (eval/compare_a
      "earlier_unrecorded": false,
      "sessions": [{"argv": [...], "cwd": "...", "version": "...", "started": "...",
                    "resumed": false, "directions": ["fwd", "rev"], "device": "cpu",
-                   "precision": "fp32", "processes": 1, "threads": 2,
+                   "precision": "fp32", "deterministic": false, "processes": 1, "threads": 2,
                    "parallel_directions": true, "inputs": {...}}, ...],
      "stages": [{"session": 0, "round": 1, "stage": "preparation", "seconds": 1.2},
                 {"session": 0, "round": 1, "stage": "training", "direction": "fwd",
@@ -59,7 +59,8 @@ class RunRecord:
     path: the file it is saved to (MODEL_DIR/run.json). sessions: one dict per command that
     trained there, in order (fields: argv, the command line; cwd, its working directory;
     version, the package's; started, UTC date and time ISO 8601; resumed, whether it continued
-    an earlier session; directions, the directions trained; device, precision, processes (the
+    an earlier session; directions, the directions trained; device, precision, deterministic
+    (--deterministic; absent in records of older versions), processes (the
     torchrun world size, 1 without), threads (torch threads of the main process),
     parallel_directions (each direction in a process of its own); inputs, see
     :func:`aligner.train_run.run_inputs`). stages: one dict per finished stage (fields: session,
@@ -116,7 +117,7 @@ class RunRecord:
 
     def begin_session(self, argv: Sequence[str], directions: Sequence[str], device: str,
                       precision: str, processes: int, threads: int,
-                      parallel_directions: bool) -> None:
+                      parallel_directions: bool, deterministic: bool = False) -> None:
         """Start this process's session (a no-op once begun: a self-training job's later
         rounds belong to the session of the command that trains them); not saved."""
         if self._open_session is not None:
@@ -127,7 +128,7 @@ class RunRecord:
                 timespec="seconds"),
             "resumed": bool(self.sessions) or self.earlier_unrecorded,
             "directions": list(directions), "device": device, "precision": precision,
-            "processes": processes, "threads": threads,
+            "deterministic": deterministic, "processes": processes, "threads": threads,
             "parallel_directions": parallel_directions, "inputs": {}})
         self._open_session = len(self.sessions) - 1
 

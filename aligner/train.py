@@ -13,9 +13,11 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
   ``training_state.pt`` and ``metrics.tsv``;
 * resuming from ``training_state.pt`` continues with exactly the batches, RNG states,
   optimizer state and counters of the interrupted run, so N updates in one go and N/2 + resume
-  + N/2 give bit-identical parameters (on CPU);
+  + N/2 give bit-identical parameters (on CPU; on CUDA with ``deterministic``);
 * DDP under torchrun: gradients are averaged over ranks, every rank takes its own shard of each
   epoch's batches, only rank 0 writes files and logs to the console;
+* ``config.deterministic``: deterministic kernels (:func:`use_deterministic_algorithms`),
+  for bit-identical runs on a GPU (the CPU is deterministic without it);
 * ``config.precision`` (aligner/precision.py): the forward pass and the loss run under bf16
   autocast with ``bf16``, and with ``auto`` on a CUDA device with native bfloat16 (parameters,
   gradients and optimizer state stay fp32); fp32 otherwise, on the CPU unless asked.
@@ -32,7 +34,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -41,7 +43,7 @@ from torch import nn
 from aligner import constants as C
 from aligner import faults
 from aligner.config import TrainConfig
-from aligner.data import EncodedCorpus, EncodedPair, TokenBatcher, make_batch
+from aligner.data import Batch, EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
 from aligner.formats import GoldAlignment
 from aligner.inference import align_pairs, pair_batches
@@ -63,6 +65,41 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2 ** 32)
     torch.manual_seed(seed)
+
+
+#: cuBLAS's deterministic workspace setting (CUDA's documentation: results of cuBLAS calls
+#: are reproducible with ":4096:8" or ":16:8"); torch refuses cuBLAS calls under
+#: use_deterministic_algorithms without one
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def use_deterministic_algorithms(enabled: bool) -> None:
+    """``--deterministic``: torch.use_deterministic_algorithms(True) and, unless the
+    environment sets it, CUBLAS_WORKSPACE_CONFIG=:4096:8 — best before CUDA starts (cuBLAS
+    reads it when it creates its handle): the commands call this first. Nothing when not
+    `enabled` (a setting made by the caller stays).
+
+    On a GPU every kernel the trainers use then has a deterministic implementation (torch's
+    list: scatter_add_, index_add, index_put, gather and index_select backward, embedding
+    backward, cuBLAS with the workspace setting) or raises (none known here), so a run and
+    its resumed twin give the same bits. On the CPU the kernels are deterministic anyway:
+    the output is the same with and without it.
+    """
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory without blocking: a plain
+    ``.to("cuda")`` of pageable memory waits until the GPU has finished all work queued before
+    it (the previous update), a host sync per batch; the copy from pinned memory is queued on
+    the stream like a kernel (the caching host allocator keeps the pinned block until the copy
+    is done). Elsewhere ``.to(device)`` (on the CPU the tensor itself)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> float:
@@ -387,12 +424,17 @@ class Trainer:
         return bool((config.max_updates and self.state.updates >= config.max_updates)
                     or (config.max_epochs and self.epochs_done() >= config.max_epochs))
 
-    def _next_batches(self) -> List[List[int]]:
-        """Up to update_freq batches for the next update; fewer (or none) at the epoch limit.
+    def _next_update(self) -> Tuple[List[List[int]], int]:
+        """Up to update_freq batches for the next update (fewer, or none, at the epoch limit),
+        and the decoder tokens of the update over all ranks.
 
         An update may span two epochs; the batcher counts each batch as seen once handed out.
+        The count of all ranks comes from the batcher (every rank knows every rank's batch of
+        the same slot, :meth:`TokenBatcher.slot_batches`), not from a collective: under DDP an
+        all-reduce per update would make every update wait for the host and the other ranks.
         """
         batches: List[List[int]] = []
+        tokens = 0
         while len(batches) < self.config.update_freq:
             if self.config.max_epochs and self.epochs_done() >= self.config.max_epochs:
                 break
@@ -400,33 +442,50 @@ class Trainer:
                 batches.append(next(self._iterator))
             except StopIteration:  # the epoch is over: the batcher has moved to the next one
                 self._iterator = iter(self.batcher)
-        return batches
+                continue
+            # the batch just handed out is number position - 1 of the batcher's epoch
+            for batch in self.batcher.slot_batches(self.batcher.epoch, self.batcher.position - 1):
+                tokens += self._batch_tokens(batch)
+        return batches, tokens
 
-    def _update(self, batches: Sequence[List[int]]) -> torch.Tensor:
+    def _batch_tokens(self, indices: Sequence[int]) -> int:
+        """Decoder tokens (EOS included) of the pairs `indices`: the tokens of their loss."""
+        return int(sum(self._decoder_tokens[i] for i in indices))
+
+    def _update(self, batches: Sequence[List[int]],
+                total_tokens: Optional[int] = None) -> torch.Tensor:
         """One optimizer step on `batches`; returns this rank's loss sum (smoothed), a float64
         scalar on the device: summed there, it is read on the host only at log and checkpoint
         intervals (float() after every batch waited for the GPU to finish each update).
         float64 additions of the float32 losses in the same order as Python's float sums,
-        so the logged losses are the same bits as before."""
+        so the logged losses are the same bits as before.
+
+        total_tokens: the decoder tokens of the update over all ranks (:meth:`_next_update`
+        counts them on the host); None: this rank's tokens of `batches` summed over the ranks
+        by an all-reduce (for callers with batches of their own). The loss is divided by it
+        (times world_size: DDP averages the ranks' gradients), the same number either way.
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = torch.tensor(float(sum(self._decoder_tokens[i] for b in batches for i in b)))
-        total_tokens = float(self.context.all_reduce_sum(tokens.clone()))
-        scale = self.context.world_size / max(total_tokens, 1.0)
+        if total_tokens is None:
+            tokens = torch.tensor(float(sum(self._batch_tokens(b) for b in batches)))
+            total_tokens = int(self.context.all_reduce_sum(tokens.clone()))
+        scale = self.context.world_size / max(float(total_tokens), 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, indices in enumerate(batches):
             batch = make_batch([self.corpus.source(i) for i in indices],
-                               [self.corpus.target(i) for i in indices],
-                               self.direction).to(self.device)
+                               [self.corpus.target(i) for i in indices], self.direction)
+            batch = Batch(*(to_device(t, self.device)
+                            for t in (batch.src, batch.tgt_in, batch.tgt_out)))
             sync = k == len(batches) - 1
             no_sync = getattr(self.loss_module, "no_sync", None)
             guide = {}
             if self.guides is not None:
                 from aligner.guide import guide_matrix
 
-                guide = {"guide": guide_matrix([self.guides.pair(i) for i in indices],
-                                               self.direction, batch.tgt_out.size(1),
-                                               batch.src.size(1)).to(self.device),
+                matrix = guide_matrix([self.guides.pair(i) for i in indices], self.direction,
+                                      batch.tgt_out.size(1), batch.src.size(1))
+                guide = {"guide": to_device(matrix, self.device),
                          "guide_weight": self.config.guide_weight}
             with (no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()):
                 with autocast_context(self.precision, self.device):
@@ -486,11 +545,11 @@ class Trainer:
         self._iterator = iter(self.batcher)
         checkpointed_at = None
         while not self.finished():
-            batches = self._next_batches()
+            batches, total_tokens = self._next_update()
             if not batches:
                 break
-            loss_sum = self._update(batches)
-            local_tokens = float(sum(self._decoder_tokens[i] for b in batches for i in b))
+            loss_sum = self._update(batches, total_tokens)
+            local_tokens = float(sum(self._batch_tokens(b) for b in batches))
             for sums in (window, interval):
                 sums[0] += loss_sum
                 sums[1] += local_tokens

@@ -33,7 +33,7 @@ from aligner.formats import Bitext, BitextFiles, GoldAlignment
 from aligner.model_dir import CORPUS_DIR, load_checkpoint_file, load_preprocessing
 from aligner.models import model_class
 from aligner.train import (TrainSummary, Trainer, Validation, check_resumable,
-                           seed_everything)
+                           seed_everything, use_deterministic_algorithms)
 from aligner.utils import (AlignerError, atomic_output, check_condition, os_error_message,
                            remove_stale_temporaries, sigterm_raises)
 from aligner.vocab import Vocabulary
@@ -77,6 +77,7 @@ def train_direction(run: DirectionRun, device: torch.device,
     from aligner.model_dir import build_direction_model, direction_dir, params_path
 
     context = context or DistributedContext()
+    use_deterministic_algorithms(run.config.training.deterministic)  # also in a spawned process
     seed_everything(run.config.training.seed)
     model = build_direction_model(run.config, run.direction)
     if run.base_dir is not None:  # stage 2 starts from the trained base (frozen by load_base)
@@ -509,6 +510,7 @@ def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: tor
     from aligner.model_dir import JOINT_DIR, build_direction_model
 
     context = context or DistributedContext()
+    use_deterministic_algorithms(config.training.deterministic)
     seed_everything(config.training.seed)
     models = {direction: build_direction_model(config, direction)
               for direction in C.DIRECTIONS}
@@ -740,7 +742,8 @@ def begin_record(request: TrainRequest, resumed: bool, device: torch.device, pre
     parallel = (request.parallel_directions and len(request.directions) > 1
                 and not request.agreement)
     record.begin_session(request.argv, request.directions, str(device), precision, processes,
-                         torch.get_num_threads(), parallel)
+                         torch.get_num_threads(), parallel,
+                         deterministic=request.train_config.deterministic)
     record.save()   # (again for a later self-training round: its directory was just emptied)
     return record
 

@@ -201,11 +201,16 @@ def test_pinned_train_defaults():
         "model_kind": "hmm1", "directions": "fwd,rev", "tokenize": False,
         "bpe_merges": None, "joint_bpe": True, "d_model": 128, "heads": 4,
         "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
-        "max_tokens": 1200, "update_freq": 1, "lr": 3e-3, "warmup": 150,
+        # resolved by the device (recipe.device_defaults: the CPU's are below)
+        "max_tokens": None, "update_freq": 1, "lr": None, "warmup": None,
         "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0,
         "max_updates": 0, "max_epochs": None,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED,
         "rounds": None}
+    from aligner.recipe import device_defaults
+
+    assert device_defaults("cpu") == dict(max_tokens=1200, lr=3e-3, warmup=150,
+                                          chunk_floats=1 << 24)
     from aligner.cli.extract import command as extract_command
 
     defaults = {p.name: p.default for p in extract_command.params}

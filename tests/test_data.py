@@ -232,6 +232,22 @@ def test_ranks_partition_an_epoch_with_equal_batch_counts(world_size, shuffle):
         assert per_rank[1][0] == all_batches[1]
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_every_rank_knows_every_ranks_batch_of_a_slot(world_size):
+    """slot_batches: the batches ranks 0..N-1 take at one step, the same list on every rank
+    (the trainer counts an update's tokens over all ranks from it, without a collective)."""
+    src, tgt = random_lengths(305)
+    ranks = [TokenBatcher(src, tgt, max_tokens=120, seed=4, rank=r, world_size=world_size)
+             for r in range(world_size)]
+    for epoch in range(2):
+        for position in range(len(ranks[0])):
+            slots = [r.slot_batches(epoch, position) for r in ranks]
+            assert all(slot == slots[0] for slot in slots) and len(slots[0]) == world_size
+            assert [r.epoch_batches(epoch)[position] for r in ranks] == slots[0]
+    with pytest.raises(AlignerError, match="outside"):
+        ranks[0].slot_batches(0, len(ranks[0]))
+
+
 def test_too_small_budget_or_too_many_ranks_is_a_user_error():
     src, tgt = np.array([3, 9]), np.array([4, 2])
     with pytest.raises(AlignerError, match="smaller than the longest"):

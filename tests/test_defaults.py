@@ -23,7 +23,14 @@ def test_train_defaults_are_the_recipe():
         (options["d_model"], options["n_heads"], options["enc_layers"], options["dec_layers"],
          options["d_ff"], options["dropout"], options["max_positions"],
          options["tie_embeddings"], options["markov_order"])
-    assert {key: defaults[key] for key in recipe.TRAINING} == recipe.TRAINING
+    # max_tokens, lr, warmup: None, resolved by the device (recipe.device_defaults: on the CPU
+    # the recipe's; tests/test_gpu_settings.py)
+    by_device = ("max_tokens", "lr", "warmup")
+    assert {key: defaults[key] for key in recipe.TRAINING if key not in by_device} == \
+        {key: value for key, value in recipe.TRAINING.items() if key not in by_device}
+    assert all(defaults[key] is None for key in by_device)
+    assert {key: recipe.device_defaults("cpu")[key] for key in by_device} == \
+        {key: recipe.TRAINING[key] for key in by_device}
     # None: recipe.EPOCHS_PER_ROUND a round with self-training rounds, recipe.EPOCHS with
     # --rounds 1; rounds: recipe.ROUNDS for the HMMs in both directions
     # (tests/test_self_training.py)
@@ -57,7 +64,9 @@ def test_run_defaults_are_the_recipe():
     assert defaults["fine_tune_epochs"] == recipe.FINE_TUNE_EPOCHS
     assert defaults["self_guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert defaults["epochs"] == recipe.EPOCHS_PER_ROUND and defaults["max_updates"] == 0
-    assert defaults["max_tokens"] == recipe.TRAINING["max_tokens"]
+    # None: recipe.device_defaults (the CPU's: recipe.TRAINING's)
+    assert defaults["max_tokens"] is None and defaults["lr"] is None
+    assert recipe.device_defaults("cpu")["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
     assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == 0
 

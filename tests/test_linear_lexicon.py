@@ -138,3 +138,36 @@ def test_unknown_activation_is_refused():
     with pytest.raises(AlignerError, match="lexicon_activation"):
         _model(ZeroOrderHMM, lexicon_activation="tanh")
 
+
+
+@pytest.mark.parametrize("rows", [1000, 7])
+def test_the_fixed_size_fallback_of_the_gpu_equals_the_exact_one(rows):
+    """On a GPU the entries below the floor are found without a host sync (the `rows`
+    smallest normalizers, a fixed size): the values and gradients of the CPU's exact fallback
+    while at most `rows` entries are far; beyond that the rest keep the factored value."""
+    from aligner.models import direct_hmm
+
+    source, target, weight, bias, targets = _inputs(5, scale=6.0)
+    with torch.no_grad():   # the case under test: some, but not all, (i, j) are far
+        target_part = F.linear(target, weight, bias)
+        source_part = F.linear(source, weight)
+        norm = torch.matmul((target_part - target_part.amax(-1, keepdim=True)).exp(),
+                            (source_part - source_part.amax(-1, keepdim=True)).exp()
+                            .transpose(1, 2))
+        n_far = int((norm < direct_hmm.LINEAR_LEXICON_FLOOR).sum())
+    assert 7 < n_far < norm.numel()
+    leaves = [source, target, weight, bias]
+    exact = linear_lexicon_log_probs(source, target, weight, bias, targets, 0.1)
+    fixed = linear_lexicon_log_probs(source, target, weight, bias, targets, 0.1,
+                                     fallback_rows=rows)
+    if rows >= n_far:
+        torch.testing.assert_close(fixed, exact, atol=1e-6, rtol=1e-6)
+        for got, want in zip(torch.autograd.grad(fixed.sum(), leaves),
+                             torch.autograd.grad(exact.sum(), leaves)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    else:   # the 7 smallest are exact, the others as without a fallback
+        unfixed = linear_lexicon_log_probs(source, target, weight, bias, targets, 0.1,
+                                           fallback_rows=0)
+        same = torch.isclose(fixed, exact, atol=1e-6, rtol=1e-6)
+        assert int(same.sum()) >= norm.numel() - n_far + 7
+        assert torch.equal(fixed[~same], unfixed[~same])

@@ -11,8 +11,10 @@ Options that only one command has stay in that command's module.
 """
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Callable, Optional
+import os
+from typing import Any, Callable, Dict, Optional
 
 import click
 
@@ -96,13 +98,66 @@ def model_option_option(function):
              "flags and over the recipe), e.g. -M chunk_size=8 or -M d_model=64.")(function)
 
 
+#: the "[default: ...]" words of the options whose default depends on the device
+#: (recipe.device_defaults, resolved by :func:`device_defaults`)
+_CPU, _GPU = recipe.device_defaults("cpu"), recipe.device_defaults("cuda")
+_BY_DEVICE = "on the CPU, {gpu} on a CUDA GPU (unmeasured); with --resume the run's"
+
+
 def max_tokens_option(function):
-    """--max-tokens of training batches (aligner.config.TrainConfig.max_tokens)."""
+    """--max-tokens of training batches (aligner.config.TrainConfig.max_tokens); None:
+    :func:`device_defaults`."""
     return click.option(
-        "--max-tokens", default=recipe.TRAINING["max_tokens"], show_default=True,
-        type=click.IntRange(min=1),
-        help="Padded tokens per training batch (max(source, target) length x "
-             "sentences).")(function)
+        "--max-tokens", default=None, type=click.IntRange(min=1),
+        help=_with_default("Padded tokens per training batch (max(source, target) length x "
+                           "sentences).",
+                           f"{_CPU['max_tokens']:,} "
+                           + _BY_DEVICE.format(gpu=f"{_GPU['max_tokens']:,}")))(function)
+
+
+def lr_option(function):
+    """--lr, the peak learning rate (aligner.config.TrainConfig.lr); None:
+    :func:`device_defaults`."""
+    return click.option(
+        "--lr", default=None, type=FiniteFloat(min=0),
+        help=_with_default("Peak learning rate.",
+                           f"{_CPU['lr']:g} " + _BY_DEVICE.format(gpu=f"{_GPU['lr']:g}"))
+    )(function)
+
+
+def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
+                    ) -> Dict[str, Any]:
+    """max_tokens, lr, warmup and chunk_floats for the options the user left out:
+    :func:`aligner.recipe.device_defaults` of the device type ("cpu", "cuda"); with --resume
+    of a run whose config.json is there, the run's own values (a run resumed on another device
+    goes on with its batches: the batcher refuses another max_tokens, and the settings check
+    another lr), chunk_floats None when its models were given none. A config.json that cannot
+    be read leaves the device's values (the run's own checks report it)."""
+    values: Dict[str, Any] = recipe.device_defaults(device_type)
+    path = os.path.join(model_dir, C.CONFIG_NAME) if model_dir else ""
+    if not (resume and path and os.path.isfile(path)):
+        return values
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        training, models = saved["training"], saved["models"]
+        values.update({key: training[key] for key in ("max_tokens", "lr", "warmup")
+                       if key in training})
+        chunks = [m["chunk_floats"] for m in models.values() if "chunk_floats" in m]
+        values["chunk_floats"] = chunks[0] if chunks else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return values
+
+
+def device_chunk_floats(model_options: Dict[str, Any], fields: Any,
+                        chunk_floats: Optional[int]) -> None:
+    """Give the direct HMM's chunk_floats (:func:`device_defaults`) to `model_options` when the
+    model kind has the setting (`fields`: its config's fields), -M did not give it and it is
+    not the model's own default (a CPU run's config.json stays as it was)."""
+    if ("chunk_floats" in fields and "chunk_floats" not in model_options
+            and chunk_floats is not None and chunk_floats != recipe.CPU_CHUNK_FLOATS):
+        model_options["chunk_floats"] = chunk_floats
 
 
 def max_updates_option(function):
@@ -216,10 +271,10 @@ def resume_option(function):
         "--resume", is_flag=True,
         help="Continue the interrupted run in --model-dir (same data and settings; only the "
              "limits --max-updates and --max-epochs or --epochs, --checkpoint-interval, "
-             "--device and --precision may change): a self-training run goes on in the round "
-             "it stopped in, "
-             "and a finished one given more --rounds trains them; align run then aligns the "
-             "bitext, from the first unfinished block of an alignment cut off.")(function)
+             "--device, --precision and --deterministic may change): a self-training run "
+             "goes on in the round it stopped in, and a finished one given more --rounds "
+             "trains them; align run then aligns the bitext, from the first unfinished block "
+             "of an alignment cut off.")(function)
 
 
 def overwrite_option(function):
@@ -253,6 +308,16 @@ def precision_option(function):
              "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
              "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
              "the same precision.")(function)
+
+
+def deterministic_option(function):
+    """--deterministic of training (aligner.train.use_deterministic_algorithms)."""
+    return click.option(
+        "--deterministic", is_flag=True,
+        help="Deterministic GPU kernels (torch.use_deterministic_algorithms, "
+             "CUBLAS_WORKSPACE_CONFIG=:4096:8): a CUDA run and its --resume twin give the same "
+             "weights bit for bit, somewhat slower. The CPU is deterministic without it (the "
+             "same output either way).")(function)
 
 
 def seed_option(function):

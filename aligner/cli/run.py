@@ -22,7 +22,8 @@ from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  agreement_weight_option, bitext_options, block_lines_option,
-                                 bpe_merges_option, device_option, guide_options,
+                                 bpe_merges_option, deterministic_option, device_chunk_floats,
+                                 device_defaults, device_option, guide_options, lr_option,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
@@ -79,8 +80,10 @@ logger = logging.getLogger(__name__)
 @model_option_option
 @max_tokens_option
 @block_lines_option
+@lr_option
 @device_option
 @precision_option
+@deterministic_option
 @seed_option
 @threads_option()
 @quiet_option
@@ -93,8 +96,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
             max_updates: int,
-            bpe_merges: Optional[int], model_option: Tuple[str, ...], max_tokens: int,
-            block_lines: Optional[int], device: str, precision: str, seed: int, threads: int,
+            bpe_merges: Optional[int], model_option: Tuple[str, ...],
+            max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
+            device: str, precision: str, deterministic: bool, seed: int, threads: int,
             quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
 
@@ -119,10 +123,13 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
+    from aligner.models import model_class
     from aligner.prep import PrepConfig
     from aligner.self_training import SelfTraining, train_rounds
+    from aligner.train import use_deterministic_algorithms
     from aligner.train_run import TrainRequest, default_parallel_directions
 
+    use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     logger = setup_logging(quiet=quiet)
     set_threads(threads)
     check_bitext_args(source, target, joint, "the bitext")
@@ -160,11 +167,23 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if threshold is None:   # self-trained posteriors are sharper: the best threshold is higher
         threshold = recipe.THRESHOLD if rounds > 1 else DEFAULT_THRESHOLD
     torch_device = resolve_device(device)
-    train_config = TrainConfig(**{**recipe.TRAINING, "max_tokens": max_tokens},
+    # the settings that depend on the device, where not given (aligner/recipe.py
+    # device_defaults; a resumed run's own)
+    by_device = device_defaults(torch_device.type, model_dir, resume)
+    device_chunk_floats(model_options, model_class(recipe.MODEL_KIND).config_class
+                        .__dataclass_fields__, by_device["chunk_floats"])
+    train_config = TrainConfig(**{**recipe.TRAINING,
+                                  "max_tokens": by_device["max_tokens"] if max_tokens is None
+                                  else max_tokens,
+                                  "lr": by_device["lr"] if lr is None else lr,
+                                  # the device's warm-up goes with its batches
+                                  "warmup": by_device["warmup"] if max_tokens is None or resume
+                                  else recipe.TRAINING["warmup"]},
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates,
                                checkpoint_interval=CHECKPOINT_AT_THE_END,
-                               device=device, precision=precision, seed=seed,
+                               device=device, precision=precision,
+                               deterministic=deterministic, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     check_condition(model_dir is not None or torchrun_world_size() == 1,

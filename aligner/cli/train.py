@@ -15,7 +15,8 @@ import click
 from aligner import constants as C
 from aligner import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 bpe_merges_option, device_option, guide_options,
+                                 bpe_merges_option, deterministic_option, device_chunk_floats,
+                                 device_defaults, device_option, guide_options, lr_option,
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
@@ -145,10 +146,12 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @max_tokens_option
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
-@click.option("--lr", default=recipe.TRAINING["lr"], show_default=True, type=FiniteFloat(min=0),
-              help="Peak learning rate.")
-@click.option("--warmup", default=recipe.TRAINING["warmup"], show_default=True, type=click.IntRange(min=0),
-              help="Linear warm-up updates (then --lr-schedule).")
+@lr_option
+@click.option("--warmup", default=None, type=click.IntRange(min=0),
+              help=f"Linear warm-up updates (then --lr-schedule).  [default: "
+                   f"{recipe.TRAINING['warmup']} on the CPU, "
+                   f"{recipe.device_defaults('cuda')['warmup']} on a CUDA GPU (the same tokens "
+                   f"of warm-up in its larger batches; unmeasured); with --resume the run's]")
 @click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
               default=recipe.TRAINING["lr_schedule"], show_default=True,
               help="Decay after the warm-up: inverse square root, or linear to lr/(T-w+1) at "
@@ -179,6 +182,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @agreement_weight_option
 @device_option
 @precision_option
+@deterministic_option
 @seed_option
 @threads_option()
 @click.option("--parallel-directions/--serial-directions", default=None,
@@ -204,7 +208,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             max_positions: int, tie_embeddings: bool, markov_order: int,
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
             layer_keys: Optional[str],
-            max_tokens: int, update_freq: int, lr: float, warmup: int, lr_schedule: str,
+            max_tokens: Optional[int], update_freq: int, lr: Optional[float],
+            warmup: Optional[int], lr_schedule: str,
             label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
@@ -213,7 +218,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int, agreement_weight: float,
             device: str,
-            precision: str, seed: int, threads: int,
+            precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
@@ -236,8 +241,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.log import setup_logging
     from aligner.prep import PrepConfig
     from aligner.self_training import SelfTraining, check_rounds, default_rounds, train_rounds
+    from aligner.train import use_deterministic_algorithms
     from aligner.train_run import TrainRequest
 
+    use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
@@ -266,6 +273,17 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     model_options.update({key: value for key, value in recipe.MODEL_OPTIONS.items()
                           if key not in model_options and key in fields})
     model_options.update(parse_key_values(model_option, "--model-option"))
+    # the settings that depend on the device, where not given (aligner/recipe.py
+    # device_defaults; a resumed run's own)
+    from aligner.distributed import resolve_device
+
+    by_device = device_defaults(resolve_device(device).type, model_dir, resume)
+    if warmup is None:   # the device's warm-up goes with its batches
+        warmup = (by_device["warmup"] if max_tokens is None or resume
+                  else recipe.TRAINING["warmup"])
+    max_tokens = by_device["max_tokens"] if max_tokens is None else max_tokens
+    lr = by_device["lr"] if lr is None else lr
+    device_chunk_floats(model_options, fields, by_device["chunk_floats"])
     if layer_keys is not None:
         layer_kinds = [name for name, cls in MODELS.items()
                        if "layer_keys" in cls.config_class.__dataclass_fields__]
@@ -278,7 +296,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device,
-                               precision=precision, seed=seed,
+                               precision=precision, deterministic=deterministic, seed=seed,
                                guide_weight=guide_weight if guide is not None else 0.0,
                                agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass

@@ -379,11 +379,54 @@ def _lexicon_inference_cpu(source_hidden: torch.Tensor, target_hidden: torch.Ten
 #: the linear lexicon's factored normalizer Σ_v exp(a_iv − m_i)·exp(b_jv − n_j) below this is
 #: recomputed directly (a float32 sum this small has lost precision or underflowed to 0)
 LINEAR_LEXICON_FLOOR = 1e-20
+#: on a GPU (no host sync per forward): how many of a batch's smallest normalizers the linear
+#: lexicon recomputes directly, where they are below LINEAR_LEXICON_FLOOR (each costs one
+#: logsumexp over the vocabulary: 1024 rows of a 10k vocabulary, 40 MB of float32 logits)
+LINEAR_LEXICON_FALLBACK_ROWS = 1024
+
+
+def _direct_log_norm(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                     weight: torch.Tensor, bias: Optional[torch.Tensor], batch: torch.Tensor,
+                     step: torch.Tensor, state: torch.Tensor, accumulate: torch.dtype
+                     ) -> torch.Tensor:
+    """log Σ_v exp(logit(v | i, j)) of the (batch, step, state) entries, by a direct logsumexp
+    (the logits again, for these (i, j) only: the parts may have been overwritten)."""
+    target_rows = F.linear(target_hidden[batch, step], weight, bias).to(accumulate)
+    source_rows = F.linear(source_hidden[batch, state], weight).to(accumulate)
+    return torch.logsumexp(target_rows + source_rows, dim=-1)
+
+
+def _fixed_fallback(log_norm: torch.Tensor, norm: torch.Tensor, far: torch.Tensor,
+                    source_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                    weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    accumulate: torch.dtype, rows: int) -> torch.Tensor:
+    """log_norm with its entries below the floor recomputed directly, in tensors whose shapes
+    depend on the input's shape only (no ``nonzero()``, no ``bool()`` of a device tensor: a
+    GPU runs it without the host waiting): the `rows` smallest normalizers (topk of a fixed
+    size) are recomputed and kept where `far` says so. Every far entry is among them while
+    there are at most `rows` of them (a far entry's normalizer is below the floor, every other
+    one at or above it)."""
+    batch, steps, states = norm.shape
+    count = min(int(rows), norm.numel())
+    if count <= 0:
+        return log_norm
+    flat = norm.detach().reshape(-1)
+    index = torch.topk(flat, count, largest=False, sorted=False).indices          # (K,)
+    b = torch.div(index, steps * states, rounding_mode="floor")
+    i = torch.div(index, states, rounding_mode="floor") % steps
+    j = index % states
+    direct = _direct_log_norm(source_hidden, target_hidden, weight, bias, b, i, j, accumulate)
+    values = torch.where(far.reshape(-1)[index], direct.to(log_norm.dtype),
+                         log_norm.reshape(-1)[index])
+    # topk's indices are distinct: one write per entry, deterministic
+    return log_norm.reshape(-1).index_put((index,), values).view_as(log_norm)
+
 
 
 def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                              weight: torch.Tensor, bias: Optional[torch.Tensor],
-                             targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+                             targets: torch.Tensor, smoothing: float = 0.0,
+                             fallback_rows: Optional[int] = None) -> torch.Tensor:
     """log p_lex(e_i | j) of the linear lexicon W4·(W5·h_j + W6·s_i) + bias: (B, I, J).
 
     The logits split into a target and a source part, logit(v | i, j) = a_iv + b_jv with
@@ -402,6 +445,14 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     (1-ε)·log p_lex(e_i|j) + ε·mean_v log p_lex(v|j)); float32 (the matmuls of a and b in the
     autocast dtype when autocast is on, the normalizer's product always in float32; float64
     for float64 inputs).
+
+    fallback_rows: how the (i, j) below the floor are found. None: on the CPU by
+    ``nonzero()`` (exact for any logits), elsewhere as with :data:`LINEAR_LEXICON_FALLBACK_ROWS`.
+    A number K: without a host sync (fixed shapes, :func:`_fixed_fallback`): the K smallest
+    normalizers of the batch are recomputed directly where they are below the floor: exact
+    while at most K (i, j) of the batch are (the same values as None); beyond that the rest
+    keep the factored value (the floor's sum, log 0 read as log 1: a lexicon whose two
+    parts' maxima fall on unrelated words for more than K pairs, which a trained model is not).
     """
     target_part = F.linear(target_hidden, weight, bias)                           # (B, I, V)
     source_part = F.linear(source_hidden, weight)                                 # (B, J, V)
@@ -429,13 +480,17 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     far = norm < LINEAR_LEXICON_FLOOR
     log_norm = (norm.masked_fill(far, 1.0).log()
                 + target_max + source_max.transpose(1, 2))
-    if bool(far.any()):
-        batch, step, state = far.nonzero(as_tuple=True)
-        # the logits again, for these (i, j) only (the parts may have been overwritten)
-        target_rows = F.linear(target_hidden[batch, step], weight, bias).to(accumulate)
-        source_rows = F.linear(source_hidden[batch, state], weight).to(accumulate)
-        direct = torch.logsumexp(target_rows + source_rows, dim=-1)
-        log_norm = log_norm.index_put((batch, step, state), direct)
+    if fallback_rows is None and norm.device.type != "cpu":
+        fallback_rows = LINEAR_LEXICON_FALLBACK_ROWS
+    if fallback_rows is None:   # the CPU: the far (i, j) found on the host, no GPU to wait for
+        if bool(far.any()):
+            batch, step, state = far.nonzero(as_tuple=True)
+            log_norm = log_norm.index_put(
+                (batch, step, state), _direct_log_norm(source_hidden, target_hidden, weight,
+                                                       bias, batch, step, state, accumulate))
+    else:   # fixed shapes: no host sync on a GPU (bool(any()) and nonzero() wait for it)
+        log_norm = _fixed_fallback(log_norm, norm, far, source_hidden, target_hidden, weight,
+                                   bias, accumulate, fallback_rows)
     scores = observed_target + observed_source - log_norm
     if smoothing > 0.0:
         uniform = mean_target + mean_source - log_norm
