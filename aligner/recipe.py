@@ -77,7 +77,8 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: every round (the 25,237-line en-fr benchmark, unchanged). 30,000: the whole job on the
 #: 407k en-fr Hansards within 90 minutes on 2 cores. Measured there (eval/results/scale_enfr.md):
 #: align train 37 min (a round 6.5-8 min, its guide 2 min) + align extract 24.5 min, dev /
-#: trial 5.0 / 6.1 against eflomal's 7.2 / 8.1 in the same run
+#: trial 5.0 / 6.1 against eflomal's 7.2 / 8.1 in the same run (seed 2: 6.2 / 7.5 against 7.2 /
+#: 7.6); 12,500 lines a round: 6.7 / 9.2 in 15 min of training
 ROUND_PAIRS = 30000
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
