@@ -152,10 +152,10 @@ def test_the_timeout_reaches_the_waiting_ranks(tmp_path):
 
 # -- one process group for both stages of the alignment layer ------------------------------------
 
-def _two_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
-    """Train the alignment layer (stage 1: its transformer base) with torch.distributed's
-    public init/destroy counted."""
-    _environment(rank, world_size, port)
+def _count_group_calls() -> dict:
+    """In this worker process, count torch.distributed's public init_process_group and
+    destroy_process_group calls; returns the counts ({"init": n, "destroy": n}), kept up to
+    date."""
     calls = {"init": 0, "destroy": 0}
     init, destroy = dist.init_process_group, dist.destroy_process_group
 
@@ -168,6 +168,14 @@ def _two_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> No
         return destroy(*args, **kwargs)
 
     dist.init_process_group, dist.destroy_process_group = counted_init, counted_destroy
+    return calls
+
+
+def _two_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    """Train the alignment layer (stage 1: its transformer base) with torch.distributed's
+    public init/destroy counted."""
+    _environment(rank, world_size, port)
+    calls = _count_group_calls()
     sources, targets, _ = monotone_corpus(40, seed=7)
     train_model_dir(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
                     "alignment-layer", dict(MODEL), PrepConfig(bpe_merges=10), DataConfig(),
@@ -194,18 +202,7 @@ def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
     from aligner.train_run import TrainRequest
 
     _environment(rank, world_size, port)
-    calls = {"init": 0, "destroy": 0}
-    init, destroy = dist.init_process_group, dist.destroy_process_group
-
-    def counted_init(*args, **kwargs):
-        calls["init"] += 1
-        return init(*args, **kwargs)
-
-    def counted_destroy(*args, **kwargs):
-        calls["destroy"] += 1
-        return destroy(*args, **kwargs)
-
-    dist.init_process_group, dist.destroy_process_group = counted_init, counted_destroy
+    calls = _count_group_calls()
     sources, targets, _ = monotone_corpus(40, seed=7)
     request = TrainRequest(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
                            "hmm1", dict(MODEL), PrepConfig(bpe_merges=10), DataConfig(),
