@@ -220,6 +220,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)
         with distributed(device) as context:
+            reports = context.is_main   # torchrun: rank 0 writes the outputs and reports
             trained = train_rounds(request, plan)
             aligning = time.time()
             gold_rows, matrices, links = align_bitext(
@@ -245,7 +246,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
-    if torchrun_world_size() > 1 and int(os.environ.get("RANK", "0")) != 0:
+    if not reports:
         return   # torchrun: rank 0 wrote the outputs (aligner/blocks.py) and reports
     click.echo(f"align run: {n_lines} sentence pairs, {links} links "
                f"({links / max(1, n_lines):.1f} per pair); training {seconds['training']:.0f}s, "
