@@ -247,6 +247,10 @@ def self_training_options(function):
                           "only they are aligned to guide it: a round costs the same on any "
                           "larger corpus (0 = every round trains on the whole bitext, as it "
                           "does when the bitext has no more lines)."),
+        click.option("--fine-tune-pairs", default=recipe.FINE_TUNE_PAIRS, show_default=True,
+                     type=click.IntRange(min=0),
+                     help="Self-training: the lines each round after the first trains on, "
+                          "a sample drawn as --round-pairs's (0 = --round-pairs)."),
         click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
                      default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
                      help="Learning-rate decay of a fine-tuned self-training round (round 1 "
