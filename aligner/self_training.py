@@ -68,8 +68,9 @@ class SelfTraining:
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
     round trains on, a sample of the bitext drawn anew per round (aligner/round_samples.py; 0
     or more than the bitext has = all; round 1 trains on all when it has a --guide, which
-    covers all). fine_tune_pairs: the same for rounds 2, 3, ... (0 = round_pairs). block_lines: lines per block of the guides' alignment (0 =
-    inference.BLOCK_LINES), the unit a guide cut off goes on from.
+    covers all). fine_tune_pairs: the same for rounds 2, 3, ... (0 = round_pairs).
+    block_lines: lines per block of the guides' alignment (0 = inference.BLOCK_LINES), the
+    unit a guide cut off goes on from.
     """
 
     rounds: int = recipe.ROUNDS
