@@ -80,9 +80,9 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: trial 5.0 / 6.1 against eflomal's 7.2 / 8.1 in the same run (seed 2: 6.2 / 7.5 against 7.2 /
 #: 7.6); 12,500 lines a round: 6.7 / 9.2 in 15 min of training
 ROUND_PAIRS = 30000
-#: lines each fine-tuned round (2, 3, ...) trains on, when not ROUND_PAIRS (0): a sample of
-#: the bitext drawn as ROUND_PAIRS's (aligner/round_samples.py)
-FINE_TUNE_PAIRS = 0
+#: the share of the bitext each fine-tuned round (2, 3, ...) trains on, at most ROUND_PAIRS
+#: lines: a sample drawn as ROUND_PAIRS's (aligner/round_samples.py; 1 = as round 1)
+FINE_TUNE_SHARE = 1.0
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
 #: -H soft-average threshold of the output after self-training rounds (`align run`'s, and

@@ -3,9 +3,10 @@ growing with the corpus.
 
 With ``round_pairs`` = S below the bitext's N lines, round r (1-based) trains on S lines and
 the round before it aligns only those S lines to guide it, so a round costs the same at 25k
-and at 4M pairs. ``fine_tune_pairs`` = F, when given (> 0), is the size of rounds 2, 3, ...
-instead (round 1 trains new weights; the fine-tuned rounds after it may need fewer lines).
-Round r's size is s(1) = S, s(r) = F for r > 1 (each capped at N; 0 = N). The samples are
+and at 4M pairs. ``fine_tune_share`` = f is the share of the bitext a fine-tuned round
+(2, 3, ...) trains on, at most S: round 1 trains new weights, the rounds after it only
+fine-tune them and need fewer lines. Round r's size is s(1) = min(S, N), s(r) = min(S, N,
+ceil(f·N)) for r > 1 (S = 0: no cap; f = 1: every round as round 1). The samples are
 consecutive windows of one permutation of the line indices (numpy's PCG64 seeded with the
 run's seed), taken cyclically::
 
@@ -15,8 +16,8 @@ run's seed), taken cyclically::
 
 so the rounds see distinct lines until the corpus is used up (min(s(1) + ... + s(R), N)
 distinct lines in R rounds) and a sample never holds a line twice. A sample keeps the
-bitext's order. A round whose size is N trains on the whole bitext (every round of the 25k
-benchmark with S = 30,000 and no F).
+bitext's order. A round whose size is N trains on the whole bitext (round 1 of the 25k
+benchmark with S = 30,000).
 
 :class:`SampledBitext` is the sample as a bitext (iterating reads the underlying bitext and
 keeps the sample's lines): training, its resume checks and the guides' alignment take it as
@@ -24,28 +25,30 @@ they take the whole one.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
 
-def round_size(n_lines: int, round_pairs: int, round_number: int, fine_tune_pairs: int = 0
-               ) -> int:
-    """s(r) of the module docstring: the lines round `round_number` trains on, at most
-    `n_lines` (a size of 0 = all)."""
-    size = fine_tune_pairs if round_number > 1 and fine_tune_pairs > 0 else round_pairs
-    return n_lines if size <= 0 else min(size, n_lines)
+def round_size(n_lines: int, round_pairs: int, round_number: int,
+               fine_tune_share: float = 1.0) -> int:
+    """s(r) of the module docstring: the lines round `round_number` trains on."""
+    size = n_lines if round_pairs <= 0 else min(round_pairs, n_lines)
+    if round_number > 1:
+        size = min(size, max(1, math.ceil(fine_tune_share * n_lines)))
+    return size
 
 
 def sample_lines(n_lines: int, round_pairs: int, seed: int, round_number: int,
-                 fine_tune_pairs: int = 0) -> Optional[np.ndarray]:
+                 fine_tune_share: float = 1.0) -> Optional[np.ndarray]:
     """Sorted 0-based line indices (int64, length s(r) of the module docstring) that round
     `round_number` trains on, or None when it trains on all `n_lines`."""
-    size = round_size(n_lines, round_pairs, round_number, fine_tune_pairs)
+    size = round_size(n_lines, round_pairs, round_number, fine_tune_share)
     if size >= n_lines:
         return None
     permutation = np.random.Generator(np.random.PCG64(seed)).permutation(n_lines)
-    start = sum(round_size(n_lines, round_pairs, earlier, fine_tune_pairs)
+    start = sum(round_size(n_lines, round_pairs, earlier, fine_tune_share)
                 for earlier in range(1, round_number)) % n_lines
     positions = (start + np.arange(size)) % n_lines
     return np.sort(permutation[positions])
@@ -100,10 +103,10 @@ class _SampledSide:
 
 
 def round_bitext(bitext, round_pairs: int, seed: int, round_number: int,
-                 fine_tune_pairs: int = 0):
+                 fine_tune_share: float = 1.0):
     """The bitext round `round_number` trains on: `bitext` itself, or its sample
     (:func:`sample_lines`) as a :class:`SampledBitext`."""
-    lines = sample_lines(len(bitext), round_pairs, seed, round_number, fine_tune_pairs)
+    lines = sample_lines(len(bitext), round_pairs, seed, round_number, fine_tune_share)
     if lines is None:
         return bitext
     return SampledBitext(bitext, lines, f"round {round_number}'s sample of {len(lines)} of "

@@ -68,7 +68,8 @@ class SelfTraining:
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
     round trains on, a sample of the bitext drawn anew per round (aligner/round_samples.py; 0
     or more than the bitext has = all; round 1 trains on all when it has a --guide, which
-    covers all). fine_tune_pairs: the same for rounds 2, 3, ... (0 = round_pairs).
+    covers all). fine_tune_share: the share of the bitext rounds 2, 3, ... train on, at
+    most round_pairs (1 = as round 1).
     block_lines: lines per block of the guides' alignment (0 = inference.BLOCK_LINES), the
     unit a guide cut off goes on from.
     """
@@ -83,7 +84,7 @@ class SelfTraining:
     fine_tune_lr_schedule: str = recipe.FINE_TUNE_LR_SCHEDULE
     shortlist: int = 0
     round_pairs: int = recipe.ROUND_PAIRS
-    fine_tune_pairs: int = recipe.FINE_TUNE_PAIRS
+    fine_tune_share: float = recipe.FINE_TUNE_SHARE
     block_lines: int = 0
 
 
@@ -167,7 +168,7 @@ def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: in
     if plan.rounds == 1 or (round_number == 1 and request.data_config.guide):
         return request.bitext
     return round_bitext(request.bitext, plan.round_pairs, request.train_config.seed,
-                        round_number, plan.fine_tune_pairs)
+                        round_number, plan.fine_tune_share)
 
 
 def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
@@ -368,7 +369,7 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
             "--fine-tune-epochs": plan.fine_tune_epochs,
             "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
             "--shortlist": plan.shortlist, "--round-pairs": plan.round_pairs,
-            "--fine-tune-pairs": plan.fine_tune_pairs}
+            "--fine-tune-share": plan.fine_tune_share}
 
 
 def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],

@@ -33,25 +33,29 @@ def test_samples_are_cyclic_windows_of_one_seeded_permutation():
         assert sample_lines(n, size, 7, round_number).tolist() == expected
 
 
-def test_fine_tuned_rounds_take_their_own_size_after_round_one():
-    """Brute force, --fine-tune-pairs F: round 1 takes S lines (or all), rounds 2, 3, ... F
-    each, the windows following one another around the permutation."""
+def test_fine_tuned_rounds_take_their_share_after_round_one():
+    """Brute force, --fine-tune-share f: round 1 takes min(S, N) lines, rounds 2, 3, ...
+    min(S, N, ceil(f N)) each, the windows following one another around the permutation."""
     n = 10
     permutation = np.random.Generator(np.random.PCG64(7)).permutation(n).tolist()
     cycle = permutation * 4
-    for first, later in ((4, 3), (0, 3), (25, 6), (3, 0)):
-        sizes = [first if 0 < first < n else n] + [later or first or n] * 4
-        sizes = [min(size, n) for size in sizes]
+    for first, share, later in ((4, 0.3, 3), (0, 0.3, 3), (25, 0.55, 6), (3, 0.5, 3),
+                                (0, 1.0, 10), (6, 1.0, 6)):
+        sizes = [first if 0 < first < n else n] + [later] * 4
         for round_number in range(1, 6):
             start = sum(sizes[:round_number - 1]) % n
-            got = sample_lines(n, first, 7, round_number, fine_tune_pairs=later)
+            got = sample_lines(n, first, 7, round_number, fine_tune_share=share)
             if sizes[round_number - 1] == n:
                 assert got is None
             else:
                 assert got.tolist() == sorted(cycle[start:start + sizes[round_number - 1]])
     # round 1 on all 10 lines, then 3 + 3 + 3: nine distinct lines in rounds 2-4
-    later = [sample_lines(n, 0, 7, r, fine_tune_pairs=3) for r in (2, 3, 4)]
+    later = [sample_lines(n, 0, 7, r, fine_tune_share=0.3) for r in (2, 3, 4)]
     assert len(set(np.concatenate(later).tolist())) == 9
+    # share 1: every sample as without one
+    for r in range(1, 5):
+        assert np.array_equal(sample_lines(1000, 230, 3, r, fine_tune_share=1.0),
+                              sample_lines(1000, 230, 3, r))
 
 
 def test_rounds_see_distinct_lines_until_the_corpus_is_used_up():
@@ -133,27 +137,27 @@ def test_each_round_trains_on_its_sample_and_the_guide_aligns_the_next_one(tmp_p
 
 
 def test_fine_tuned_rounds_train_on_their_own_sample(tmp_path, corpus):
-    """align train --rounds 3 --round-pairs 0 --fine-tune-pairs 8 on 20 lines: round 1 trains
-    on all 20, its guide holds round 2's 8 lines, round 3's cached corpus is exactly its own
-    sample; --resume with another --fine-tune-pairs is refused."""
+    """align train --rounds 3 --round-pairs 0 --fine-tune-share 0.4 on 20 lines: round 1
+    trains on all 20, its guide holds round 2's 8 lines, round 3's cached corpus is exactly
+    its own sample; --resume with another --fine-tune-share is refused."""
     src, tgt, sources, targets = corpus
     model = tmp_path / "m"
     args = ["--rounds", "3", "--round-pairs", "0", "--max-updates", "3", "--seed", "5",
             *TRAIN_TINY]
     with restored_aligner_logger():
-        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--fine-tune-pairs", "8")
+        run("train", "-s", src, "-t", tgt, "-o", model, *args, "--fine-tune-share", "0.4")
     record = json.loads((model / "run.json").read_text())
     assert record["sessions"][0]["inputs"]["bitext"]["pairs"] == 20
     assert len(read_pharaoh(str(model / "selftrain.round1.align"))) == 8
     assert len(read_pharaoh(str(model / "selftrain.round2.align"))) == 8
-    round3 = sample_lines(20, 0, 5, 3, fine_tune_pairs=8)
+    round3 = sample_lines(20, 0, 5, 3, fine_tune_share=0.4)
     assert round3.tolist() == sorted(sample_lines(20, 8, 5, 2).tolist())  # windows 8-15
     inputs = json.loads((model / "corpus" / "inputs.json").read_text())
     assert inputs["pairs"] == 8
     assert inputs["sha256"] == _fingerprint((sources[k], targets[k]) for k in round3)
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args,
-                          "--fine-tune-pairs", "9", "--resume", ok=False))
-    assert "--fine-tune-pairs (8 saved, 9 asked)" in line
+                          "--fine-tune-share", "0.45", "--resume", ok=False))
+    assert "--fine-tune-share (0.4 saved, 0.45 asked)" in line
 
 
 def test_a_budget_as_large_as_the_bitext_trains_as_without_one(tmp_path, corpus):

@@ -247,10 +247,11 @@ def self_training_options(function):
                           "only they are aligned to guide it: a round costs the same on any "
                           "larger corpus (0 = every round trains on the whole bitext, as it "
                           "does when the bitext has no more lines)."),
-        click.option("--fine-tune-pairs", default=recipe.FINE_TUNE_PAIRS, show_default=True,
-                     type=click.IntRange(min=0),
-                     help="Self-training: the lines each round after the first trains on, "
-                          "a sample drawn as --round-pairs's (0 = --round-pairs)."),
+        click.option("--fine-tune-share", default=recipe.FINE_TUNE_SHARE, show_default=True,
+                     type=FiniteFloat(0.0, 1.0, min_open=True),
+                     help="Self-training: each round after the first trains on this share of "
+                          "the bitext (at most --round-pairs lines), a sample drawn as "
+                          "--round-pairs's (1 = as many lines as round 1)."),
         click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
                      default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
                      help="Learning-rate decay of a fine-tuned self-training round (round 1 "
