@@ -61,7 +61,8 @@ def combine(heuristic: str, threshold: float = DEFAULT_THRESHOLD,
 
     Only the input the heuristic needs (:func:`needs_soft`) is read; other keys of the
     mappings are ignored. AlignerError, in one line, for an unknown heuristic, a needed input
-    missing, or two directions with different numbers of lines.
+    missing, two directions with different numbers of lines, or (soft-average) a line whose
+    two matrices differ in shape.
     """
     if needs_soft(heuristic):
         check_condition(soft is not None and "fwd" in soft and "rev" in soft,
