@@ -140,20 +140,17 @@ class Aligner:
         :func:`aligner.inference.soft_alignments`). A pair that cannot be aligned (empty side,
         too long for the model) gets zeros.
         """
+        from aligner.combine import check_heuristic, combine, needs_soft
         from aligner.formats import Bitext, check_same_length
         from aligner.inference import align_pairs, encode_bitext, soft_alignments
         from aligner.precision import autocast_context
-        from aligner.soft_symmetrize import soft_average
-        from aligner.symmetrize import symmetrize
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
         check_same_length("src", len(src_words), "tgt", len(tgt_words))
         check_condition(direction in C.DIRECTIONS + ("both",),
                         f"direction must be fwd, rev or both, not '{direction}'")
-        heuristics = C.HEURISTICS + C.SOFT_HEURISTICS
         heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
-        check_condition(heuristic in heuristics, f"unknown heuristic '{heuristic}' (choose "
-                                                 f"from {', '.join(heuristics)})")
+        check_heuristic(heuristic)
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         missing = [d for d in directions if d not in self.loaded.models]
         check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "
@@ -167,15 +164,12 @@ class Aligner:
             by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,
                                            self.device, method_options) for d in directions}
         soft = None
-        if return_probabilities or (direction == "both" and heuristic in C.SOFT_HEURISTICS):
+        if return_probabilities or (direction == "both" and needs_soft(heuristic)):
             with autocast_context(self.precision, self.device):
                 soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
                                            self.device, method_options) for d in directions}
-        if direction == "both" and heuristic in C.SOFT_HEURISTICS:
-            links = [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
-        elif direction == "both":
-            links = [symmetrize(f, r, heuristic)
-                     for f, r in zip(by_direction["fwd"], by_direction["rev"])]
+        if direction == "both":
+            links = combine(heuristic, threshold, hard=by_direction, soft=soft)
         else:
             links = by_direction[direction]
         if not return_probabilities:

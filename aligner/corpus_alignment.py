@@ -45,11 +45,10 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     """
     from aligner import inference
     from aligner.blocks import align_in_blocks, bitext_identity
+    from aligner.combine import combine, needs_soft
     from aligner.formats import format_links
     from aligner.model_dir import LoadedModelDir, model_checksums
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.soft_symmetrize import soft_average
-    from aligner.symmetrize import symmetrize
 
     loaded = LoadedModelDir.load(model_dir, device=device)
     options = {"shortlist": shortlist} if shortlist else {}
@@ -58,7 +57,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     paths = {name: path for name, path in outputs.items()
              if path is not None and not (keep_soft and name == heuristic)}
     size = max(1, len(bitext)) if keep_soft else (block_lines or inference.BLOCK_LINES)
-    hard_all = bool({"fwd", "rev"} & paths.keys()) or heuristic in C.HEURISTICS
+    hard_all = bool({"fwd", "rev"} & paths.keys()) or not needs_soft(heuristic)
 
     def align_block(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
         first = block.first_line - 1                 # 0-based input line of the block's 0
@@ -74,19 +73,14 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
             for k, line_links in zip(hard_lines, links):
                 hard[direction][k] = line_links
         soft: Dict[str, List[Any]] = {}
-        if heuristic in C.SOFT_HEURISTICS or keep_soft:   # one pass, used twice
+        if needs_soft(heuristic) or keep_soft:   # one pass, used twice
             soft = inference.soft_alignments_by_direction(
                 loaded.models, pairs, C.DIRECTIONS, method, device=device,
                 options=options, parallel=workers)
             if keep_soft:
                 kept.update({f"{d}_{first + k}": m for d in C.DIRECTIONS
                              for k, m in enumerate(soft[d])})
-        if heuristic in C.SOFT_HEURISTICS:
-            hard[heuristic] = [soft_average(f, r, threshold)
-                               for f, r in zip(soft["fwd"], soft["rev"])]
-        else:
-            hard[heuristic] = [symmetrize(f, r, heuristic)
-                               for f, r in zip(hard["fwd"], hard["rev"])]
+        hard[heuristic] = combine(heuristic, threshold, hard=hard, soft=soft)
         if keep_soft:
             kept["alignments"].extend(hard[heuristic])
         lines = {name: [format_links(links) + "\n" for links in hard[name]]

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from aligner import constants as C
+from aligner.combine import combine, needs_soft
 from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, make_batch,
                           subword_to_word_links)
 from aligner.formats import Bitext
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD, SOFT_HEURISTICS, soft_average
-from aligner.symmetrize import symmetrize
+from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, sigterm_raises
 
 logger = logging.getLogger(__name__)
@@ -392,10 +392,10 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
     heuristics only when both directions are), each a list with one source–target link set
     per input line, in input order. `loaded` may be a model directory path (loaded on `device`,
-    best checkpoint, only the directions asked for). A Moses heuristic (aligner.symmetrize)
-    combines the two directions' hard links; ``soft-average`` (aligner.soft_symmetrize)
-    averages their word-level soft alignments (:func:`soft_alignments`) and keeps the links
-    above `threshold`. ``progress``: tqdm bars on stderr, one per direction and pass.
+    best checkpoint, only the directions asked for). The heuristics combine the two
+    directions through aligner.combine: a Moses heuristic their hard links; ``soft-average``
+    averages their word-level soft alignments (:func:`soft_alignments`, computed once for
+    all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``: tqdm bars on stderr, one per direction and pass.
     ``parallel``: the soft matrices of the two directions in two processes on a multi-core
     CPU (:func:`soft_alignments_by_direction`).
     """
@@ -407,18 +407,13 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         out[direction] = align_pairs(loaded.models[direction], pairs, direction, method,
                                      max_tokens, device, options, progress)
     if "fwd" in out and "rev" in out:
-        soft: Dict[str, List[np.ndarray]] = {}
+        soft: Optional[Dict[str, List[np.ndarray]]] = None
+        if any(needs_soft(heuristic) for heuristic in heuristics):   # one pass for all
+            soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
+                                                max_tokens, device, options, progress,
+                                                parallel)
         for heuristic in heuristics:
-            if heuristic in SOFT_HEURISTICS:
-                if not soft:
-                    soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS,
-                                                        method, max_tokens, device, options,
-                                                        progress, parallel)
-                out[heuristic] = [soft_average(f, r, threshold)
-                                  for f, r in zip(soft["fwd"], soft["rev"])]
-            else:
-                out[heuristic] = [symmetrize(f, r, heuristic)
-                                  for f, r in zip(out["fwd"], out["rev"])]
+            out[heuristic] = combine(heuristic, threshold, hard=out, soft=soft)
     return out
 
 
@@ -435,13 +430,13 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
-    if direction == "both" and heuristic in SOFT_HEURISTICS:   # needs no hard links
+    if direction == "both" and needs_soft(heuristic):   # needs no hard links
         if isinstance(loaded, str):
             loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
         pairs = encode_bitext(loaded, bitext)
         soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
                                             max_tokens, device, options, progress, parallel)
-        return [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
+        return combine(heuristic, threshold, soft=soft)
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
                            device, options, threshold, progress, parallel)[heuristic]
@@ -466,13 +461,12 @@ def extract_with_soft(loaded: LoadedModelDir, bitext: Bitext, method: str,
     directions = C.DIRECTIONS if direction == "both" else (direction,)
     soft = soft_alignments_by_direction(loaded.models, pairs, directions, method, max_tokens,
                                         device, options, progress, parallel)
-    if direction == "both" and heuristic in SOFT_HEURISTICS:
-        links = [soft_average(f, r, threshold) for f, r in zip(soft["fwd"], soft["rev"])]
-        return links, soft
+    if direction == "both" and needs_soft(heuristic):
+        return combine(heuristic, threshold, soft=soft), soft
     hard = {d: align_pairs(loaded.models[d], pairs, d, method, max_tokens, device, options,
                            progress) for d in directions}
     if direction == "both":
-        links = [symmetrize(f, r, heuristic) for f, r in zip(hard["fwd"], hard["rev"])]
+        links = combine(heuristic, threshold, hard=hard)
     else:
         links = hard[direction]
     return links, soft

@@ -33,7 +33,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from aligner import constants as C
+from aligner.combine import needs_soft
 from aligner.formats import parse_links, read_lines, tokenize_line
 from aligner.utils import AlignerError, check_condition
 
@@ -55,10 +55,12 @@ def link_numbers(links: Iterable[Link], matrices: Mapping[str, np.ndarray], dire
     ``both`` (see the module docstring for which number each case gets).
     """
     scored = []
+    # soft-average's number: the mean it compared with its threshold
+    mean = direction == "both" and heuristic is not None and needs_soft(heuristic)
     for i, j in sorted(set(links)):
         if direction != "both":
             numbers: Tuple[float, ...] = (float(matrices[direction][i, j]),)
-        elif heuristic in C.SOFT_HEURISTICS:
+        elif mean:
             numbers = ((float(matrices["fwd"][i, j]) + float(matrices["rev"][i, j])) / 2.0,)
         else:
             numbers = (float(matrices["fwd"][i, j]), float(matrices["rev"][i, j]))

@@ -21,7 +21,8 @@ The threshold trades precision for recall. At the default 0.5 a link is kept whe
 directions together call it more likely than not; a word can still get several links (two
 source words that both put most of their probability on one target word, as the reverse
 direction allows, while the forward direction splits that word's column between them).
-Only numpy is needed.
+Only numpy is needed. aligner.combine chooses between this and the Moses heuristics for every
+caller (``combine``, ``needs_soft``).
 """
 from __future__ import annotations
 

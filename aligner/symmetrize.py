@@ -17,6 +17,9 @@ the order in which candidate links are visited, so results agree with it link fo
 * ``grow-diag-final-and``: the same final passes, but only when both words are unaligned.
 
 Sentence lengths are not needed: a neighbour outside the sentence is never in F ∪ R.
+
+aligner.combine chooses between these and soft-average (aligner.soft_symmetrize) for every
+caller: use its ``combine`` to combine two directions by a heuristic named by the user.
 """
 from __future__ import annotations
 

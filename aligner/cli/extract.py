@@ -170,13 +170,13 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner import link_probs as link_probs_module
     from aligner import streaming
     from aligner.blocks import align_in_blocks, bitext_identity, parts_folder
+    from aligner.combine import combine, needs_soft
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
     from aligner.formats import format_links, open_bitext, read_bitext
     from aligner.inference import extract
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir, model_checksums
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.soft_symmetrize import soft_average
     from aligner.streaming import AlignRun, stream_extract
 
     ranks = torchrun_world_size()
@@ -186,7 +186,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_bitext_args(source, target, joint, "the sentence pairs")
     check_condition(heuristic is None or direction == "both",
                     "--symmetrize combines two directions: use it with --direction both")
-    check_condition(threshold is None or heuristic is None or heuristic in C.SOFT_HEURISTICS,
+    check_condition(threshold is None or heuristic is None or needs_soft(heuristic),
                     "--threshold is the threshold of -H soft-average: give both")
     check_condition(soft != "-", "--soft -: the .npz matrices cannot go to stdout; give a "
                                  "file name")
@@ -233,7 +233,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         given_threshold = threshold
         heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
         check_condition(given_threshold is None or direction != "both"
-                        or heuristic in C.SOFT_HEURISTICS,
+                        or needs_soft(heuristic),
                         f"--threshold is the threshold of -H soft-average, and this model's "
                         f"default heuristic is {heuristic}: give -H soft-average too")
         n_pairs = n_links = 0
@@ -275,17 +275,16 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             else:   # the .npz holds every matrix: the whole bitext at once
                 matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
                                          torch_device, options, progress=not quiet)
-                if direction == "both" and heuristic in C.SOFT_HEURISTICS:
+                by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
+                                for d in directions}
+                if direction == "both" and needs_soft(heuristic):
                     # the matrices --soft writes are the ones soft-average combines: one pass
-                    alignments = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"],
-                                               threshold) for k in range(len(bitext))]
+                    alignments = combine(heuristic, threshold, soft=by_direction)
                 else:
                     alignments = extract(loaded, bitext, method, direction, heuristic,
                                          max_tokens, torch_device, options, threshold,
                                          progress=not quiet, parallel=True)
                 if scored:
-                    by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
-                                    for d in directions}
                     lines, numbers = link_probs_module.output_lines(
                         alignments, by_direction, direction, heuristic, inline_probs)
                 else:

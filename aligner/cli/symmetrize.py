@@ -8,7 +8,8 @@ import click
 from aligner.constants import DEFAULT_HEURISTIC
 from aligner.formats import (check_alignments_against_bitext, check_same_length, read_bitext,
                              read_pharaoh, write_pharaoh)
-from aligner.symmetrize import HEURISTICS, symmetrize_corpus
+from aligner.combine import combine
+from aligner.symmetrize import HEURISTICS
 from aligner.utils import check_distinct_files, check_writable
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
@@ -57,7 +58,7 @@ def command(forward: str, reverse: str, heuristic: str, reverse_orientation: str
         check_alignments_against_bitext(fwd, forward, bitext)
         check_alignments_against_bitext(rev, reverse, bitext,
                                         reverse=reverse_orientation == "tgt-src")
-    result = symmetrize_corpus(fwd, rev, heuristic)
+    result = combine(heuristic, hard={"fwd": fwd, "rev": rev})
     write_pharaoh(output, result)
     if not quiet:
         click.echo(f"align symmetrize: {len(result)} sentence pairs, {heuristic}: "
