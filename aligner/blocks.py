@@ -3,7 +3,7 @@ torch.distributed's shards.
 
 :func:`align_in_blocks` cuts a bitext into blocks of ``block_lines`` lines and has a caller's
 function align each one. With a *parts folder* (``align run``: MODEL_DIR/alignment.parts;
-``align extract -o FILE``: FILE.parts; a self-training guide: MODEL_DIR/selftrain.roundN.align
+``align extract -o FILE``: FILE.parts; a self-training guide: MODEL_DIR/rounds/N/links.align
 .parts) every finished block's output lines go, atomically, to part files there::
 
     PARTS/

@@ -31,8 +31,15 @@ RUN_RECORD_NAME = "run.json"
 #: block (aligner/blocks.py)
 ALIGNMENT_PARTS = "alignment.parts"
 #: the parts folder of another alignment is its output's name plus this (`align extract -o
-#: FILE`: FILE.parts; a self-training guide: MODEL_DIR/selftrain.roundN.align.parts)
+#: FILE`: FILE.parts; a self-training guide: MODEL_DIR/rounds/N/links.align.parts)
 PARTS_SUFFIX = ".parts"
+#: a self-training run's rounds (aligner/self_training.py): MODEL_DIR/rounds/N is round N's
+#: model directory; in it, links.align its links of round N+1's lines (round N+1's guide) and
+#: done once its training has ended; MODEL_DIR/rounds/settings.json the run's plan
+ROUNDS_DIR = "rounds"
+ROUND_LINKS = "links.align"
+ROUND_DONE = "done"
+ROUND_SETTINGS = "settings.json"
 
 # Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
 HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")

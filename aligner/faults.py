@@ -26,9 +26,8 @@ from aligner.utils import AlignerError
 ENV = "ALIGNER_FAULT"
 #: each point, where a job passes it
 POINTS: Dict[str, str] = {
-    "preparation": "a training run begins to prepare its corpus (BPE, vocabularies, ids); a "
-                   "fine-tuned self-training round has removed the previous round's model "
-                   "from the directory by then (it is kept aside in previous_round)",
+    "preparation": "a training run begins to prepare its corpus (BPE, vocabularies, ids) in "
+                   "its model directory (a self-training round: MODEL_DIR/rounds/N)",
     "checkpoint": "a Trainer has written a checkpoint (weights, training state, metrics)",
     "round-start": "a self-training round after the first begins: the previous round's links "
                    "of the bitext are written, nothing of the new round is",

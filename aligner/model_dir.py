@@ -23,6 +23,11 @@ Layout (file names from aligner/constants.py)::
                            (aligner/run_record.py)
       .lock                the run lock: an OS lock on it is held while a training process
                            writes the directory (the file names its pid and host)
+      rounds/              a self-training run's rounds (aligner/self_training.py): N/, round
+                           N's model directory (with links.align, its links of round N+1's
+                           lines, and done); settings.json, the rounds' settings. The top
+                           level then holds the last round's model: config.json, the
+                           preprocessing and vocabularies, each direction's params.best.pt
       base/                alignment-layer only: the stage-1 transformer model directory (the
                            layer's params files hold the base weights too; extraction needs
                            only the top level)
@@ -83,7 +88,12 @@ CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
                C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, C.RUN_RECORD_NAME,
-               JOINT_DIR, C.ALIGNMENT_PARTS) + C.DIRECTIONS
+               JOINT_DIR, C.ALIGNMENT_PARTS, C.ROUNDS_DIR) + C.DIRECTIONS
+#: what a self-training run copies from its last round's directory to its top level (the
+#: model `align extract` reads; of each direction's folder only params.best.pt and its
+#: checksum; each round's log and metrics stay in its directory), config.json last
+PUBLISHED_ENTRIES = (C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
+                     C.VOCAB_SRC, C.VOCAB_TGT) + C.DIRECTIONS + (C.CONFIG_NAME,)
 
 
 def config_path(model_dir: str) -> str:

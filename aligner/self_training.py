@@ -1,33 +1,41 @@
 """Self-training rounds: train, align the training bitext, train again guided by those links.
 
 What `align train --rounds N` and `align run --rounds N` do (the recipe: four rounds,
-aligner/recipe.py). Round 1 is the request as given (with its --guide, if any). After each
-round but the last, the round's model aligns its own training bitext (the kind's first
-extraction method, both directions combined by the plan's heuristic at ``guide_threshold``)
-into ``MODEL_DIR/selftrain.round{r}.align`` (block by block through
-``selftrain.round{r}.align.parts``: a guide cut off goes on from its last finished block),
-and round r+1 trains guided by that file at
-``guide_weight`` — fine-tuning round r's weights (``align train --init-from``; they are kept
-aside in ``MODEL_DIR/previous_round`` while round r+1 rewrites the directory) for
-``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new weights (``fine_tune`` off).
+aligner/recipe.py). Each round is a complete model directory of its own::
 
-The model directory ends as the last round's run; beside it stay each earlier round's links
-and training log (``selftrain.round{r}.align`` / ``.log``); the run record (MODEL_DIR/run.json,
-aligner/run_record.py) keeps every round's stages and their seconds, the guides' alignment
-included. config.json records the round in
-``extra["self_training"]`` and, for the last round, the output heuristic and threshold as
-`align extract`'s defaults (``extra[constants.ALIGN_RUN_SETTINGS]``). ``selftrain.json`` names
-the round that began last: ``--resume`` continues a run in the round it was cut off in, or
-begins the next when that round's links are written (:func:`resume_point`).
+    MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
+                                     refuses other ones
+    MODEL_DIR/rounds/N/              round N's model directory, as `align train` writes one
+      links.align                    round N's links of round N+1's lines: its guide (written
+                                     through links.align.parts, block by block)
+      done                           written once round N's training has ended
+    MODEL_DIR/config.json, fwd/, ... the last round's model, copied up when it is done
+                                     (what `align extract MODEL_DIR` reads)
+    MODEL_DIR/run.json               the run record of every round (aligner/run_record.py)
+
+Round 1 is the request as given (with its --guide, if any). After each round but the last,
+the round's model aligns the lines the next round trains on (the kind's first extraction
+method, both directions combined by the plan's heuristic at ``guide_threshold``), and round
+r+1 trains guided by them at ``guide_weight``, fine-tuning round r's weights (``align train
+--init-from rounds/r``) for ``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new
+weights (``fine_tune`` off). config.json records the round in ``extra["self_training"]`` and,
+for the last round, the output heuristic and threshold as `align extract`'s defaults
+(``extra[constants.ALIGN_RUN_SETTINGS]``).
+
+--resume goes on with the first round that is not done (from its checkpoints once its training
+has begun), then with each guide not written (from its last finished block); a finished run
+given more --rounds aligns with its last round and trains the rounds it lacks. A round never
+rewrites another's directory.
 
 Needs a kind that trains with a guide (hmm0, hmm1) and both directions. Under torchrun every
 rank runs the rounds in one process group: each round trains through DDP
 (aligner/train_run.py), the guide alignment between rounds is sharded over the ranks by
-block (aligner/corpus_alignment.py), and rank 0 alone writes and moves the round files, the
-others waiting for it in a barrier.
+block (aligner/corpus_alignment.py), and rank 0 alone writes the run's own files, the others
+waiting for it in a barrier.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -45,13 +53,12 @@ from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
 
-#: where the previous round's model is kept while the next round fine-tunes it
-PREVIOUS_ROUND_DIR = "previous_round"
 #: config.json ``extra`` key of a self-training round: {"round": r}
 SELF_TRAINING_KEY = "self_training"
-#: MODEL_DIR/selftrain.json: {"round": N, "trained": bool}, written when round N (N > 1)
-#: begins, once its start is kept aside, and when its training ends: what --resume reads
-STATE_NAME = "selftrain.json"
+#: what an older version's self-training run kept in MODEL_DIR (one directory rewritten per
+#: round): its state file and the previous round's model kept aside (--overwrite removes them)
+OLDER_STATE_NAME = "selftrain.json"
+OLDER_PREVIOUS_ROUND = "previous_round"
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,19 @@ class RoundsResult:
     alignment_seconds: float = 0.0
 
 
+def round_dir(model_dir: str, round_number: int) -> str:
+    """MODEL_DIR/rounds/N: round N's complete model directory."""
+    return os.path.join(model_dir, C.ROUNDS_DIR, str(round_number))
+
+
 def guide_path(model_dir: str, round_number: int) -> str:
-    """MODEL_DIR/selftrain.round{N}.align: round N's links of the bitext, round N+1's guide."""
-    return os.path.join(model_dir, f"selftrain.round{round_number}.align")
+    """MODEL_DIR/rounds/N/links.align: round N's links of round N+1's lines, its guide."""
+    return os.path.join(round_dir(model_dir, round_number), C.ROUND_LINKS)
+
+
+def done_path(model_dir: str, round_number: int) -> str:
+    """MODEL_DIR/rounds/N/done: written once round N's training has ended."""
+    return os.path.join(round_dir(model_dir, round_number), C.ROUND_DONE)
 
 
 def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
@@ -141,19 +158,20 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
         if round_number == plan.rounds:   # the output's defaults, for align extract
             extra[C.ALIGN_RUN_SETTINGS] = {"symmetrize": plan.heuristic,
                                            "threshold": plan.output_threshold}
+    model_dir = request.model_dir
+    if plan.rounds > 1:
+        request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         return dataclasses.replace(request, bitext=bitext, extra=extra or None)
-    model_dir, config = request.model_dir, request.train_config
-    config = dataclasses.replace(config, guide_weight=plan.guide_weight)
+    config = dataclasses.replace(request.train_config, guide_weight=plan.guide_weight)
     init_dir = None
     if plan.fine_tune:
-        init_dir = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
+        init_dir = round_dir(model_dir, round_number - 1)
         config = dataclasses.replace(config, lr_schedule=plan.fine_tune_lr_schedule)
         if not config.max_updates:
             config = dataclasses.replace(config, max_epochs=plan.fine_tune_epochs)
     return dataclasses.replace(
-        request, bitext=bitext, train_config=config, extra=extra, overwrite=True,
-        init_dir=init_dir,
+        request, bitext=bitext, train_config=config, extra=extra, init_dir=init_dir,
         data_config=dataclasses.replace(request.data_config,
                                         guide=guide_path(model_dir, round_number - 1)))
 
@@ -173,14 +191,14 @@ def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: in
 
 def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     """Train `plan.rounds` rounds into ``request.model_dir`` (see the module docstring);
-    ``request`` is round 1's. With ``request.resume`` the directory's run continues where it
-    was cut off (:func:`resume_point`). Under torchrun every rank calls this. Returns the last
-    round's summaries and the time spent."""
+    ``request`` is round 1's, naming the run's directory. With ``request.resume`` the run goes
+    on with its first round that is not done. Under torchrun every rank calls this. Returns
+    the last round's summaries and the time spent."""
     from aligner.distributed import distributed
     from aligner.train_run import train
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
-    if request.resume and plan.rounds == 1:   # one ordinary run: train() resumes it
+    if plan.rounds == 1:   # one ordinary run in the directory itself
         return RoundsResult(summaries=train(request))
     # one process group for every round: each round's training and guide alignment use it
     with distributed(request.train_config.device) as context:
@@ -190,173 +208,211 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
 def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
                            context: "DistributedContext") -> RoundsResult:
     """:func:`train_rounds` inside the process group `context` (one process: a 1-rank
-    context). Rank 0 alone writes, moves and removes round files; every rank trains and
-    aligns its share of the guides."""
-    from aligner.corpus_alignment import align_bitext
+    context). Rank 0 alone writes the run's own files (settings, done marks, the published
+    model); every rank trains and aligns its share of the guides."""
     from aligner.distributed import resolve_device
-    from aligner.model_dir import BASE_DIR, LOCK_NAME, check_overwritable
-    from aligner.models import model_class
+    from aligner.model_dir import release_lock
     from aligner.precision import resolve_precision
     from aligner.run_record import RunRecord, record_path
-    from aligner.train_run import (begin_record, check_request, request_inputs, run_inputs,
-                                   train)
+    from aligner.train_run import begin_record, run_inputs
 
     model_dir = request.model_dir
     result = RoundsResult(summaries={})
-    first, mode = resume_point(model_dir, plan) if request.resume else (1, FRESH)
-    if mode == DONE:
-        logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
-        return result
-    # one record for every round (each rewrites the directory; the record goes on); rank 0's
-    record = None
-    if context.is_main:
-        record = (RunRecord.resumed(model_dir) if request.resume
-                  else RunRecord(record_path(model_dir)))
-    if (mode == FRESH and request.overwrite and os.path.isdir(model_dir)
-            and context.is_main):
-        # everything checked before anything is removed: the request, and that the directory
-        # holds a run of ours without the inputs in it
-        check_request(round_request(request, plan, 1))
-        if any(name not in (BASE_DIR, LOCK_NAME) for name in os.listdir(model_dir)):
-            check_overwritable(model_dir, request_inputs(request))
-        # an earlier run's round files must not be taken for this run's
-        _remove_earlier_rounds(model_dir, keep=request.data_config.guide or None)
-    context.barrier()
-    for round_number in range(first, plan.rounds + 1):
-        start = time.time()
-        mode = mode if round_number == first else FRESH
-        this_round = dataclasses.replace(
-            round_request(request, plan, round_number), resume=mode == RESUME,
-            overwrite=mode == RESTART or (mode == FRESH and (round_number > 1
-                                                             or request.overwrite)),
-            record=record)
-        if record is not None:
-            record.current_round = round_number
-        if this_round.bitext is not request.bitext:
-            logger.info("round %d trains on %s", round_number,
-                        this_round.bitext.description)
-        if round_number > 1:
-            logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
-                        plan.rounds, this_round.data_config.guide,
-                        ", from its model's weights" if plan.fine_tune else "",
-                        {RESUME: " (resumed)", RESTART: " (again)",
-                         TRAINED: " (trained)"}.get(mode, ""))
-            if mode == FRESH:
-                faults.reached("round-start")
-            if mode == FRESH and context.is_main:   # this round rewrites the directory:
-                _keep_round_log(model_dir, round_number - 1)   # keep what it starts from
-                if plan.fine_tune:
-                    _keep_previous_round(model_dir)
-                _write_state(model_dir, round_number, plan)
-            context.barrier()
-        if mode == TRAINED:
-            _check_trained_round(this_round, log_to_file=context.is_main)
-            if record is not None:
-                device = resolve_device(request.train_config.device)
-                begin_record(this_round, True, device,
-                             resolve_precision(request.train_config.precision, device),
-                             context.world_size)
-                record.set_inputs(run_inputs(this_round))
-            logger.info("round %d is trained: its links of the bitext guide round %d",
-                        round_number, round_number + 1)
-        else:
-            result.summaries = train(this_round)
-            if plan.rounds > 1 and context.is_main:
-                _write_state(model_dir, round_number, plan, trained=True)
+    lock = record = None
+    try:
+        device = resolve_device(request.train_config.device, context.local_rank,
+                                context.local_world_size)
+        if context.is_main:   # the run record's session: this command, every round
+            lock, resumed = _open_run(request, plan)
+            record = begin_record(
+                dataclasses.replace(request, record=RunRecord.resumed(model_dir) if resumed
+                                    else RunRecord(record_path(model_dir))),
+                resumed, device, resolve_precision(request.train_config.precision, device),
+                context.world_size)
         context.barrier()
-        aligned = time.time()
-        result.training_seconds += aligned - start
-        if round_number < plan.rounds:    # the next round's guide, of its lines
-            faults.reached("guide-alignment")
-            # every rank aligns its share of the blocks; rank 0 writes the file
-            align_bitext(model_dir, training_lines(request, plan, round_number + 1),
-                         resolve_device(request.train_config.device, context.local_rank,
-                                        context.local_world_size),
-                         model_class(request.model_kind).METHODS[0], plan.shortlist,
-                         plan.heuristic, plan.guide_threshold,
-                         {plan.heuristic: guide_path(model_dir, round_number)},
-                         quiet=request.quiet or not context.is_main,
-                         precision=request.train_config.precision,
-                         # a guide cut off goes on from its last finished block; parts of
-                         # another model (the round trained again) are discarded
-                         parts=guide_path(model_dir, round_number) + C.PARTS_SUFFIX,
-                         resume=True, stale="discard",
-                         block_lines=plan.block_lines or None,
-                         description=f"guide {round_number}")
-            seconds = time.time() - aligned
-            result.alignment_seconds += seconds
+        first_undone = next((r for r in range(1, plan.rounds + 1)
+                             if not os.path.isfile(done_path(model_dir, r))), None)
+        for round_number in range(1, plan.rounds + 1):
+            this_round = round_request(request, plan, round_number)
+            start = time.time()
             if record is not None:
-                record.add_stage("guide", seconds)
-            logger.info("self-training guide: %s of the bitext took %.1fs",
-                        guide_path(model_dir, round_number), seconds)
-            context.barrier()
-        # the round's start is not needed once its links (or the last model) are written
+                record.current_round = round_number
+            if this_round.bitext is not request.bitext:
+                logger.info("round %d trains on %s", round_number,
+                            this_round.bitext.description)
+            if os.path.isfile(done_path(model_dir, round_number)):
+                if round_number + 1 == first_undone:   # the run goes on from here: same
+                    _check_trained_round(this_round, context.is_main)   # data and settings
+                    if record is not None:
+                        record.set_inputs(run_inputs(this_round))
+                    logger.info("round %d is trained: its links guide round %d",
+                                round_number, round_number + 1)
+            else:
+                result.summaries = _train_round(model_dir, this_round, plan, round_number,
+                                                record, context)
+                result.training_seconds += time.time() - start
+            if round_number < plan.rounds and not os.path.isfile(
+                    guide_path(model_dir, round_number)):
+                result.alignment_seconds += _align_guide(request, plan, round_number, device,
+                                                         record, context)
+        if first_undone is None:
+            logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
         if context.is_main:
-            shutil.rmtree(os.path.join(model_dir, PREVIOUS_ROUND_DIR), ignore_errors=True)
+            _publish(round_dir(model_dir, plan.rounds), model_dir)
         context.barrier()
+    finally:
+        if lock is not None:
+            release_lock(lock)
     return result
 
 
-#: how :func:`train_rounds` starts a round: anew (keeping the previous round's model aside
-#: first), anew from the start already kept (cut off before its training wrote anything to
-#: resume), resumed from its checkpoints; or not at all (the run is finished)
-FRESH, RESTART, RESUME, DONE = "fresh", "restart", "resume", "done"
-#: ... or not at all, its links of the bitext written next: the last round of a finished
-#: run that --resume with more --rounds goes on from
-TRAINED = "trained"
+def _open_run(request: "TrainRequest", plan: SelfTraining):
+    """Rank 0: take the run's directory (its lock, then as train() takes a model directory:
+    a new or empty one, an earlier run of ours with --overwrite, or the run itself with
+    --resume) and write or check the plan's settings. Returns (the lock, resumed)."""
+    from aligner.model_dir import (LOCK_NAME, RUN_MARK, acquire_lock, holds_run, mark_run,
+                                   prepare_output_dir, write_version)
+    from aligner.train_run import check_request, request_inputs
+    from aligner.utils import remove_stale_temporaries
+
+    model_dir = request.model_dir
+    check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
+                    f"{model_dir}: exists and is not a directory")
+    os.makedirs(model_dir, exist_ok=True)
+    lock = acquire_lock(model_dir)
+    try:
+        settings = os.path.join(model_dir, C.ROUNDS_DIR, C.ROUND_SETTINGS)
+        if request.resume:
+            _refuse_older_layout(model_dir)
+        resumed = request.resume and os.path.isfile(settings)
+        if request.resume and not resumed:   # only a run cut off before its settings
+            leftovers = set(os.listdir(model_dir)) - {LOCK_NAME, RUN_MARK, C.VERSION_NAME}
+            check_condition(holds_run(model_dir) and not leftovers,
+                            f"{model_dir}: nothing to resume (no self-training run: "
+                            f"{C.ROUNDS_DIR}/{C.ROUND_SETTINGS} is missing)")
+        if resumed:
+            _check_same_plan(model_dir, _read_settings(settings), plan)
+            remove_stale_temporaries(model_dir)   # of a run killed while it published
+            rounds = [int(name) for name in os.listdir(os.path.dirname(settings))
+                      if name.isdigit()]
+            check_condition(max(rounds, default=0) <= plan.rounds,
+                            f"{model_dir}: holds round {max(rounds, default=0)} of a "
+                            f"self-training run; --rounds {plan.rounds} ends before it")
+            return lock, True
+        # a new run: everything checked before anything is removed
+        check_request(round_request(request, plan, 1))
+        # (--resume of a run cut off before its settings were written: it starts again)
+        overwrite = request.overwrite or request.resume
+        prepare_output_dir(model_dir, False, overwrite, request_inputs(request))
+        if overwrite:
+            _remove_older_rounds(model_dir, keep=request.data_config.guide or None)
+        mark_run(model_dir)
+        write_version(model_dir)
+        os.makedirs(os.path.dirname(settings), exist_ok=True)
+        with atomic_output(settings) as handle:
+            json.dump({"rounds": plan.rounds, "settings": plan_settings(plan)}, handle)
+            handle.write("\n")
+        return lock, False
+    except BaseException:
+        from aligner.model_dir import release_lock
+
+        release_lock(lock)
+        raise
 
 
-def resume_point(model_dir: str, plan: SelfTraining) -> Tuple[int, str]:
-    """(the round to go on with, how: FRESH / RESTART / RESUME / TRAINED / DONE) for
-    ``--resume`` of a self-training run in `model_dir`.
-
-    MODEL_DIR/selftrain.json names the round that began last and whether its training ended
-    (none: round 1 has not ended; train() resumes it or says why not). Its links written, the
-    next round begins (FRESH). Trained, the last round means DONE, an earlier one TRAINED (its
-    links are written next: a run cut off while it aligned, or a finished one given more
-    rounds). Not trained: resumed when its training wrote its config.json (the round recorded
-    there), else (cut off while it prepared) trained again from the start kept aside
-    (RESTART)."""
+def _train_round(model_dir: str, this_round: "TrainRequest", plan: SelfTraining,
+                 round_number: int, record, context) -> Dict[str, "TrainSummary"]:
+    """Train round `round_number` into its directory (``this_round.model_dir``): resumed from
+    its checkpoints when its training had begun (its config.json is written), else from the
+    start (anything a start cut off left there is removed: the folder is the run's own);
+    then its done mark."""
     from aligner.model_dir import config_path
+    from aligner.train_run import train
 
-    state = _read_state(model_dir)
-    if state is None:
-        return 1, RESUME
-    round_number, trained, settings = state
-    _check_same_plan(model_dir, settings, plan)
-    check_condition(round_number <= plan.rounds,
-                    f"{model_dir}: holds round {round_number} of a self-training run; "
-                    f"--rounds {plan.rounds} ends before it")
-    if round_number < plan.rounds and os.path.isfile(guide_path(model_dir, round_number)):
-        return round_number + 1, FRESH
-    if trained:
-        return (plan.rounds + 1, DONE) if round_number == plan.rounds else (round_number,
-                                                                             TRAINED)
-    saved_round = None
-    if os.path.isfile(config_path(model_dir)):
-        saved = RunConfig.load(config_path(model_dir))
-        saved_round = saved.extra.get(SELF_TRAINING_KEY, {}).get("round")
-    if round_number > 1 and saved_round != round_number:
-        return round_number, RESTART
-    return round_number, RESUME
+    folder = this_round.model_dir
+    resume = os.path.isfile(config_path(folder))
+    if round_number > 1:
+        logger.info("self-training round %d of %d, guided by %s%s%s", round_number,
+                    plan.rounds, this_round.data_config.guide,
+                    ", from its model's weights" if plan.fine_tune else "",
+                    " (resumed)" if resume else "")
+        if not resume:
+            faults.reached("round-start")
+    if not resume and context.is_main and os.path.lexists(folder):
+        check_condition(os.path.isdir(folder) and not os.path.islink(folder),
+                        f"{folder}: not a round's directory (a file or a link): nothing was "
+                        f"removed")
+        shutil.rmtree(folder)   # what a start cut off left in the run's own folder
+    context.barrier()
+    summaries = train(dataclasses.replace(this_round, resume=resume, overwrite=False,
+                                          record=record))
+    if context.is_main:
+        with atomic_output(done_path(model_dir, round_number)) as handle:
+            handle.write(f"round {round_number} of {plan.rounds} trained\n")
+    context.barrier()
+    return summaries
 
 
-def _read_state(model_dir: str) -> Optional[Tuple[int, bool, Optional[Dict[str, Any]]]]:
-    """(round, trained, the plan's settings or None: older files) of MODEL_DIR/selftrain.json;
-    None without one."""
-    path = os.path.join(model_dir, STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as handle:
-        try:
-            state = json.load(handle)
-            settings = state.get("settings")
-            check_condition(settings is None or isinstance(settings, dict), "")
-            return int(state["round"]), bool(state.get("trained", False)), settings
-        except (ValueError, KeyError, TypeError, AttributeError, AlignerError):
-            raise AlignerError(f"{path}: not a self-training state (expected "
-                               f'{{"round": N, "trained": true/false, "settings": {{...}}}}); '
-                               f"use --overwrite to start anew") from None
+def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int, device,
+                 record, context) -> float:
+    """Round `round_number`'s model aligns round `round_number` + 1's lines into its
+    links.align (every rank its share of the blocks, rank 0 writes; a guide cut off goes on
+    from its last finished block). Returns the seconds it took."""
+    from aligner.corpus_alignment import align_bitext
+    from aligner.models import model_class
+
+    aligning = time.time()
+    faults.reached("guide-alignment")
+    path = guide_path(request.model_dir, round_number)
+    align_bitext(round_dir(request.model_dir, round_number),
+                 training_lines(request, plan, round_number + 1), device,
+                 model_class(request.model_kind).METHODS[0], plan.shortlist, plan.heuristic,
+                 plan.guide_threshold, {plan.heuristic: path},
+                 quiet=request.quiet or not context.is_main,
+                 precision=request.train_config.precision, parts=path + C.PARTS_SUFFIX,
+                 resume=True, stale="discard", block_lines=plan.block_lines or None,
+                 description=f"guide {round_number}")
+    seconds = time.time() - aligning
+    if record is not None:
+        record.add_stage("guide", seconds)
+    logger.info("self-training guide: %s of the bitext took %.1fs", path, seconds)
+    context.barrier()
+    return seconds
+
+
+def _publish(source_dir: str, model_dir: str) -> None:
+    """Copy the last round's model (MODEL_DIR/rounds/N: what `align extract` reads, and its
+    log) to the top of MODEL_DIR, the weights first and config.json last, so that a copy cut
+    off is never a loadable model; done again when a run is resumed."""
+    from aligner.model_dir import PUBLISHED_ENTRIES, checksum_path, config_path
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(config_path(model_dir))
+    for name in PUBLISHED_ENTRIES:
+        path = os.path.join(source_dir, name)
+        if name in C.DIRECTIONS:
+            os.makedirs(os.path.join(model_dir, name), exist_ok=True)
+            for file in (C.PARAMS_BEST, checksum_path(C.PARAMS_BEST)):
+                if os.path.isfile(os.path.join(path, file)):
+                    _copy(os.path.join(path, file), os.path.join(model_dir, name, file))
+        elif os.path.isfile(path) and name != C.CONFIG_NAME:
+            _copy(path, os.path.join(model_dir, name))
+    _copy(config_path(source_dir), config_path(model_dir))
+
+
+def _copy(source: str, destination: str) -> None:
+    """Copy a file atomically (a temporary beside `destination`, then renamed)."""
+    with open(source, "rb") as handle, atomic_output(destination, "wb") as out:
+        shutil.copyfileobj(handle, out)
+
+
+def _refuse_older_layout(model_dir: str) -> None:
+    """A self-training run of an older version (one directory rewritten per round,
+    MODEL_DIR/selftrain.json) cannot be resumed or gone on with: one line."""
+    check_condition(not os.path.isfile(os.path.join(model_dir, OLDER_STATE_NAME)),
+                    f"{model_dir}: a self-training run of an older version (its "
+                    f"{OLDER_STATE_NAME}; rounds are now MODEL_DIR/{C.ROUNDS_DIR}/N): it "
+                    f"cannot be gone on with; start a new run (--overwrite)")
 
 
 def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
@@ -391,8 +447,8 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
 
 
 def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> None:
-    """What train() checks on --resume, for a trained round whose training is not resumed
-    (TRAINED): the bitext is the one the cached corpus was built from, and the settings are the
+    """What train() checks on --resume, for the last done round when the run goes on after
+    it (its training is not resumed): the bitext is the one the cached corpus was built from, and the settings are the
     saved run's (but for its bookkeeping in ``extra``: the round, the output's defaults).
     Attaches MODEL_DIR/train.log (the round's log) to the console logging (`log_to_file`:
     rank 0's; the other ranks of a torchrun job log nothing, as in training)."""
@@ -416,23 +472,26 @@ def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> N
                   logfile=os.path.join(model_dir, C.LOG_NAME) if log_to_file else None)
 
 
-def _write_state(model_dir: str, round_number: int, plan: SelfTraining,
-                 trained: bool = False) -> None:
-    """MODEL_DIR/selftrain.json = {"round": N, "trained": false, "settings": the plan's},
-    atomically, once round N's start is kept; "trained": true once its training has ended."""
-    with atomic_output(os.path.join(model_dir, STATE_NAME)) as handle:
-        json.dump({"round": round_number, "trained": trained,
-                   "settings": plan_settings(plan)}, handle)
-        handle.write("\n")
+def _read_settings(path: str) -> Optional[Dict[str, Any]]:
+    """The plan's settings saved in MODEL_DIR/rounds/settings.json."""
+    with open(path, encoding="utf-8") as handle:
+        try:
+            saved = json.load(handle)
+            settings = saved["settings"]
+            check_condition(isinstance(settings, dict), "")
+            return settings
+        except (ValueError, KeyError, TypeError, AlignerError):
+            raise AlignerError(f"{path}: not the settings of a self-training run (expected "
+                               f'{{"rounds": N, "settings": {{...}}}}); use --overwrite to '
+                               f"start anew") from None
 
 
-def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
-    """Remove what an earlier run left beside its model (before an --overwrite run trains):
-    its rounds' alignments and logs (selftrain.roundN.align / .log), its selftrain.json, a
-    previous_round and a guide's parts folder (selftrain.roundN.align.parts) it was cut off
-    with, so that no round file of another run is taken for
-    this run's. `keep`: a file that stays (this run's --guide, which may be such a file).
-    Each removal is logged."""
+def _remove_older_rounds(model_dir: str, keep: Optional[str]) -> None:
+    """Remove the round files that an older version's self-training run left beside its
+    model (before an --overwrite run trains): its rounds' alignments and logs
+    (selftrain.roundN.align / .log), its selftrain.json, a previous_round and a guide's parts
+    folder (selftrain.roundN.align.parts). `keep`: a file that stays (this run's --guide,
+    which may be such a file). Each removal is logged."""
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
         if keep is not None and os.path.exists(keep) and os.path.samefile(path, keep):
@@ -440,39 +499,10 @@ def _remove_earlier_rounds(model_dir: str, keep: Optional[str]) -> None:
         if (re.fullmatch(r"selftrain\.(round\d+\.(align|log)|json)", name)
                 and os.path.isfile(path)):
             os.unlink(path)
-        elif ((name == PREVIOUS_ROUND_DIR
+        elif ((name == OLDER_PREVIOUS_ROUND
                or re.fullmatch(r"selftrain\.round\d+\.align" + re.escape(C.PARTS_SUFFIX), name))
               and os.path.isdir(path) and not os.path.islink(path)):
             shutil.rmtree(path)
         else:
             continue
         logger.info("removed %s (an earlier run's)", path)
-
-
-def _keep_round_log(model_dir: str, round_number: int) -> None:
-    """MODEL_DIR/train.log -> MODEL_DIR/selftrain.round{N}.log (the next round's training
-    removes train.log with the rest of the previous run; the last round's stays train.log)."""
-    log = os.path.join(model_dir, C.LOG_NAME)
-    if os.path.exists(log):
-        os.replace(log, os.path.join(model_dir, f"selftrain.round{round_number}.log"))
-
-
-def _keep_previous_round(model_dir: str) -> str:
-    """Copy what the next round starts from (config, preprocessing, vocabularies, every
-    direction's best weights) to MODEL_DIR/previous_round; returns that directory."""
-    from aligner.model_dir import RUN_ENTRIES, checksum_path
-
-    kept = os.path.join(model_dir, PREVIOUS_ROUND_DIR)
-    shutil.rmtree(kept, ignore_errors=True)
-    os.makedirs(kept)
-    for name in RUN_ENTRIES:
-        path = os.path.join(model_dir, name)
-        if name in C.DIRECTIONS:
-            os.makedirs(os.path.join(kept, name))
-            shutil.copy2(os.path.join(path, C.PARAMS_BEST), os.path.join(kept, name))
-            checksum = checksum_path(os.path.join(path, C.PARAMS_BEST))
-            if os.path.isfile(checksum):   # verified when loaded, named in the run record
-                shutil.copy2(checksum, os.path.join(kept, name))
-        elif os.path.isfile(path):
-            shutil.copy2(path, kept)
-    return kept

@@ -177,7 +177,7 @@ def run_corpus(tmp_path_factory):
             "-o", outputs["out"], "-f", outputs["fwd"], "-r", outputs["rev"], *RUN)
     return dict(tmp=tmp, src=src, tgt=tgt,
                 ref={name: path.read_text() for name, path in outputs.items()},
-                guide=(tmp / "ref-model" / "selftrain.round1.align").read_text())
+                guide=(tmp / "ref-model" / "rounds" / "1" / "links.align").read_text())
 
 
 @pytest.mark.parametrize("cut_in", ["guide", "final"])
@@ -190,14 +190,14 @@ def test_run_killed_in_an_alignment_resumes_from_its_blocks(run_corpus, tmp_path
     command = ["run", "-s", run_corpus["src"], "-t", run_corpus["tgt"], "--rounds", 2,
                "--model-dir", model, "-o", outputs["out"], "-f", outputs["fwd"],
                "-r", outputs["rev"], *RUN]
-    parts = (str(model / "selftrain.round1.align") + C.PARTS_SUFFIX if cut_in == "guide"
+    parts = (str(model / "rounds" / "1" / "links.align") + C.PARTS_SUFFIX if cut_in == "guide"
              else str(model / C.ALIGNMENT_PARTS))
     finished = _kill_when_a_block_is_finished([*ALIGN, *map(str, command)], parts)
     assert finished < 600 // BLOCK and not outputs["out"].exists()
     with restored_aligner_logger():
         result = run(*[a for a in command if a != "-q"], "--resume")
     assert "blocks are finished: going on with the others" in result.stderr
-    assert (model / "selftrain.round1.align").read_text() == run_corpus["guide"]
+    assert (model / "rounds" / "1" / "links.align").read_text() == run_corpus["guide"]
     for name, path in outputs.items():
         assert path.read_text() == run_corpus["ref"][name], name
     assert not [name for name in os.listdir(model) if name.endswith(C.PARTS_SUFFIX)]
@@ -265,7 +265,7 @@ def test_torchrun_align_run_trains_the_rounds_and_shards_the_final_alignment(run
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(out.read_text().splitlines()) == 600
-    assert len((model / "selftrain.round1.align").read_text().splitlines()) == 600
+    assert len((model / "rounds" / "1" / "links.align").read_text().splitlines()) == 600
     assert not (model / C.ALIGNMENT_PARTS).exists()
     record = json.loads((model / "run.json").read_text())
     assert {session["processes"] for session in record["sessions"]} == {2}

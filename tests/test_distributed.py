@@ -222,10 +222,10 @@ def test_self_training_rounds_run_under_torchrun(tmp_path):
         assert json.loads((tmp_path / f"calls{rank}.json").read_text()) == {"init": 1,
                                                                           "destroy": 1}
     model = tmp_path / "model"
-    guide = (model / "selftrain.round1.align").read_text().splitlines()
+    guide = (model / "rounds" / "1" / "links.align").read_text().splitlines()
     assert len(guide) == 30 and any(guide)
     assert sorted(p.name for p in model.iterdir() if p.name.endswith(".tmp")) == []
-    assert not (model / "previous_round").exists()
+    assert (model / "rounds" / "2" / "done").exists()
     config = json.loads((model / "config.json").read_text())
     assert config["extra"]["self_training"] == {"round": 2}
     record = json.loads((model / "run.json").read_text())

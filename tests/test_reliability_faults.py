@@ -138,7 +138,7 @@ def test_every_input_is_checked_before_an_overwrite_removes_anything(tmp_path, c
     args = ["--rounds", "2", "--max-updates", "2", "--checkpoint-interval", "2", *HMM_TINY]
     run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, *args)
     before = snapshot(model)
-    assert "selftrain.json" in before and "selftrain.round1.align" in before
+    assert "rounds/settings.json" in before and "rounds/1/links.align" in before
     short_guide = tmp_path / "short.align"
     short_guide.write_text("0-0\n" * 5)            # 5 lines for a 40-line bitext
     line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
@@ -148,7 +148,7 @@ def test_every_input_is_checked_before_an_overwrite_removes_anything(tmp_path, c
     line = error_line(invoke("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model,
                                  *args, "--overwrite", "-M", "no_such_option=3"))
     assert "no_such_option" in line
-    assert snapshot(model) == before               # the selftrain.* files too
+    assert snapshot(model) == before               # the rounds too
 
 
 def test_a_run_stopped_before_training_leaves_nothing_behind(tmp_path, corpus):
@@ -352,7 +352,7 @@ def test_resuming_self_training_with_another_guide_threshold_is_refused(tmp_path
     args = ["-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--rounds", "2",
             "--max-updates", "2", "--checkpoint-interval", "2", *HMM_TINY]
     run("train", *args)
-    state = json.loads((model / "selftrain.json").read_text())
+    state = json.loads((model / "rounds" / "settings.json").read_text())
     assert state["settings"]["--self-guide-threshold"] == 0.5
     line = error_line(invoke("train", *args, "--rounds", "3", "--resume",
                                  "--self-guide-threshold", "0.55"))
@@ -361,7 +361,7 @@ def test_resuming_self_training_with_another_guide_threshold_is_refused(tmp_path
 
 
 def test_a_run_resumes_however_its_directory_is_spelled(tmp_path, corpus):
-    """Cut off in round 2 (whose guide is MODEL_DIR/selftrain.round1.align), resumed as
+    """Cut off in round 2 (whose guide is MODEL_DIR/rounds/1/links.align), resumed as
     ./DIR, by absolute path, and after the directory moved."""
     args = ["-s", corpus["src"], "-t", corpus["tgt"], "--rounds", "3", "--max-updates", "4",
             "--checkpoint-interval", "2", *HMM_TINY]
@@ -376,7 +376,7 @@ def test_a_run_resumes_however_its_directory_is_spelled(tmp_path, corpus):
         run("train", *args, "-o", tmp_path / "moved", "--resume")
     finally:
         os.chdir(cwd)
-    assert json.loads((tmp_path / "moved" / "selftrain.json").read_text())["round"] == 3
+    assert (tmp_path / "moved" / "rounds" / "3" / "done").exists()
 
 
 def test_align_run_goes_on_with_resume_after_sigkill(tmp_path, corpus):
@@ -395,7 +395,7 @@ def test_align_run_goes_on_with_resume_after_sigkill(tmp_path, corpus):
                                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not (model / "selftrain.round1.align").exists() and process.poll() is None:
+    while not (model / "rounds" / "1" / "links.align").exists() and process.poll() is None:
         assert time.time() < deadline
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
@@ -413,7 +413,7 @@ def test_stale_temporary_files_of_a_killed_run_are_removed_on_resume(tmp_path, t
     model = tmp_path / "m"
     run("train", "-s", trained["src"], "-t", trained["tgt"], "-o", model, "--max-updates", 2,
         *TINY)
-    stale = [model / ".selftrain.round1.align.k3j4h5g6.tmp",
+    stale = [model / ".config.json.k3j4h5g6.tmp",
              model / "fwd" / ".params.last.pt.a1b2c3d4.tmp"]
     for path in stale:
         path.write_text("half")

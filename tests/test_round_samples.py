@@ -117,12 +117,12 @@ def test_each_round_trains_on_its_sample_and_the_guide_aligns_the_next_one(tmp_p
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", model, *args)
     for round_number in (1, 2):
-        guide = read_pharaoh(str(model / f"selftrain.round{round_number}.align"))
+        guide = read_pharaoh(str(model / "rounds" / str(round_number) / "links.align"))
         assert len(guide) == 8
         following = sample_lines(20, 8, 5, round_number + 1)
         for links, k in zip(guide, following):     # each guide line indexes its sample line
             assert all(i < len(sources[k]) and j < len(targets[k]) for i, j in links)
-    inputs = json.loads((model / "corpus" / "inputs.json").read_text())
+    inputs = json.loads((model / "rounds" / "3" / "corpus" / "inputs.json").read_text())
     round3 = sample_lines(20, 8, 5, 3)
     assert inputs["pairs"] == 8
     assert inputs["sha256"] == _fingerprint((sources[k], targets[k]) for k in round3)
@@ -148,11 +148,11 @@ def test_fine_tuned_rounds_train_on_their_own_sample(tmp_path, corpus):
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--fine-tune-share", "0.4")
     record = json.loads((model / "run.json").read_text())
     assert record["sessions"][0]["inputs"]["bitext"]["pairs"] == 20
-    assert len(read_pharaoh(str(model / "selftrain.round1.align"))) == 8
-    assert len(read_pharaoh(str(model / "selftrain.round2.align"))) == 8
+    assert len(read_pharaoh(str(model / "rounds" / "1" / "links.align"))) == 8
+    assert len(read_pharaoh(str(model / "rounds" / "2" / "links.align"))) == 8
     round3 = sample_lines(20, 0, 5, 3, fine_tune_share=0.4)
     assert round3.tolist() == sorted(sample_lines(20, 8, 5, 2).tolist())  # windows 8-15
-    inputs = json.loads((model / "corpus" / "inputs.json").read_text())
+    inputs = json.loads((model / "rounds" / "3" / "corpus" / "inputs.json").read_text())
     assert inputs["pairs"] == 8
     assert inputs["sha256"] == _fingerprint((sources[k], targets[k]) for k in round3)
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args,
@@ -168,8 +168,8 @@ def test_a_budget_as_large_as_the_bitext_trains_as_without_one(tmp_path, corpus)
         for name, pairs in (("all", "0"), ("same", "20")):
             run("train", "-s", src, "-t", tgt, "-o", tmp_path / name, "--rounds", "2",
                 "--round-pairs", pairs, "--max-updates", "2", *TRAIN_TINY)
-    assert (tmp_path / "all" / "selftrain.round1.align").read_bytes() == \
-        (tmp_path / "same" / "selftrain.round1.align").read_bytes()
+    assert (tmp_path / "all" / "rounds" / "1" / "links.align").read_bytes() == \
+        (tmp_path / "same" / "rounds" / "1" / "links.align").read_bytes()
     assert (tmp_path / "all" / "fwd" / "params.best.pt").read_bytes() == \
         (tmp_path / "same" / "fwd" / "params.best.pt").read_bytes()
-    assert len(read_pharaoh(str(tmp_path / "all" / "selftrain.round1.align"))) == 20
+    assert len(read_pharaoh(str(tmp_path / "all" / "rounds" / "1" / "links.align"))) == 20

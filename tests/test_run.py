@@ -7,7 +7,7 @@ import pytest
 from aligner import recipe
 from aligner.formats import read_pharaoh
 from conftest import restored_aligner_logger
-from cli_runner import run
+from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 
 TINY = ["--max-updates", "3", "-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1",
@@ -88,8 +88,8 @@ def test_aligning_in_blocks_gives_the_same_files_and_table(aligned, monkeypatch)
                      *TINY)
     for mine, theirs in ((out, aligned["out"]), (fwd, aligned["fwd"]), (rev, aligned["rev"])):
         assert mine.read_text() == theirs.read_text()
-    guide = (tmp / "model-blocks" / "selftrain.round1.align").read_text()
-    assert guide == (tmp / "model" / "selftrain.round1.align").read_text()
+    guide = (tmp / "model-blocks" / "rounds" / "1" / "links.align").read_text()
+    assert guide == (tmp / "model" / "rounds" / "1" / "links.align").read_text()
     table = [line for line in result.stderr.splitlines() if line.startswith("|")]
     assert len(table) == 5 and table == [line for line in aligned["result"].stderr.splitlines()
                                          if line.startswith("|")]
@@ -156,7 +156,8 @@ def test_run_trains_with_agreement(tmp_path):
     import json
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["training"]["agreement_weight"] == 2.0
-    assert (tmp_path / "m" / "joint" / "training_state.pt").is_file()
+    last = max(int(p.name) for p in (tmp_path / "m" / "rounds").iterdir() if p.name.isdigit())
+    assert (tmp_path / "m" / "rounds" / str(last) / "joint" / "training_state.pt").is_file()
     assert len((tmp_path / "o").read_text().splitlines()) == 12
 
 
@@ -169,20 +170,18 @@ def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
         result = run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2",
                      "--self-guide-weight", "0.25", "--model-dir", model, *TINY)
     assert "(2 self-training rounds)" in result.output
-    guide = model / "selftrain.round1.align"
+    guide = model / "rounds" / "1" / "links.align"
     round1 = read_pharaoh(str(guide))
     assert len(round1) == 12 and round1[5] == set() and sum(map(len, round1)) > 0
     import json
     config = json.loads((model / "config.json").read_text())
     assert config["data"]["guide"] == str(guide) and config["training"]["guide_weight"] == 0.25
-    assert (model / "corpus" / "guide.links.npy").exists()
+    assert (model / "rounds" / "2" / "corpus" / "guide.links.npy").exists()
     # round 2 fine-tuned round 1's model (align train --init-from, tests/test_init_from.py),
-    # kept aside while round 2 rewrote the directory, removed afterwards
-    assert config["extra"]["init_from"] == str((model / "previous_round").resolve())
-    assert "weights of" in (model / "train.log").read_text()
-    assert not (model / "previous_round").exists()
-    # round 1's training log is kept beside its alignments (train.log is the last round's)
-    round1_log = (model / "selftrain.round1.log").read_text()
+    # each in its own directory; the top level is round 2's, with its log
+    assert config["extra"]["init_from"] == str((model / "rounds" / "1").resolve())
+    assert "weights of" in (model / "rounds" / "2" / "train.log").read_text()
+    round1_log = (model / "rounds" / "1" / "train.log").read_text()
     assert "command: align" in round1_log and "weights of" not in round1_log
     assert "done:" in round1_log
     # the output is the round-2 model's: what align extract gives with the kept model
@@ -199,26 +198,31 @@ def test_rounds_afresh_train_from_new_weights(tmp_path):
             "--model-dir", model, *TINY)
     import json
     config = json.loads((model / "config.json").read_text())
-    assert config["data"]["guide"] == str(model / "selftrain.round1.align")
+    assert config["data"]["guide"] == str(model / "rounds" / "1" / "links.align")
     assert "init_from" not in config["extra"]
-    assert "weights of" not in (model / "train.log").read_text()
+    assert "weights of" not in (model / "rounds" / "2" / "train.log").read_text()
     # a round from new weights keeps round 1's schedule (--fine-tune-lr-schedule: fine-tuned)
     assert config["training"]["lr_schedule"] == "inverse-sqrt"
-    # one round over the same directory: the earlier run's round files are not left behind
-    # (nor a previous_round of a cut-off run), but for the one this run is guided by; files
-    # of the user stay
-    (model / "previous_round").mkdir()
+    # a run over the same directory (--overwrite) guided by one of its rounds' links is
+    # refused before anything is removed; guided by a copy, the earlier run's rounds go, and
+    # so do an older version's round files (one directory rewritten per round); files of the
+    # user stay
     (model / "notes.txt").write_text("mine\n")
+    links = model / "rounds" / "1" / "links.align"
+    line = error_line(run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2",
+                          "--guide", links, "--model-dir", model, "--overwrite", *TINY,
+                          ok=False))
+    assert "an input of this run lies in" in line and "nothing was removed" in line
+    assert (model / "rounds" / "2" / "done").exists()
+    (tmp_path / "g.align").write_text(links.read_text())
+    (model / "previous_round").mkdir()
     (model / "selftrain.round2.align").write_text("")
-    guide = (model / "selftrain.round1.align").read_text()
-    assert (model / "selftrain.round1.log").exists()
+    (model / "selftrain.json").write_text("{}")
     with restored_aligner_logger():
-        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "1",
-            "--guide", model / "selftrain.round1.align",
-            "--model-dir", model, "--overwrite", *TINY)
-    assert sorted(p.name for p in model.iterdir() if "round" in p.name) == [
-        "selftrain.round1.align"]
-    assert (model / "selftrain.round1.align").read_text() == guide
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", "--rounds", "2",
+            "--guide", tmp_path / "g.align", "--model-dir", model, "--overwrite", *TINY)
+    assert not [p.name for p in model.iterdir() if p.name.startswith(("selftrain", "previous"))]
+    assert sorted(p.name for p in (model / "rounds").iterdir()) == ["1", "2", "settings.json"]
     assert (model / "notes.txt").read_text() == "mine\n"
 
 
@@ -261,7 +265,7 @@ def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
     import json
     config = json.loads((model / "config.json").read_text())
     assert config["training"]["max_epochs"] == 3 and config["training"]["max_updates"] == 0
-    header, *rows = (model / "fwd" / "metrics.tsv").read_text().splitlines()
+    header, *rows = (model / "rounds" / "2" / "fwd" / "metrics.tsv").read_text().splitlines()
     assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3
     # a fine-tuned round decays linearly (recipe.FINE_TUNE_LR_SCHEDULE); round 1 did not
     assert config["training"]["lr_schedule"] == "linear"
@@ -290,7 +294,7 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
     matrices = np.load(tmp_path / "r1.npz")
     expected = [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], 0.3)
                 for k in range(12)]
-    guide = read_pharaoh(str(tmp_path / "m2" / "selftrain.round1.align"))
+    guide = read_pharaoh(str(tmp_path / "m2" / "rounds" / "1" / "links.align"))
     assert guide == expected
     assert guide != [soft_average(matrices[f"fwd_{k}"], matrices[f"rev_{k}"], 0.7)
                      for k in range(12)]

@@ -34,11 +34,14 @@ def corpus(tmp_path):
     return src, tgt
 
 
-def _round_state(model) -> dict:
-    """selftrain.json's round and trained mark (its settings: test_reliability_faults.py)."""
-    state = json.loads((model / "selftrain.json").read_text())
-    assert set(state) == {"round", "trained", "settings"}
-    return {"round": state["round"], "trained": state["trained"]}
+def _done_rounds(model) -> list:
+    """The rounds of MODEL_DIR/rounds/ whose done mark is written."""
+    return sorted(int(p.parent.name) for p in model.glob("rounds/*/done"))
+
+
+def _links(model, round_number):
+    """MODEL_DIR/rounds/N/links.align: round N's links, round N+1's guide."""
+    return model / "rounds" / str(round_number) / "links.align"
 
 
 def _config(model_dir):
@@ -58,21 +61,25 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
             "--max-updates", "3", "--model-dir", kept, *RUN_TINY)
     assert "(round 3 of 3)" in result.output
     for round_number in (1, 2):
-        name = f"selftrain.round{round_number}.align"
-        assert (model / name).read_text() == (kept / name).read_text()
-        assert len(read_pharaoh(str(model / name))) == 12
-        assert (model / f"selftrain.round{round_number}.log").exists()
-    assert not (model / "selftrain.round3.align").exists()
-    assert not (model / "previous_round").exists()
+        assert _links(model, round_number).read_text() == _links(kept, round_number).read_text()
+        assert len(read_pharaoh(str(_links(model, round_number)))) == 12
+        assert (model / "rounds" / str(round_number) / "train.log").exists()
+    assert not _links(model, 3).exists()
+    assert _done_rounds(model) == [1, 2, 3]
+    # the top level is round 3's model: its config and weights
+    assert (model / "config.json").read_bytes() == \
+        (model / "rounds" / "3" / "config.json").read_bytes()
+    for direction in ("fwd", "rev"):
+        assert (model / direction / "params.best.pt").read_bytes() == \
+            (model / "rounds" / "3" / direction / "params.best.pt").read_bytes()
     config = _config(model)
     assert config["extra"]["self_training"] == {"round": 3}
     assert config["extra"]["align_run"] == {"symmetrize": recipe.HEURISTIC,
                                             "threshold": recipe.THRESHOLD}
-    assert config["data"]["guide"] == str(model / "selftrain.round2.align")
+    assert config["data"]["guide"] == str(_links(model, 2))
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
-    assert config["extra"]["init_from"] == os.path.abspath(model / "previous_round")
-    assert _round_state(model) == {"round": 3, "trained": True}
+    assert config["extra"]["init_from"] == os.path.abspath(model / "rounds" / "2")
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o").read_text()
     # eval/compare_aligners.py counts every round's training, from the real run record
@@ -124,14 +131,14 @@ def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, co
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", "1", *TRAIN_TINY)
     assert _config(model)["extra"]["self_training"] == {"round": recipe.ROUNDS}
-    assert sorted(p.name for p in model.glob("selftrain.round*.align")) == [
-        f"selftrain.round{r}.align" for r in range(1, recipe.ROUNDS)]
+    assert sorted(p.parent.name for p in model.glob("rounds/*/links.align")) == [
+        str(r) for r in range(1, recipe.ROUNDS)]
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", tmp_path / "one", "--rounds", "1",
             "--max-updates", "1", *TRAIN_TINY)
     config = _config(tmp_path / "one")
     assert "self_training" not in config["extra"] and "align_run" not in config["extra"]
-    assert not list((tmp_path / "one").glob("selftrain.*"))
+    assert not (tmp_path / "one" / "rounds").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -149,8 +156,7 @@ def test_rounds_that_cannot_self_train_are_refused(tmp_path, corpus, extra, mess
 
 #: where a 3-round run is cut off (aligner/faults.py: the point and its pass): the first
 #: alignment of the bitext (after round 1's training); once round 1's links are written, as
-#: round 2 begins; round 2 while it encodes the corpus (its --overwrite has removed round 1's
-#: config.json and weights, kept aside in previous_round; round 1's preparation is the first
+#: round 2 begins; round 2 while it encodes the corpus (round 1's preparation is the first
 #: pass); round 2 right after fwd's first checkpoint, rev not started (round 1 writes 4
 #: checkpoints, 2 per direction at --max-updates 4 --checkpoint-interval 2)
 CUT_OFF_IN_ALIGNMENT = ("guide-alignment", 1)
@@ -173,19 +179,19 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, interrup
             line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args, ok=False))
         assert "interrupted; continue with the same command plus --resume" in line
         if interrupt == CUT_OFF_IN_PREPARATION:
-            assert not (cut / "config.json").exists()
+            assert not (cut / "rounds" / "2" / "config.json").exists()
+        assert not (cut / "config.json").exists()    # published once the last round is done
         run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
-    round2_log = (cut / "selftrain.round2.log").read_text()
+    round2_log = (cut / "rounds" / "2" / "train.log").read_text()
     if interrupt == CUT_OFF_IN_TRAINING:   # fwd went on from its checkpoint, rev began
         assert "[fwd] resumed at update 2" in round2_log
         assert "[rev] resumed" not in round2_log
     else:
         assert "resumed at update" not in round2_log
-    for name in ("selftrain.round1.align", "selftrain.round2.align"):
-        assert (cut / name).read_text() == (whole / name).read_text()
+    for round_number in (1, 2):
+        assert _links(cut, round_number).read_text() == _links(whole, round_number).read_text()
     assert _config(cut)["extra"] == {
-        **_config(whole)["extra"], "init_from": os.path.abspath(cut / "previous_round")}
-    assert not (cut / "previous_round").exists()
+        **_config(whole)["extra"], "init_from": os.path.abspath(cut / "rounds" / "2")}
     # the run record keeps every round's training, over both sessions
     record = RunRecord.load(str(cut))
     assert [session["resumed"] for session in record.sessions] == [False, True]
@@ -202,11 +208,12 @@ def test_resume_continues_a_cut_off_self_training_run(tmp_path, corpus, interrup
     for name in whole_soft.files:
         np.testing.assert_allclose(cut_soft[name], whole_soft[name], rtol=1e-5, atol=1e-6)
     # resumed once more, the finished run has nothing left to train: not even a log line
-    weights, log = (cut / "fwd" / "params.best.pt").read_bytes(), (cut / "train.log").read_text()
+    log_path = cut / "rounds" / "3" / "train.log"
+    weights, log = (cut / "fwd" / "params.best.pt").read_bytes(), log_path.read_text()
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
     assert (cut / "fwd" / "params.best.pt").read_bytes() == weights
-    assert (cut / "train.log").read_text() == log
+    assert log_path.read_text() == log
     # more rounds than the directory's run has: refused, as a changed setting is
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args[2:], "--rounds", "2",
                           "--resume", ok=False))
@@ -240,7 +247,8 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
     assert resumed["argv"][0] == "align"   # the command line (here pytest's argv)
     assert first_session["inputs"]["bitext"] == {
         "source": os.path.abspath(src), "target": os.path.abspath(tgt), "pairs": 12,
-        "sha256": json.loads((model / "corpus" / "inputs.json").read_text())["sha256"]}
+        "sha256": json.loads((model / "rounds" / "1" / "corpus" / "inputs.json").read_text()
+                             )["sha256"]}
     assert first_session["threads"] == 1 and not first_session["parallel_directions"]
     per_round = {r: sum(s["seconds"] for s in record.stages if s["round"] == r) for r in (1, 2)}
     assert record.wall_seconds() == pytest.approx(sum(per_round.values()))
@@ -250,22 +258,24 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
 
 def test_overwrite_removes_an_earlier_runs_round_files_before_round_1(tmp_path, corpus):
     """A self-training run over another one's directory (--overwrite), cut off in round 1,
-    resumes round 1: the earlier run's round-1 links and state are gone before it trains."""
+    resumes round 1: the earlier run's rounds and its published model are gone before it
+    trains."""
     src, tgt = corpus
     args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2", *TRAIN_TINY]
     model = tmp_path / "m"
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--seed", "7")
-        assert (model / "selftrain.round1.align").exists()
+        assert _links(model, 1).exists()
         with cut_off_at_checkpoint(1):
             error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--overwrite",
                            ok=False))
-        assert not list(model.glob("selftrain.*"))
+        assert not _links(model, 1).exists() and not (model / "rounds" / "2").exists()
+        assert not (model / "config.json").exists() and not (model / "fwd").exists()
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume")
-        assert "[fwd] resumed at update 2" in (model / "selftrain.round1.log").read_text()
+        assert "[fwd] resumed at update 2" in \
+            (model / "rounds" / "1" / "train.log").read_text()
         run("train", "-s", src, "-t", tgt, "-o", tmp_path / "whole", *args)
-    assert (model / "selftrain.round1.align").read_text() == \
-        (tmp_path / "whole" / "selftrain.round1.align").read_text()
+    assert _links(model, 1).read_text() == _links(tmp_path / "whole", 1).read_text()
 
 
 def test_resume_with_more_rounds_goes_on_from_a_finished_run(tmp_path, corpus):
@@ -276,11 +286,11 @@ def test_resume_with_more_rounds_goes_on_from_a_finished_run(tmp_path, corpus):
     two, three = tmp_path / "two", tmp_path / "three"
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", two, "--rounds", "2", *args)
-        assert not (two / "selftrain.round2.align").exists()
+        assert not _links(two, 2).exists()
         run("train", "-s", src, "-t", tgt, "-o", two, "--rounds", "3", "--resume", *args)
         run("train", "-s", src, "-t", tgt, "-o", three, "--rounds", "3", *args)
-    for name in ("selftrain.round1.align", "selftrain.round2.align"):
-        assert (two / name).read_text() == (three / name).read_text()
+    for round_number in (1, 2):
+        assert _links(two, round_number).read_text() == _links(three, round_number).read_text()
     assert _config(two)["extra"]["self_training"] == {"round": 3}
     assert _config(two)["extra"]["align_run"] == _config(three)["extra"]["align_run"]
     for model in (two, three):
@@ -299,13 +309,13 @@ def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
         with cut_off_at_checkpoint(5):             # round 2, fwd's first checkpoint
             error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--afresh",
                            ok=False))
-        assert _round_state(model) == {"round": 2, "trained": False}
-        config = (model / "config.json").read_text()
+        assert _done_rounds(model) == [1]
+        config = (model / "rounds" / "2" / "config.json").read_text()
         line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume",
                               ok=False))      # the run's guides came from --afresh rounds
         assert ("self-training settings differ from the saved run: --fine-tune/--afresh "
                 "(False saved, True asked)") in line
-        assert (model / "config.json").read_text() == config
+        assert (model / "rounds" / "2" / "config.json").read_text() == config
         run("train", "-s", src, "-t", tgt, "-o", model, *args, "--resume", "--afresh")
         # finished; more rounds on other data, or with another learning rate: refused
         sources, targets, _ = monotone_corpus(12, seed=9)
@@ -317,8 +327,8 @@ def test_resume_checks_what_a_trained_round_does_not_retrain(tmp_path, corpus):
         line = error_line(run("train", "-s", src, "-t", tgt, "-o", model, *more, "--lr",
                               "1e-3", ok=False))
         assert "settings differ from the saved run: training.lr" in line
-        assert not (model / "selftrain.round2.align").exists()
+        assert not _links(model, 2).exists()
         run("train", "-s", src, "-t", tgt, "-o", model, *more)
-    assert (model / "selftrain.round2.align").exists()
-    assert "self-training guide" in (model / "selftrain.round2.log").read_text()
-    assert _round_state(model) == {"round": 3, "trained": True}
+    assert _links(model, 2).exists()
+    assert "self-training guide" in (model / "rounds" / "2" / "train.log").read_text()
+    assert _done_rounds(model) == [1, 2, 3]

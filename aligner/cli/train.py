@@ -228,8 +228,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
     self-training rounds of one epoch, each after the first
-    fine-tuning the previous round's model guided by its own alignments of the bitext (kept
-    as MODEL_DIR/selftrain.roundN.align), with a linearly decaying learning rate; align
+    fine-tuning the previous round's model guided by its own alignments of the bitext (each
+    round a model directory of its own, MODEL_DIR/rounds/N, with those links in
+    links.align), with a linearly decaying learning rate; align
     extract MODEL_DIR then gives the recipe's alignments (hmm-posterior, -H soft-average at
     the recorded threshold).
 
