@@ -44,7 +44,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 from aligner import constants as C
 from aligner import faults, recipe
@@ -271,7 +271,7 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
     a new or empty one, an earlier run of ours with --overwrite, or the run itself with
     --resume) and write or check the plan's settings. Returns (the lock, resumed)."""
     from aligner.model_dir import (LOCK_NAME, RUN_MARK, acquire_lock, holds_run, mark_run,
-                                   prepare_output_dir, write_version)
+                                   prepare_output_dir, release_lock, write_version)
     from aligner.train_run import check_request, request_inputs
     from aligner.utils import remove_stale_temporaries
 
@@ -314,8 +314,6 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
             handle.write("\n")
         return lock, False
     except BaseException:
-        from aligner.model_dir import release_lock
-
         release_lock(lock)
         raise
 
@@ -381,9 +379,9 @@ def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int,
 
 
 def _publish(source_dir: str, model_dir: str) -> None:
-    """Copy the last round's model (MODEL_DIR/rounds/N: what `align extract` reads, and its
-    log) to the top of MODEL_DIR, the weights first and config.json last, so that a copy cut
-    off is never a loadable model; done again when a run is resumed."""
+    """Copy the last round's model (MODEL_DIR/rounds/N: what `align extract` reads) to the top
+    of MODEL_DIR, the weights first and config.json last, so that a copy cut off is never a
+    loadable model; done again when a run is resumed."""
     from aligner.model_dir import PUBLISHED_ENTRIES, checksum_path, config_path
 
     with contextlib.suppress(FileNotFoundError):
