@@ -37,6 +37,7 @@ from aligner.constants import BOS_ID, EOS_ID, PAD_ID
 from aligner.config import TrainConfig
 from aligner.data import EncodedCorpus
 from aligner.distributed import DistributedContext
+from aligner.guide import guide_cross_entropy
 from aligner.utils import check_condition
 from aligner.model_dir import JOINT_DIR, direction_dir, load_params, save_params
 from aligner.models.base import AlignmentModel
@@ -123,9 +124,9 @@ class AgreementPair(nn.Module):
             terms["agreement"] = self.weight * disagreement(log_fwd.exp(), log_rev.exp(), src,
                                                             tgt_out)
         if guided:
-            cross_entropy = self.fwd.guide_cross_entropy
-            terms["guide"] = guide_weight * (cross_entropy(log_fwd, guide)
-                                             + cross_entropy(log_rev, reverse_guide(guide)))
+            guide_rev = reverse_guide(guide)
+            terms["guide"] = guide_weight * (guide_cross_entropy(log_fwd, guide)
+                                             + guide_cross_entropy(log_rev, guide_rev))
         terms["tokens"] = tokens_fwd + tokens_rev
         return terms
 
