@@ -171,6 +171,12 @@ class AgreementTrainer(Trainer):
         self.name = "fwd+rev"
         self._decoder_tokens = corpus.src_lengths + corpus.tgt_lengths + 2
 
+    def make_loss_module(self, model: AgreementPair) -> nn.Module:
+        """The pair itself: its ``forward`` is :meth:`AgreementPair.loss`, which adds the
+        agreement and guide terms to both directions' NLL (it checked both models' posteriors
+        when it was built)."""
+        return model
+
     def _direction_path(self, direction: str, name: str) -> str:
         folder = direction_dir(self.model_dir, direction)
         os.makedirs(folder, exist_ok=True)
