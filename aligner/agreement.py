@@ -17,6 +17,10 @@ per subword pair), so the penalty is on the scale of the NLL (one term per token
 sentence length, and its gradient stays finite where the two posteriors are disjoint (a word one
 direction sends to EOS), where the log of the product would blow up.
 
+Both terms are built from what the model contract declares (aligner/models/base.py): each
+direction's NLL and posterior come from its ``training_terms`` (``TRAINS_POSTERIOR`` kinds),
+the guide term is :func:`aligner.guide.guide_cross_entropy` of those posteriors.
+
 The reverse batch is built from the forward batch's tensors (:func:`reverse_batch`), so the
 pair is one module with the ``loss(src, tgt_in, tgt_out, ...)`` of a single model: the
 training loop, gradient accumulation and DistributedDataParallel work unchanged.
@@ -84,8 +88,8 @@ def disagreement(gamma_fwd: torch.Tensor, gamma_rev: torch.Tensor, src: torch.Te
 class AgreementPair(nn.Module):
     """The forward and reverse model of one model directory, trained on the same batches.
 
-    Both models must provide ``training_terms`` (the direct HMMs; see
-    :meth:`aligner.models.direct_hmm.DirectHMM.training_terms`). ``weight``: λ above.
+    Both models must provide the contract's :meth:`~aligner.models.base.AlignmentModel.
+    training_terms` (``TRAINS_POSTERIOR``: the direct HMMs). ``weight``: λ above.
     """
 
     def __init__(self, fwd: AlignmentModel, rev: AlignmentModel, weight: float):
