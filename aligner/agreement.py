@@ -17,6 +17,10 @@ per subword pair), so the penalty is on the scale of the NLL (one term per token
 sentence length, and its gradient stays finite where the two posteriors are disjoint (a word one
 direction sends to EOS), where the log of the product would blow up.
 
+Both terms are built from what the model contract declares (aligner/models/base.py): each
+direction's NLL and posterior come from its ``training_terms`` (``TRAINS_POSTERIOR`` kinds),
+the guide term is :func:`aligner.guide.guide_cross_entropy` of those posteriors.
+
 The reverse batch is built from the forward batch's tensors (:func:`reverse_batch`), so the
 pair is one module with the ``loss(src, tgt_in, tgt_out, ...)`` of a single model: the
 training loop, gradient accumulation and DistributedDataParallel work unchanged.
@@ -37,6 +41,7 @@ from aligner.constants import BOS_ID, EOS_ID, PAD_ID
 from aligner.config import TrainConfig
 from aligner.data import EncodedCorpus
 from aligner.distributed import DistributedContext
+from aligner.guide import guide_cross_entropy
 from aligner.utils import check_condition
 from aligner.model_dir import JOINT_DIR, direction_dir, load_params, save_params
 from aligner.models.base import AlignmentModel
@@ -83,8 +88,8 @@ def disagreement(gamma_fwd: torch.Tensor, gamma_rev: torch.Tensor, src: torch.Te
 class AgreementPair(nn.Module):
     """The forward and reverse model of one model directory, trained on the same batches.
 
-    Both models must provide ``training_terms`` (the direct HMMs; see
-    :meth:`aligner.models.direct_hmm.DirectHMM.training_terms`). ``weight``: λ above.
+    Both models must provide the contract's :meth:`~aligner.models.base.AlignmentModel.
+    training_terms` (``TRAINS_POSTERIOR``: the direct HMMs). ``weight``: λ above.
     """
 
     def __init__(self, fwd: AlignmentModel, rev: AlignmentModel, weight: float):
@@ -123,9 +128,9 @@ class AgreementPair(nn.Module):
             terms["agreement"] = self.weight * disagreement(log_fwd.exp(), log_rev.exp(), src,
                                                             tgt_out)
         if guided:
-            cross_entropy = self.fwd.guide_cross_entropy
-            terms["guide"] = guide_weight * (cross_entropy(log_fwd, guide)
-                                             + cross_entropy(log_rev, reverse_guide(guide)))
+            guide_rev = reverse_guide(guide)
+            terms["guide"] = guide_weight * (guide_cross_entropy(log_fwd, guide)
+                                             + guide_cross_entropy(log_rev, guide_rev))
         terms["tokens"] = tokens_fwd + tokens_rev
         return terms
 
@@ -169,6 +174,12 @@ class AgreementTrainer(Trainer):
         self.model_dir = model_dir
         self.name = "fwd+rev"
         self._decoder_tokens = corpus.src_lengths + corpus.tgt_lengths + 2
+
+    def make_loss_module(self, model: AgreementPair) -> nn.Module:
+        """The pair itself: its ``forward`` is :meth:`AgreementPair.loss`, which adds the
+        agreement and guide terms to both directions' NLL (it checked both models' posteriors
+        when it was built)."""
+        return model
 
     def _direction_path(self, direction: str, name: str) -> str:
         folder = direction_dir(self.model_dir, direction)

@@ -3,7 +3,9 @@ Align and Translate with Transformer Models*).
 
 A guide is a Pharaoh file of word links, one line per training line (from eflomal, GIZA++,
 fast_align or ``align`` itself), in source–target orientation. Training adds
-λ_g · CE(guide, model alignment distribution) per target subword (see the models' ``loss``).
+λ_g · CE(guide, model alignment distribution) per target subword: :func:`guide_cross_entropy`
+of the posterior of the model contract's ``training_terms``, added by the trainer
+(:func:`aligner.train.guided_loss`).
 
 Word links become subword links when the corpus is encoded: word link (s, t) links every
 subword of source word s with every subword of target word t. They are stored beside the
@@ -20,6 +22,7 @@ subword is uniform over the encoder subwords it is linked to, and all zero when 
 """
 from __future__ import annotations
 
+import math
 import os
 from itertools import tee, zip_longest
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
@@ -110,6 +113,18 @@ def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_l
         guide[b, rows, columns] = 1.0
     totals = guide.sum(dim=-1, keepdim=True)
     return guide / totals.clamp_min(1.0)
+
+
+def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
+    """−Σ_b Σ_i Σ_j G[b, i, j] · log q[b, i, j]: the guided-alignment term, a scalar.
+
+    log_posterior (B, I+1, J+1): a model's log alignment distribution q of decoder position i
+    over encoder positions j (:meth:`~aligner.models.base.AlignmentModel.training_terms`);
+    guide (B, I+1, J+1): :func:`guide_matrix`, rows summing to 1 (a guided position) or 0.
+    log q is clamped at log(tiny) so that a zero of the posterior stays finite.
+    """
+    tiny = torch.finfo(log_posterior.dtype).tiny
+    return -(guide * log_posterior.clamp_min(math.log(tiny))).sum()
 
 
 def check_guides(alignments: Iterable[Set[Link]], source: Iterable[Sequence[str]],

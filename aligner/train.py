@@ -46,6 +46,7 @@ from aligner.config import TrainConfig
 from aligner.data import Batch, EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
 from aligner.formats import GoldAlignment
+from aligner.guide import guide_cross_entropy
 from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
@@ -124,17 +125,38 @@ def learning_rate(config: TrainConfig, update: int, total_updates: int = 0) -> f
     return config.lr * min(warm, math.sqrt(config.warmup / update))
 
 
+def guided_loss(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
+                tgt_out: torch.Tensor, label_smoothing: float, guide: torch.Tensor,
+                guide_weight: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(NLL + guide_weight · CE(guide, posterior), target tokens): the loss of guided
+    alignment training (aligner/guide.py), summed over the batch like ``model.loss``.
+
+    Made of what the model contract declares for it: the NLL and the differentiable log
+    posterior (B, I+1, J+1) of :meth:`~aligner.models.base.AlignmentModel.training_terms`
+    (kinds with ``TRAINS_POSTERIOR``); guide (B, I+1, J+1) in the same orientation, rows
+    summing to 1 or 0 (:func:`aligner.guide.guide_matrix`).
+    """
+    nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, label_smoothing,
+                                                      posterior=True)
+    return nll + guide_weight * guide_cross_entropy(log_posterior, guide), tokens
+
+
 class _LossModule(nn.Module):
-    """Wraps ``model.loss`` as ``forward`` so that DistributedDataParallel can hook it."""
+    """A model's training loss as ``forward``, so that DistributedDataParallel can hook it:
+    ``model.loss``, or :func:`guided_loss` given a guide."""
 
     def __init__(self, model: AlignmentModel):
         super().__init__()
         self.model = model
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-                label_smoothing: float, **guide: Any):
-        """``guide``: optional ``guide``/``guide_weight`` keywords (aligner/guide.py)."""
-        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=label_smoothing, **guide)
+                label_smoothing: float, guide: Optional[torch.Tensor] = None,
+                guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``guide`` (B, I+1, J+1), ``guide_weight``: see :func:`guided_loss`."""
+        if guide is not None and guide_weight > 0.0:
+            return guided_loss(self.model, src, tgt_in, tgt_out, label_smoothing, guide,
+                               guide_weight)
+        return self.model.loss(src, tgt_in, tgt_out, label_smoothing=label_smoothing)
 
 
 @dataclass
@@ -289,7 +311,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.parameters, lr=config.lr,
                                           betas=(config.adam_beta1, config.adam_beta2),
                                           eps=config.adam_eps, weight_decay=config.weight_decay)
-        self.loss_module: nn.Module = _LossModule(model)
+        self.loss_module: nn.Module = self.make_loss_module(model)
         if self.context.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -315,6 +337,17 @@ class Trainer:
         # reached first; an update may take batches of two epochs (_next_batches)
         by_epochs = math.ceil(config.max_epochs * len(self.batcher) / config.update_freq)
         self.total_updates = min(n for n in (config.max_updates, by_epochs) if n > 0)
+
+    def make_loss_module(self, model: AlignmentModel) -> nn.Module:
+        """The module whose ``forward(src, tgt_in, tgt_out, label_smoothing, guide=None,
+        guide_weight=0.0)`` gives a batch's (loss sum, tokens): :class:`_LossModule` of the
+        model. Refuses (one line) a guided run of a kind whose contract gives no alignment
+        posterior (``TRAINS_POSTERIOR`` False)."""
+        check_condition(self.config.guide_weight == 0 or model.TRAINS_POSTERIOR,
+                        f"guided alignment training needs the model's alignment posterior: "
+                        f"{type(model).__name__} does not provide it (TRAINS_POSTERIOR is "
+                        f"False)")
+        return _LossModule(model)
 
     # -- files -----------------------------------------------------------------------------
     def _path(self, name: str) -> Optional[str]:

@@ -533,7 +533,8 @@ def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: tor
 
 
 def supports_guide(model_kind: str) -> bool:
-    """Whether `model_kind`'s loss takes a guide (aligner/guide.py)."""
+    """Whether `model_kind`'s contract gives the alignment posterior the guide term is
+    computed on (``TRAINS_POSTERIOR``; aligner/guide.py, :func:`aligner.train.guided_loss`)."""
     return model_class(model_kind).TRAINS_POSTERIOR
 
 

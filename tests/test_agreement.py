@@ -10,14 +10,14 @@ import torch
 from aligner.agreement import AgreementPair, disagreement, reverse_batch, reverse_guide
 from aligner.data import make_batch
 from aligner.formats import read_pharaoh
-from aligner.guide import guide_matrix
+from aligner.guide import guide_cross_entropy, guide_matrix
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from conftest import restored_aligner_logger
 from quality import Bar
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _model
-from test_guide import run
+from test_guide import run, spy_training_terms
 
 SOURCES = [[4, 5, 6, 7, 8, 9], [9, 4], [8]]
 TARGETS = [[7, 8, 9, 10, 4], [5, 6, 10, 4, 5, 6, 7], [9]]
@@ -79,6 +79,31 @@ def test_pair_loss_is_both_directions_loss_plus_weighted_disagreement(cls):
     # a weight-0 pair is the two losses and nothing else
     unweighted, _ = AgreementPair(pair.fwd, pair.rev, 0.0).loss(*fwd_batch)
     assert unweighted.item() == pytest.approx((fwd_loss + rev_loss).item(), rel=1e-6)
+
+
+def test_pair_builds_its_terms_from_the_contracts_training_terms_only(monkeypatch):
+    """Each direction is asked for nothing but the contract's training_terms (with the
+    posterior); the pair adds λ·disagreement and the guide term of both directions itself."""
+    pair = _pair(ZeroOrderHMM, 0.7)
+    fwd_batch, rev_batch = _tensors(SOURCES, TARGETS, "fwd"), _tensors(SOURCES, TARGETS, "rev")
+    links = [np.array([[min(i, len(s) - 1), i] for i in range(len(t))])
+             for s, t in zip(SOURCES, TARGETS)]
+    guide = guide_matrix(links, "fwd", fwd_batch[2].size(1), fwd_batch[0].size(1))
+    nll_fwd, _, log_fwd = pair.fwd.training_terms(*fwd_batch, 0.1, posterior=True)
+    nll_rev, _, log_rev = pair.rev.training_terms(*rev_batch, 0.1, posterior=True)
+    calls = []
+    for direction in ("fwd", "rev"):
+        model = getattr(pair, direction)
+        monkeypatch.setattr(model, "training_terms", spy_training_terms(model, direction, calls))
+    terms = pair.terms(*fwd_batch, 0.1, guide=guide, guide_weight=0.5)
+    assert calls == [("fwd", True), ("rev", True)]
+    assert torch.equal(terms["nll_fwd"], nll_fwd) and torch.equal(terms["nll_rev"], nll_rev)
+    assert torch.equal(terms["agreement"], 0.7 * disagreement(log_fwd.exp(), log_rev.exp(),
+                                                              fwd_batch[0], fwd_batch[2]))
+    reversed_guide = guide_matrix(links, "rev", rev_batch[2].size(1), rev_batch[0].size(1))
+    expected = 0.5 * (guide_cross_entropy(log_fwd, guide)
+                      + guide_cross_entropy(log_rev, reversed_guide))
+    assert terms["guide"].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_disagreement_of_first_order_posteriors_passes_gradcheck():

@@ -1,17 +1,20 @@
-"""Guided alignment training (aligner/guide.py, the HMMs' guide term, align train --guide)."""
+"""Guided alignment training (aligner/guide.py, the trainer's guide term on the HMMs' posteriors,
+align train --guide)."""
 from __future__ import annotations
 
 import functools
+import inspect
 
 import numpy as np
 import pytest
 import torch
 
 from aligner.formats import GoldAlignment, read_pharaoh
-from aligner.guide import check_guides, guide_matrix, subword_links
+from aligner.guide import check_guides, guide_cross_entropy, guide_matrix, subword_links
 from aligner.metrics import score_aer
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
+from aligner.train import _LossModule, guided_loss
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger
 from quality import Bar
@@ -64,7 +67,7 @@ def test_hmm0_guide_term_is_the_cross_entropy_with_the_posterior():
     src, tgt_in, tgt_out = _batch(LONG_PAIRS)
     guide = _guide(src, tgt_out)
     plain, _ = model.loss(src, tgt_in, tgt_out)
-    guided, _ = model.loss(src, tgt_in, tgt_out, guide=guide, guide_weight=0.5)
+    guided, _ = guided_loss(model, src, tgt_in, tgt_out, 0.0, guide, 0.5)
     posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
     expected = -(guide * posterior.clamp_min(1e-30).log()).sum()
     assert (guided - plain).item() == pytest.approx(0.5 * expected.item(), rel=1e-4)
@@ -75,10 +78,44 @@ def test_hmm1_guide_term_is_the_cross_entropy_with_the_forward_backward_posterio
     src, tgt_in, tgt_out = _batch(LONG_PAIRS)
     guide = _guide(src, tgt_out)
     plain, _ = model.loss(src, tgt_in, tgt_out)
-    guided, _ = model.loss(src, tgt_in, tgt_out, guide=guide, guide_weight=2.0)
+    guided, _ = guided_loss(model, src, tgt_in, tgt_out, 0.0, guide, 2.0)
     posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
     expected = -(guide * posterior.clamp_min(1e-30).log()).sum()
     assert (guided - plain).item() == pytest.approx(2.0 * expected.item(), rel=1e-4)
+
+
+def spy_training_terms(model, name, calls):
+    """model.training_terms, recording (name, whether the posterior was asked for) in `calls`
+    at each call."""
+    hook = model.training_terms
+    signature = inspect.signature(hook)
+
+    def training_terms(*args, **kwargs):
+        calls.append((name, signature.bind(*args, **kwargs).arguments.get("posterior", False)))
+        return hook(*args, **kwargs)
+
+    return training_terms
+
+
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_the_trainer_adds_the_guide_term_to_the_contracts_training_terms(cls, monkeypatch):
+    """The trainer's loss module asks the model for nothing but the contract's training_terms
+    (with the posterior only when guided) and adds guide_weight · guide_cross_entropy itself;
+    without a guide it is the model's own loss."""
+    model = _model(cls)
+    src, tgt_in, tgt_out = _batch(LONG_PAIRS)
+    guide = _guide(src, tgt_out)
+    nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, 0.1, posterior=True)
+    calls = []
+    monkeypatch.setattr(model, "training_terms", spy_training_terms(model, "fwd", calls))
+    module = _LossModule(model)
+    loss, loss_tokens = module(src, tgt_in, tgt_out, 0.1, guide=guide, guide_weight=0.5)
+    assert calls == [("fwd", True)]
+    assert torch.equal(loss, nll + 0.5 * guide_cross_entropy(log_posterior, guide))
+    assert int(loss_tokens) == int(tokens)
+    plain, _ = module(src, tgt_in, tgt_out, 0.1)
+    assert calls == [("fwd", True), ("fwd", False)] and torch.equal(plain, nll)
+    assert torch.equal(module(src, tgt_in, tgt_out, 0.1, guide=guide, guide_weight=0.0)[0], nll)
 
 
 def test_double_backward_posterior_gradient_passes_gradcheck():
@@ -110,7 +147,7 @@ def test_guided_hmm1_training_step_with_transition_chunks_matches_whole():
     for chunk_floats in (0, 400):
         model = _model(FirstOrderHMM, chunk_floats=chunk_floats)
         model.train()
-        loss, _ = model.loss(src, tgt_in, tgt_out, 0.1, guide=guide, guide_weight=1.0)
+        loss, _ = guided_loss(model, src, tgt_in, tgt_out, 0.1, guide, 1.0)
         loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
                                 if p.grad is not None]))

@@ -217,6 +217,18 @@ def test_only_trainable_parameters_change(tmp_path):
                            after["decoder.layers.0.ff.fc1.weight"])
 
 
+def test_a_guided_run_of_a_kind_without_a_posterior_is_one_error_line(tmp_path):
+    """The trainer adds the guide term to the contract's training_terms: a kind that does not
+    declare them (TRAINS_POSTERIOR False, here the transformer) is refused before training."""
+    corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path, n_pairs=8)
+    with pytest.raises(AlignerError) as error:
+        Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd", config(guide_weight=1.0),
+                None, CPU, progress=False)
+    assert str(error.value) == ("guided alignment training needs the model's alignment "
+                                "posterior: Transformer does not provide it (TRAINS_POSTERIOR "
+                                "is False)")
+
+
 def test_max_epochs_stops_after_whole_epochs(tmp_path):
     corpus, _, src_vocab, tgt_vocab, _ = make_data(tmp_path)
     trainer = Trainer(make_model((src_vocab, tgt_vocab)), corpus, "fwd",

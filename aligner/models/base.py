@@ -70,7 +70,10 @@ class AlignmentModel(nn.Module, abc.ABC):
     * :meth:`extra_state` / :meth:`load_extra_state` (nothing beyond the parameters);
     * :meth:`split_options` and :meth:`load_base` (two-stage kinds with a ``BASE_KIND``);
     * :attr:`TRAINS_POSTERIOR` (False) with :meth:`training_terms`: a kind whose training
-      can use its differentiable alignment posterior (guided and agreement training).
+      can use its differentiable alignment posterior. Guided and agreement training are
+      made of these terms only: the trainer adds the guide term
+      (:func:`aligner.train.guided_loss`) and the agreement term
+      (:class:`aligner.agreement.AgreementPair`) to them; a kind without them is refused both.
     """
 
     #: every instance keeps the config it was built from (an instance of `config_class`)
@@ -79,8 +82,9 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: the symmetrization that combines this kind's two directions best (eval/results):
     #: `align extract`'s default -H for the kind
     BEST_HEURISTIC: str = "grow-diag"
-    #: whether :meth:`training_terms` gives a differentiable alignment posterior and
-    #: :meth:`loss` takes a guide (aligner/guide.py, aligner/agreement.py)
+    #: whether :meth:`training_terms` gives a differentiable alignment posterior: what guided
+    #: training (aligner/guide.py, ``align train --guide``, self-training rounds) and agreement
+    #: training (aligner/agreement.py, ``--agreement-weight``) need
     TRAINS_POSTERIOR: bool = False
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
@@ -104,7 +108,9 @@ class AlignmentModel(nn.Module, abc.ABC):
              label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
         """Training loss summed over non-pad target tokens, and the number of those tokens.
 
-        Returns (loss_sum: scalar tensor, n_tokens: scalar tensor). The trainer divides.
+        Returns (loss_sum: scalar tensor, n_tokens: scalar tensor). The trainer divides. The
+        model's own loss only: a guide or agreement term is added by the trainer, from
+        :meth:`training_terms`.
         """
 
     @abc.abstractmethod
@@ -165,10 +171,20 @@ class AlignmentModel(nn.Module, abc.ABC):
     def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                        label_smoothing: float = 0.0, posterior: bool = False
                        ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """(NLL summed over the batch, target token count, log posterior (B, I+1, J+1) over
-        source positions, differentiable, when ``posterior``, else None): the terms guided
-        and agreement training are made of. Kinds with :attr:`TRAINS_POSTERIOR` implement
-        it; the default refuses."""
+        """The terms guided and agreement training are made of: (nll, tokens, log_posterior).
+
+        * nll: scalar, :meth:`loss`'s first value (summed over the non-pad target tokens,
+          with the same ``label_smoothing``);
+        * tokens: scalar, :meth:`loss`'s second value (the count of those tokens);
+        * log_posterior (B, I+1, J+1) when ``posterior``, else None (not computed): log q[b,
+          i, j], the model's alignment distribution of decoder position i (the token
+          ``tgt_out[b, i]``) over encoder positions j (the EOS column included; the direct
+          HMMs: the distribution ``hmm-posterior`` extracts); each row of a non-pad target
+          token sums to 1 in probability. Differentiable: the guide's cross-entropy
+          and the agreement term train the model through it. Values at padding are
+          unspecified (the guide is 0 there and the agreement term masks them).
+
+        Kinds with :attr:`TRAINS_POSTERIOR` implement it; the default refuses."""
         raise NotImplementedError(f"{type(self).__name__} has no differentiable alignment "
                                   f"posterior (TRAINS_POSTERIOR is False)")
 

@@ -1046,29 +1046,10 @@ class DirectHMM(AlignmentModel):
         return empty_word_mixture(log_lexicon, self.null_gate(target_hidden).float())
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
-             label_smoothing: float = 0.0, guide: Optional[torch.Tensor] = None,
-             guide_weight: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The NLL of :meth:`training_terms` and the target token count.
-
-        With a ``guide`` (B, I+1, J+1) (aligner/guide.py) adds ``guide_weight`` · CE(guide,
-        posterior), the posterior being the distribution extraction uses.
-        """
-        guided = guide is not None and guide_weight > 0.0
-        loss, tokens, log_posterior = self.training_terms(src, tgt_in, tgt_out,
-                                                          label_smoothing, posterior=guided)
-        if guided:
-            loss = loss + guide_weight * self.guide_cross_entropy(log_posterior, guide)
+             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The NLL of :meth:`training_terms` and the target token count."""
+        loss, tokens, _ = self.training_terms(src, tgt_in, tgt_out, label_smoothing)
         return loss, tokens
-
-    @staticmethod
-    def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
-        """−Σ_b Σ_i Σ_j G(i, j) · log q(j | i): the guided-alignment term (aligner/guide.py).
-
-        log_posterior (B, I+1, J+1) the model's log alignment distribution over source
-        positions; guide (B, I+1, J+1) rows summing to 1 (a guided target position) or 0.
-        """
-        tiny = torch.finfo(log_posterior.dtype).tiny
-        return -(guide * log_posterior.clamp_min(math.log(tiny))).sum()
 
     def _check_method(self, method: str, options) -> int:
         """Validate `method` and its options; returns the lexicon shortlist (0 = exact).
