@@ -77,7 +77,7 @@ def process_group() -> Tuple[int, int, bool]:
 def bitext_identity(bitext) -> Dict[str, Any]:
     """What identifies the lines of `bitext` for a parts record: the sha256 and size of its
     files (a :class:`aligner.formats.BitextFiles`), the lines a sample keeps of its bitext
-    (:class:`aligner.round_samples.SampledBitext`), or the sha256 of the words of an
+    (:class:`aligner.training.samples.SampledBitext`), or the sha256 of the words of an
     in-memory :class:`aligner.formats.Bitext`; and the number of lines."""
     from aligner.model_dir import file_sha256
 

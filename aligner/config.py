@@ -102,7 +102,7 @@ class DataConfig:
     max_ratio: pairs whose length ratio (longer / shorter side) exceeds this are skipped;
         0 = no ratio filter.
     guide: Pharaoh word alignments of the training bitext, one line per training line
-        (``align train --guide``; aligner/guide.py); "" = none.
+        (``align train --guide``; aligner/training/guidance.py); "" = none.
     """
 
     max_len: int = 200
@@ -125,7 +125,7 @@ class TrainConfig:
     one update accumulates the gradients of `update_freq` batches. The learning rate warms up
     linearly over `warmup` updates to `lr`, then decays (`lr_schedule`): "inverse-sqrt" as
     lr · sqrt(warmup / update), or "linear" to lr / (T - max(warmup, 1) + 1) at the run's last
-    update T (see aligner.train.learning_rate; such a run resumes only with the same
+    update T (see aligner.training.loop.learning_rate; such a run resumes only with the same
     max_updates and max_epochs). Training stops after `max_updates` updates or `max_epochs` epochs,
     whichever comes first (0 = no limit; at least one must be set). A checkpoint (validation,
     params.last.pt, training state, and params.best.pt when validation improved) is written every
@@ -159,7 +159,7 @@ class TrainConfig:
     #: one of constants.PRECISIONS (aligner/precision.py: auto = bf16 autocast on CUDA with
     #: native bfloat16, fp32 elsewhere)
     precision: str = "auto"
-    #: torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (aligner.train.
+    #: torch.use_deterministic_algorithms and CUBLAS_WORKSPACE_CONFIG (aligner.training.loop.
     #: use_deterministic_algorithms): bit-identical GPU runs; the CPU's output is the same
     #: either way
     deterministic: bool = False
@@ -200,7 +200,7 @@ RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_in
                      "precision", "deterministic")
 #: config.json ``extra`` entries that hold a path (the --init-from and --base model
 #: directories): on resume only whether there is one is compared here
-#: (:meth:`RunConfig.differences`), their weights by aligner.train_run.check_inputs
+#: (:meth:`RunConfig.differences`), their weights by aligner.training.corpus.check_inputs
 PATH_EXTRAS = ("init_from", "base")
 
 
@@ -287,7 +287,7 @@ class RunConfig:
             # paths say where a file lies, not what it holds: the same run resumed as
             # `-o ./dir`, from another working directory or after the directory moved names
             # them otherwise. Whether there is a guide counts; its content is compared by
-            # aligner.train_run.check_inputs.
+            # aligner.training.corpus.check_inputs.
             values["data"]["guide"] = bool(values["data"].get("guide"))
             values["extra"] = {key: (bool(value) if key in PATH_EXTRAS else value)
                                for key, value in (values.get("extra") or {}).items()}

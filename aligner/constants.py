@@ -33,7 +33,7 @@ ALIGNMENT_PARTS = "alignment.parts"
 #: the parts folder of another alignment is its output's name plus this (`align extract -o
 #: FILE`: FILE.parts; a self-training guide: MODEL_DIR/rounds/N/links.align.parts)
 PARTS_SUFFIX = ".parts"
-#: a self-training run's rounds (aligner/self_training.py): MODEL_DIR/rounds/N is round N's
+#: a self-training run's rounds (aligner/training/rounds.py): MODEL_DIR/rounds/N is round N's
 #: model directory; in it, links.align its links of round N+1's lines (round N+1's guide) and
 #: done once its training has ended; MODEL_DIR/rounds/settings.json the run's plan
 ROUNDS_DIR = "rounds"
@@ -47,14 +47,14 @@ DEFAULT_HEURISTIC = "grow-diag"
 # Combine the two directions' soft alignments instead of their links (aligner.soft_symmetrize).
 SOFT_HEURISTICS = ("soft-average",)
 #: config.json ``extra`` key where `align run` (and a self-training `align train`,
-#: aligner/self_training.py) records the -H and --threshold of its output
+#: aligner/training/rounds.py) records the -H and --threshold of its output
 #: ({"symmetrize": ..., "threshold": ...}): `align extract` takes them as its defaults for that
 #: model directory, so that it gives the same links on the same text (with the same
 #: --shortlist, which is not recorded)
 ALIGN_RUN_SETTINGS = "align_run"
 
 DEFAULT_SEED = 1
-#: learning-rate decays after the warm-up (TrainConfig.lr_schedule; aligner.train.learning_rate)
+#: learning-rate decays after the warm-up (TrainConfig.lr_schedule; aligner.training.loop.learning_rate)
 LR_SCHEDULES = ("inverse-sqrt", "linear")
 #: --precision of align train / run / extract / translate (aligner.precision): ``auto``
 #: resolves to one of the other two by device

@@ -1,6 +1,6 @@
 """Align a whole bitext with a trained model directory, block by block, into Pharaoh files.
 
-What `align run` writes as its output and what a self-training round (aligner/self_training.py)
+What `align run` writes as its output and what a self-training round (aligner/training/rounds.py)
 writes as the next round's guide: every input line gets exactly one output line, in input order
 (a line with an empty side, or too long for the model, an empty one). The bitext is read in
 blocks of inference.BLOCK_LINES lines, each aligned and its lines written (to a parts folder

@@ -210,7 +210,7 @@ class EncodedCorpus:
                         arrays[offsets_name], n_pairs, vocab_size)
         corpus = cls(arrays[SRC_IDS], arrays[SRC_OFFSETS], arrays[TGT_IDS], arrays[TGT_OFFSETS],
                      arrays[LINE_NUMBERS], stats=stats)
-        corpus.directory = directory   # where guide links (aligner/guide.py) may lie beside it
+        corpus.directory = directory   # where guide links (aligner/training/guidance.py) may lie beside it
         return corpus
 
     def __len__(self) -> int:
@@ -238,7 +238,7 @@ _REBUILD = "; train again with --overwrite to rebuild the encoded corpus"
 
 def check_corpus_file(condition: bool, path: str, message: str) -> None:
     """AlignerError "PATH: damaged (MESSAGE); ...--overwrite..." unless `condition` holds
-    (for every file of the encoded corpus directory, guide links included: aligner/guide.py)."""
+    (for every file of the encoded corpus directory, guide links included: aligner/training/guidance.py)."""
     if not condition:
         raise AlignerError(f"{path}: damaged ({message}){_REBUILD}")
 

@@ -23,7 +23,7 @@ Layout (file names from aligner/constants.py)::
                            (aligner/run_record.py)
       .lock                the run lock: an OS lock on it is held while a training process
                            writes the directory (the file names its pid and host)
-      rounds/              a self-training run's rounds (aligner/self_training.py): N/, round
+      rounds/              a self-training run's rounds (aligner/training/rounds.py): N/, round
                            N's model directory (with links.align, its links of round N+1's
                            lines, and done); settings.json, the rounds' settings. The top
                            level then holds the last round's model: config.json, the
@@ -79,9 +79,9 @@ logger = logging.getLogger(__name__)
 
 CORPUS_DIR = "corpus"
 LOCK_NAME = ".lock"
-#: stage-1 base model directory inside an alignment-layer model directory (see aligner.train_run)
+#: stage-1 base model directory inside an alignment-layer model directory (see aligner.training.run)
 BASE_DIR = "base"
-#: the joint training state of an agreement run (aligner/agreement.py): both directions train
+#: the joint training state of an agreement run (aligner/training/agreement.py): both directions train
 #: in one loop, their weights in fwd/ and rev/
 JOINT_DIR = "joint"
 CHECKPOINTS = ("best", "last")

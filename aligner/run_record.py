@@ -20,7 +20,7 @@ A **session** is one command that trained in the directory: the first, then one 
 part of a session's work in one self-training round (1 for a run without rounds):
 ``preparation`` (BPE, vocabularies, corpus encoding), ``training`` of one ``direction`` (or of
 ``fwd+rev`` together, agreement training), ``guide`` (the round's model aligning the bitext for
-the next round's guide, aligner/self_training.py). ``seconds`` are wall seconds of that stage in
+the next round's guide, aligner/training/rounds.py). ``seconds`` are wall seconds of that stage in
 that session; a stage cut off (a killed process) is not recorded. The whole job's wall time is
 :meth:`RunRecord.wall_seconds`: the sum of the stages, where the directions trained side by
 side (``parallel``) in one round of one session count as the longest of them.
@@ -63,7 +63,7 @@ class RunRecord:
     (--deterministic; absent in records of older versions), processes (the
     torchrun world size, 1 without), threads (torch threads of the main process),
     parallel_directions (each direction in a process of its own); inputs, see
-    :func:`aligner.train_run.run_inputs`). stages: one dict per finished stage (fields: session,
+    :func:`aligner.training.run.run_inputs`). stages: one dict per finished stage (fields: session,
     the index of its session; round, the self-training round; stage, one of :data:`STAGES`;
     direction, for training: fwd, rev or fwd+rev; parallel, for training: trained at the same
     time as the other direction; seconds). earlier_unrecorded: the directory was trained by a

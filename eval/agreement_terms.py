@@ -3,7 +3,7 @@
 For each MODEL_DIR (both directions, best checkpoint) and the first --batches training batches
 of the encoded corpus of the first one (seeded token-bounded batches, as training draws them),
 prints per decoder token of both directions: NLL fwd, NLL rev and Σ(γ_fwd − γ_revᵀ)² (weight 1;
-aligner/agreement.py), in eval mode.
+aligner/training/agreement.py), in eval mode.
 
     python eval/agreement_terms.py runs/enfr-hmm1-guided runs/enfr-agree1-guided
 """
@@ -20,7 +20,7 @@ import click
 @click.option("--max-tokens", default=1200, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=7, show_default=True, type=int)
 def main(model_dirs, batches: int, max_tokens: int, seed: int) -> None:
-    from aligner.agreement import AgreementPair
+    from aligner.training.agreement import AgreementPair
     from aligner.config import RunConfig
     from aligner.data import EncodedCorpus, TokenBatcher, make_batch
     from aligner.model_dir import (CORPUS_DIR, build_direction_model, config_path,

@@ -552,13 +552,13 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 
 def last_elapsed_seconds(path: str) -> float:
-    """``elapsed_s`` of the last row of a ``metrics.tsv`` (read by aligner.train.read_metrics).
+    """``elapsed_s`` of the last row of a ``metrics.tsv`` (read by aligner.training.loop.read_metrics).
 
     That column is the direction's training seconds up to that checkpoint, summed over
     resumed runs (validation included; BPE learning and corpus encoding not). AlignerError
     naming file and line when the file is not a metrics table or its last row has no number.
     """
-    from aligner.train import read_metrics
+    from aligner.training.loop import read_metrics
 
     rows = read_metrics(path)
     check_condition(bool(rows), f"{path}: no checkpoint rows (the training never checkpointed)")
@@ -734,7 +734,7 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
     from aligner.data import EncodedCorpus, encode_corpus
     from aligner.formats import Bitext
     from aligner.model_dir import config_path, load_preprocessing
-    from aligner.train_run import tokenize_bitext
+    from aligner.training.corpus import tokenize_bitext
 
     trained = EncodedCorpus.open(folder)
     n_input = trained.stats.n_input if trained.stats else -1
@@ -762,10 +762,10 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
 def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
     """Fallback for a directory without corpus/ (e.g. joined from two runs): the bitext its
     run record names (the first session's), by pair count and fingerprint (the sha256 of its
-    words pair by pair, aligner.train_run.bitext_fingerprint)."""
+    words pair by pair, aligner.training.corpus.bitext_fingerprint)."""
     from aligner.formats import Bitext
     from aligner.run_record import RunRecord, record_path
-    from aligner.train_run import bitext_fingerprint
+    from aligner.training.corpus import bitext_fingerprint
 
     path = record_path(model_dir)
     if not os.path.isfile(path):

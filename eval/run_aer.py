@@ -97,7 +97,7 @@ def main(argv: List[str]) -> int:
     from aligner.inference import extract_all
     from aligner.metrics import score_aer
     from aligner.model_dir import CORPUS_DIR, LoadedModelDir
-    from aligner.train import read_metrics
+    from aligner.training.loop import read_metrics
 
     if args.threads:
         torch.set_num_threads(args.threads)

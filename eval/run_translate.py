@@ -73,7 +73,7 @@ def describe(model_dir: str) -> Dict[str, str]:
     """Kind, Markov order, size and training length of a model directory (fwd)."""
     import json
 
-    from aligner.train import read_metrics
+    from aligner.training.loop import read_metrics
 
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)

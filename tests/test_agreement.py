@@ -1,4 +1,4 @@
-"""Agreement training (aligner/agreement.py, align train --agreement-weight)."""
+"""Agreement training (aligner/training/agreement.py, align train --agreement-weight)."""
 from __future__ import annotations
 
 import functools
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from aligner.agreement import AgreementPair, disagreement, reverse_batch, reverse_guide
+from aligner.training.agreement import AgreementPair, disagreement, reverse_batch, reverse_guide
 from aligner.data import make_batch
 from aligner.formats import read_pharaoh
-from aligner.guide import guide_cross_entropy, guide_matrix
+from aligner.training.guidance import guide_cross_entropy, guide_matrix
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from conftest import restored_aligner_logger

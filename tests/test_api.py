@@ -15,7 +15,7 @@ from aligner.inference import extract
 from aligner.model_dir import save_params
 from aligner.models import MODELS
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.train import seed_everything
+from aligner.training.loop import seed_everything
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
 from synthetic import monotone_corpus

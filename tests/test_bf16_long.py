@@ -1,5 +1,5 @@
 """bf16 autocast on long sentences (150 target x 150 source positions), on the CPU, against fp32;
-and ``--precision`` of training (aligner/precision.py, aligner/train.py).
+and ``--precision`` of training (aligner/precision.py, aligner/training/loop.py).
 
 What stays float32 under autocast (aligner/precision.py): the HMM forward–backward (its
 batched matrix–vector products run with autocast off) and the linear lexicon's normalizer.

@@ -170,7 +170,7 @@ def test_extract_user_errors_are_one_line(tmp_path, corpus):
 
 def test_lr_schedule_option_is_recorded_and_followed(tmp_path, corpus):
     """--lr-schedule linear: config.json records it; the last update runs at lr / (T - w + 1)."""
-    from aligner.train import read_metrics
+    from aligner.training.loop import read_metrics
 
     model = tmp_path / "model"
     run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 4,
@@ -207,7 +207,7 @@ def test_pinned_train_defaults():
         "max_updates": 0, "max_epochs": None,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED,
         "rounds": None}
-    from aligner.recipe import device_defaults
+    from aligner.training.recipe import device_defaults
 
     assert device_defaults("cpu") == dict(max_tokens=1200, lr=3e-3, warmup=150,
                                           chunk_floats=1 << 24)

@@ -514,16 +514,16 @@ def test_recorded_training_reads_the_run_record_and_falls_back_to_metrics(tmp_pa
 
 def prepare_model_dir(model_dir: Path, source: str, target: str, max_len: int = 200) -> None:
     """What `align train` writes before training (prep, BPE, vocabularies, corpus/, config),
-    by its own code (aligner.train_run._prepare_data); no weights: the guard does not read them."""
+    by its own code (aligner.training.corpus.prepare_data); no weights: the guard does not read them."""
     from aligner.config import DataConfig, RunConfig, TrainConfig
     from aligner.formats import read_bitext
     from aligner.prep import PrepConfig
-    from aligner.train_run import _prepare_data
+    from aligner.training.corpus import prepare_data
 
     model_dir.mkdir(parents=True)
     prep = PrepConfig(bpe_merges=20)
     data = DataConfig(max_len=max_len)
-    _prepare_data(str(model_dir), read_bitext(source=source, target=target), prep, data, 1)
+    prepare_data(str(model_dir), read_bitext(source=source, target=target), prep, data, 1)
     RunConfig(model_kind="hmm0", directions=["fwd", "rev"], models={"fwd": {}, "rev": {}},
               prep=prep.to_dict(), data=data,
               training=TrainConfig(max_updates=1)).save(str(model_dir / "config.json"))
@@ -590,7 +590,7 @@ def test_check_training_text_without_corpus_folder_compares_the_recorded_fingerp
     """A directory joined from two one-direction runs has no corpus/: the fingerprint and pair
     count of the training text its run record names are compared."""
     from aligner.formats import read_bitext
-    from aligner.train_run import bitext_fingerprint
+    from aligner.training.corpus import bitext_fingerprint
 
     tmp_path, train, g1, g2 = small_files
     corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path))

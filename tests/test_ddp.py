@@ -20,8 +20,8 @@ from aligner.distributed import init_distributed, shutdown_distributed
 from aligner.formats import Bitext
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.train import Trainer, seed_everything
-from aligner.train_run import train_model_dir
+from aligner.training.loop import Trainer, seed_everything
+from aligner.training.run import train_model_dir
 from aligner.vocab import Vocabulary
 from synthetic import monotone_corpus
 

@@ -1,10 +1,10 @@
-"""The defaults of every command are the measured best recipe (aligner/recipe.py).
+"""The defaults of every command are the measured best recipe (aligner/training/recipe.py).
 
 Changing a default is a deliberate commit: this test names each one.
 """
 from __future__ import annotations
 
-from aligner import recipe
+from aligner.training import recipe
 from aligner.cli import demo, extract, run, train
 from aligner.models import model_class
 

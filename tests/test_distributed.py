@@ -24,7 +24,7 @@ from aligner.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, device_for_rank
                                  shutdown_distributed)
 from aligner.formats import Bitext
 from aligner.prep import PrepConfig
-from aligner.train_run import train_model_dir
+from aligner.training.run import train_model_dir
 from aligner.utils import AlignerError
 from synthetic import monotone_corpus
 from test_ddp import MODEL, _config, _free_port
@@ -198,8 +198,8 @@ def test_two_stages_share_one_process_group(tmp_path):
 def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
     """Two self-training rounds of the direct HMM on 2 ranks, torch.distributed's public
     init/destroy counted."""
-    from aligner.self_training import SelfTraining, train_rounds
-    from aligner.train_run import TrainRequest
+    from aligner.training.rounds import SelfTraining, train_rounds
+    from aligner.training.run import TrainRequest
 
     _environment(rank, world_size, port)
     calls = _count_group_calls()

@@ -19,7 +19,7 @@ from aligner.models.base import AlignmentModel
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
 from aligner.symmetrize import symmetrize
-from aligner.train import seed_everything
+from aligner.training.loop import seed_everything
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
 from synthetic import monotone_corpus

@@ -1,4 +1,4 @@
-"""Settings for GPU runs, tested on the CPU: --deterministic (aligner.train.
+"""Settings for GPU runs, tested on the CPU: --deterministic (aligner.training.loop.
 use_deterministic_algorithms) is accepted, recorded, and changes no CPU output."""
 from __future__ import annotations
 
@@ -94,10 +94,10 @@ def test_deterministic_run_gives_the_same_alignments_on_the_cpu(tmp_path, corpus
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
-# -- the device-dependent defaults (aligner/recipe.py device_defaults) --------------------------
+# -- the device-dependent defaults (aligner/training/recipe.py device_defaults) --------------------------
 
 def test_cpu_defaults_are_the_measured_recipe():
-    from aligner import recipe
+    from aligner.training import recipe
     from aligner.models.direct_hmm import DirectHMMConfig
 
     for device in (torch.device("cpu"), "cpu"):
@@ -109,7 +109,7 @@ def test_cpu_defaults_are_the_measured_recipe():
 def test_cuda_defaults_are_a_pure_function_of_the_device_type():
     """No CUDA needed: torch.device objects (and names) of CUDA devices give the same values,
     the arithmetic written beside them in recipe.py."""
-    from aligner import recipe
+    from aligner.training import recipe
 
     expected = dict(max_tokens=12000, lr=min(3e-3 * (12000 / 1200) ** 0.5, 6e-3), warmup=15,
                     chunk_floats=1 << 28)
@@ -122,7 +122,7 @@ def test_cuda_defaults_are_a_pure_function_of_the_device_type():
 def _gpu_defaults(monkeypatch):
     """The commands on this CPU take the CUDA defaults (which device_defaults gives for any
     device here): how align train/run resolve them, without a GPU."""
-    from aligner import recipe
+    from aligner.training import recipe
 
     real = recipe.device_defaults
     monkeypatch.setattr(recipe, "device_defaults", lambda device: real("cuda"))

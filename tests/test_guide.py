@@ -1,4 +1,4 @@
-"""Guided alignment training (aligner/guide.py, the trainer's guide term on the HMMs' posteriors,
+"""Guided alignment training (aligner/training/guidance.py, the trainer's guide term on the HMMs' posteriors,
 align train --guide)."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from aligner.formats import GoldAlignment, read_pharaoh
-from aligner.guide import check_guides, guide_cross_entropy, guide_matrix, subword_links
+from aligner.training.guidance import check_guides, guide_cross_entropy, guide_matrix, subword_links
 from aligner.metrics import score_aer
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
-from aligner.train import _LossModule, guided_loss
+from aligner.training.loop import _LossModule, guided_loss
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger
 from quality import Bar
@@ -253,7 +253,7 @@ def test_bad_guide_files_are_one_error_line(tmp_path):
 
 
 def test_damaged_guide_links_are_one_error_line(tmp_path):
-    from aligner.guide import GuideLinks, save_guides
+    from aligner.training.guidance import GuideLinks, save_guides
 
     save_guides(str(tmp_path), [np.array([[0, 0]]), np.zeros((0, 2), dtype=np.int32)])
     assert GuideLinks.open(str(tmp_path), 2).pair(0).tolist() == [[0, 0]]

@@ -14,7 +14,7 @@ from aligner.models import METHODS_BY_KIND, MODELS, build_model
 from aligner.models.base import AlignmentModel
 from aligner.soft_symmetrize import SOFT_HEURISTICS
 from aligner.symmetrize import HEURISTICS
-from aligner.train import seed_everything
+from aligner.training.loop import seed_everything
 
 V_SRC, V_TGT = 13, 11
 TINY = dict(d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, max_positions=16)

@@ -174,7 +174,7 @@ def test_directions_train_side_by_side_by_default_where_it_pays(monkeypatch):
 
     import torch
 
-    from aligner.train_run import PARALLEL_MIN_PAIRS, default_parallel_directions
+    from aligner.training.directions import PARALLEL_MIN_PAIRS, default_parallel_directions
 
     cpu, both = torch.device("cpu"), ("fwd", "rev")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)

@@ -1,4 +1,4 @@
-"""aligner.train.read_metrics, the reader of metrics.tsv: what the trainer writes reads back
+"""aligner.training.loop.read_metrics, the reader of metrics.tsv: what the trainer writes reads back
 (same columns, "-" as None, numbers parsed), and a file that is not such a table is one error
 line naming file and line."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aligner.data import EncodedCorpus, encode_corpus, encode_pair
 from aligner.formats import GoldAlignment
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.train import (METRICS_COLUMNS, Trainer, Validation, _format_metric, read_metrics,
+from aligner.training.loop import (METRICS_COLUMNS, Trainer, Validation, _format_metric, read_metrics,
                            seed_everything)
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary

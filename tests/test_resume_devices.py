@@ -1,4 +1,4 @@
-"""Resume across device counts (aligner/train.py): a checkpoint holds one CUDA RNG state per
+"""Resume across device counts (aligner/training/loop.py): a checkpoint holds one CUDA RNG state per
 GPU visible when it was saved; a resume on another number of GPUs, or on the CPU, must work.
 And a CPU run never initializes CUDA for its RNG states."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from aligner import constants as C
 from aligner.model_dir import load_checkpoint_file, save_checkpoint_file
-from aligner.train import Trainer, restorable_cuda_states
+from aligner.training.loop import Trainer, restorable_cuda_states
 from test_train import CPU, config, make_data, make_model
 
 

@@ -1,5 +1,5 @@
 """--round-pairs: each self-training round trains on a sample of the bitext drawn anew per round
-(aligner/round_samples.py), and the round before it aligns only that sample to guide it."""
+(aligner/training/samples.py), and the round before it aligns only that sample to guide it."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aligner.formats import Bitext, read_pharaoh
-from aligner.round_samples import SampledBitext, round_bitext, sample_lines
+from aligner.training.samples import SampledBitext, round_bitext, sample_lines
 from cli_runner import error_line, run
 from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus

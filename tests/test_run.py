@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aligner import recipe
+from aligner.training import recipe
 from aligner.formats import read_pharaoh
 from conftest import restored_aligner_logger
 from cli_runner import error_line, run

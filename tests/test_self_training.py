@@ -1,4 +1,4 @@
-"""`align train --rounds`: self-training rounds (aligner/self_training.py), as `align run`
+"""`align train --rounds`: self-training rounds (aligner/training/rounds.py), as `align run`
 trains them, and --resume of a run cut off between or inside rounds."""
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from aligner import faults, recipe
+from aligner import faults
+from aligner.training import recipe
 from aligner.formats import read_pharaoh
 from aligner.run_record import RunRecord
-from aligner.self_training import default_rounds
+from aligner.training.rounds import default_rounds
 from cli_runner import error_line, run
 from conftest import ROOT, cut_off_at_checkpoint, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus

@@ -14,7 +14,7 @@ import pytest
 from aligner.config import DataConfig
 from aligner.formats import BitextFiles, iter_lines, open_bitext, read_bitext, read_lines
 from aligner.prep import Preprocessor, PrepConfig
-from aligner.train_run import _prepare_data, bitext_fingerprint
+from aligner.training.corpus import prepare_data, bitext_fingerprint
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
 
@@ -111,7 +111,7 @@ def test_vocabulary_and_subword_counts_equal_counting_the_segmented_text():
 def _prepared(tmp_path, name, bitext, prep_config, guide=""):
     model_dir = str(tmp_path / name)
     os.makedirs(model_dir)
-    pre, src_vocab, tgt_vocab = _prepare_data(model_dir, bitext, prep_config,
+    pre, src_vocab, tgt_vocab = prepare_data(model_dir, bitext, prep_config,
                                               DataConfig(max_len=12, guide=guide), seed=3)
     corpus = {name: np.load(os.path.join(model_dir, "corpus", name))
               for name in sorted(os.listdir(os.path.join(model_dir, "corpus")))
@@ -161,7 +161,7 @@ def _peak_preparation_bytes(tmp_path, name, n_lines, in_memory):
     tracemalloc.start()
     try:
         bitext = read_bitext(src, tgt) if in_memory else open_bitext(src, tgt)
-        _prepare_data(model_dir, bitext, PrepConfig(bpe_merges=50), DataConfig(), seed=1)
+        prepare_data(model_dir, bitext, PrepConfig(bpe_merges=50), DataConfig(), seed=1)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -20,7 +20,7 @@ from aligner.inference import extract_all
 from aligner.metrics import score_aer
 from aligner.model_dir import LoadedModelDir
 from aligner.prep import PrepConfig
-from aligner.train_run import train_model_dir
+from aligner.training.run import train_model_dir
 from quality import Bar
 from synthetic import monotone_corpus
 

@@ -16,7 +16,7 @@ from aligner.model_dir import (RUN_MARK, load_model, load_params, mark_run, prep
                                save_params)
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.train import Trainer, Validation, learning_rate, seed_everything
+from aligner.training.loop import Trainer, Validation, learning_rate, seed_everything
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
 from quality import Bar

@@ -16,7 +16,7 @@ from typing import List, Optional
 import click
 
 from aligner import constants as C
-from aligner import recipe
+from aligner.training import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, bpe_merges_option, device_option,
                                  max_epochs_option, quiet_option, seed_option, threads_option)
 from aligner.cli.train import set_threads
@@ -80,7 +80,7 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     from aligner.metrics import score_aer
     from aligner.model_dir import LoadedModelDir
     from aligner.prep import PrepConfig
-    from aligner import train_run
+    from aligner.training import directions, run
 
     set_threads(threads)
     start = time.time()
@@ -107,10 +107,10 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
                                checkpoint_interval=CHECKPOINT_AT_THE_END, device=device,
                                seed=seed)
     # the rule of align train and align run, where --threads 1 still trains side by side
-    parallel = train_run.default_parallel_directions(resolve_device(device), C.DIRECTIONS, 0.0,
-                                                     len(bitext), one_thread_each=True)
+    parallel = directions.default_parallel_directions(
+        resolve_device(device), C.DIRECTIONS, 0.0, len(bitext), one_thread_each=True)
     try:
-        train_run.train(train_run.TrainRequest(
+        run.train(run.TrainRequest(
             model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
             DataConfig(),   # align train's --max-len
             train_config, overwrite=True, quiet=quiet,

@@ -3,7 +3,7 @@
 Each function here is a click decorator (one option, or a group of options) that every command
 taking the option applies, so that the same option has the same name, type and help text in
 every command (tests/test_cli_options.py compares the --help of all commands). Where commands
-differ in the default (align run trains the recipe of aligner/recipe.py; align demo a small
+differ in the default (align run trains the recipe of aligner/training/recipe.py; align demo a small
 model), the decorator takes the default and, where click cannot print it, the words of the
 "[default: ...]" note; the help text before that note stays the same.
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Optional
 import click
 
 from aligner import constants as C
-from aligner import recipe
+from aligner.training import recipe
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -128,7 +128,7 @@ def lr_option(function):
 def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
                     ) -> Dict[str, Any]:
     """max_tokens, lr, warmup and chunk_floats for the options the user left out:
-    :func:`aligner.recipe.device_defaults` of the device type ("cpu", "cuda"); with --resume
+    :func:`aligner.training.recipe.device_defaults` of the device type ("cpu", "cuda"); with --resume
     of a run whose config.json is there, the run's own values (a run resumed on another device
     goes on with its batches: the batcher refuses another max_tokens, and the settings check
     another lr), chunk_floats None when its models were given none. A config.json that cannot
@@ -187,7 +187,7 @@ def max_epochs_option(default: Optional[int], min_epochs: int = 0,
 
 
 def guide_options(function):
-    """--guide and --guide-weight: guided training of round 1 (aligner/guide.py)."""
+    """--guide and --guide-weight: guided training of round 1 (aligner/training/guidance.py)."""
     return _apply(function, [
         click.option("--guide", type=INPUT, default=None,
                      help="Guided alignment training (hmm0, hmm1): Pharaoh word alignments of "
@@ -206,7 +206,7 @@ def guide_options(function):
 
 def rounds_option(default: Optional[int], default_help: Optional[str] = None) -> Decorator:
     """--rounds of self-training: align run's is recipe.ROUNDS, align train's None (resolved
-    from the model kind and directions: aligner.self_training.default_rounds)."""
+    from the model kind and directions: aligner.training.rounds.default_rounds)."""
     return click.option(
         "--rounds", default=default, show_default=default is not None,
         type=click.IntRange(min=1),
@@ -219,7 +219,7 @@ def rounds_option(default: Optional[int], default_help: Optional[str] = None) ->
 
 
 def self_training_options(function):
-    """The options of self-training rounds after the first (aligner.self_training.SelfTraining;
+    """The options of self-training rounds after the first (aligner.training.rounds.SelfTraining;
     `align train` and `align run`)."""
     return _apply(function, [
         click.option("--self-guide-weight", default=recipe.SELF_GUIDE_WEIGHT,
@@ -261,7 +261,7 @@ def self_training_options(function):
 
 
 def agreement_weight_option(function):
-    """--agreement-weight (aligner/agreement.py)."""
+    """--agreement-weight (aligner/training/agreement.py)."""
     return click.option(
         "--agreement-weight", default=recipe.AGREEMENT_WEIGHT, show_default=True,
         type=FiniteFloat(min=0),
@@ -316,7 +316,7 @@ def precision_option(function):
 
 
 def deterministic_option(function):
-    """--deterministic of training (aligner.train.use_deterministic_algorithms)."""
+    """--deterministic of training (aligner.training.loop.use_deterministic_algorithms)."""
     return click.option(
         "--deterministic", is_flag=True,
         help="Deterministic GPU kernels (torch.use_deterministic_algorithms, "

@@ -1,7 +1,7 @@
 """`align run`: align a whole bitext in one command, as eflomal-align or fast_align do.
 
-Trains both directions of the recipe's model (aligner/recipe.py) on the bitext itself, in
-self-training rounds (aligner.self_training), then writes the symmetrized word alignments of
+Trains both directions of the recipe's model (aligner/training/recipe.py) on the bitext itself, in
+self-training rounds (aligner.training.rounds), then writes the symmetrized word alignments of
 every input line (aligner.corpus_alignment, block by block: memory does not grow with the
 corpus, except with --soft). Only parses options and wires the two; torch is imported inside.
 """
@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from aligner import constants as C
-from aligner import recipe
+from aligner.training import recipe
 from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  agreement_weight_option, bitext_options, block_lines_option,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
@@ -105,7 +105,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
 
     Example: align run -s corpus.en -t corpus.fr -o corpus.align
 
-    The model is the recipe of aligner/recipe.py: a first-order direct HMM (hmm1), both
+    The model is the recipe of aligner/training/recipe.py: a first-order direct HMM (hmm1), both
     directions, hmm-posterior alignments combined by -H soft-average, trained in four rounds
     of one epoch: each after the first fine-tunes the previous round's model, guided by its
     own alignments of the bitext (self-training), with a linearly decaying learning rate.
@@ -126,9 +126,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.metrics import score_aer
     from aligner.models import model_class
     from aligner.prep import PrepConfig
-    from aligner.self_training import SelfTraining, train_rounds
-    from aligner.train import use_deterministic_algorithms
-    from aligner.train_run import TrainRequest, default_parallel_directions
+    from aligner.training.rounds import SelfTraining, train_rounds
+    from aligner.training.loop import use_deterministic_algorithms
+    from aligner.training.directions import default_parallel_directions
+    from aligner.training.run import TrainRequest
 
     use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     logger = setup_logging(quiet=quiet)
@@ -168,7 +169,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if threshold is None:   # self-trained posteriors are sharper: the best threshold is higher
         threshold = recipe.THRESHOLD if rounds > 1 else DEFAULT_THRESHOLD
     torch_device = resolve_device(device)
-    # the settings that depend on the device, where not given (aligner/recipe.py
+    # the settings that depend on the device, where not given (aligner/training/recipe.py
     # device_defaults; a resumed run's own)
     by_device = device_defaults(torch_device.type, model_dir, resume)
     device_chunk_floats(model_options, model_class(recipe.MODEL_KIND).config_class

@@ -1,6 +1,6 @@
 """`align train`: preprocess a bitext and train an alignment model in both directions.
 
-The command only parses options; the work is aligner.train_run.train. torch is imported
+The command only parses options; the work is aligner.training.run.train. torch is imported
 inside the command function so that other commands start fast.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
-from aligner import recipe
+from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
                                  device_defaults, device_option, guide_options, lr_option,
@@ -224,7 +224,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
-    Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/recipe.py)
+    Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/training/recipe.py)
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
     self-training rounds of one epoch, each after the first
@@ -242,9 +242,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.models import MODELS, model_class
     from aligner.log import setup_logging
     from aligner.prep import PrepConfig
-    from aligner.self_training import SelfTraining, check_rounds, default_rounds, train_rounds
-    from aligner.train import use_deterministic_algorithms
-    from aligner.train_run import TrainRequest
+    from aligner.training.rounds import SelfTraining, check_rounds, default_rounds, train_rounds
+    from aligner.training.loop import use_deterministic_algorithms
+    from aligner.training.run import TrainRequest
 
     use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     set_threads(threads)
@@ -275,7 +275,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     model_options.update({key: value for key, value in recipe.MODEL_OPTIONS.items()
                           if key not in model_options and key in fields})
     model_options.update(parse_key_values(model_option, "--model-option"))
-    # the settings that depend on the device, where not given (aligner/recipe.py
+    # the settings that depend on the device, where not given (aligner/training/recipe.py
     # device_defaults; a resumed run's own)
     from aligner.distributed import resolve_device
 
@@ -318,7 +318,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
     if parallel_directions is None:
         from aligner.distributed import resolve_device
-        from aligner.train_run import default_parallel_directions
+        from aligner.training.directions import default_parallel_directions
 
         parallel_directions = default_parallel_directions(
             resolve_device(device), direction_list, agreement_weight, len(bitext))

@@ -219,7 +219,7 @@ class AlignmentLayerModel(AlignmentModel):
     #: the first is the default of `align extract`: the paper's best method
     METHODS: Tuple[str, ...] = LAYER_METHODS + Transformer.METHODS
     config_class = AlignmentLayerConfig
-    #: trained on a frozen base of this kind (two-stage training, see aligner.train_run)
+    #: trained on a frozen base of this kind (two-stage training, see aligner.training.run)
     BASE_KIND = "transformer"
     #: config keys of the layer itself; all others describe the base
     LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout")

@@ -72,8 +72,8 @@ class AlignmentModel(nn.Module, abc.ABC):
     * :attr:`TRAINS_POSTERIOR` (False) with :meth:`training_terms`: a kind whose training
       can use its differentiable alignment posterior. Guided and agreement training are
       made of these terms only: the trainer adds the guide term
-      (:func:`aligner.train.guided_loss`) and the agreement term
-      (:class:`aligner.agreement.AgreementPair`) to them; a kind without them is refused both.
+      (:func:`aligner.training.loop.guided_loss`) and the agreement term
+      (:class:`aligner.training.agreement.AgreementPair`) to them; a kind without them is refused both.
     """
 
     #: every instance keeps the config it was built from (an instance of `config_class`)
@@ -83,13 +83,13 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: `align extract`'s default -H for the kind
     BEST_HEURISTIC: str = "grow-diag"
     #: whether :meth:`training_terms` gives a differentiable alignment posterior: what guided
-    #: training (aligner/guide.py, ``align train --guide``, self-training rounds) and agreement
-    #: training (aligner/agreement.py, ``--agreement-weight``) need
+    #: training (aligner/training/guidance.py, ``align train --guide``, self-training rounds) and agreement
+    #: training (aligner/training/agreement.py, ``--agreement-weight``) need
     TRAINS_POSTERIOR: bool = False
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
     #: the kind of the frozen base this kind is trained on (two-stage training, see
-    #: aligner.train_run.train); None: an ordinary one-stage kind
+    #: aligner.training.run.train); None: an ordinary one-stage kind
     BASE_KIND: Optional[str] = None
 
     @property

@@ -5,7 +5,7 @@ A guide is a Pharaoh file of word links, one line per training line (from efloma
 fast_align or ``align`` itself), in source–target orientation. Training adds
 λ_g · CE(guide, model alignment distribution) per target subword: :func:`guide_cross_entropy`
 of the posterior of the model contract's ``training_terms``, added by the trainer
-(:func:`aligner.train.guided_loss`).
+(:func:`aligner.training.loop.guided_loss`).
 
 Word links become subword links when the corpus is encoded: word link (s, t) links every
 subword of source word s with every subword of target word t. They are stored beside the

@@ -30,13 +30,13 @@ MODEL_OPTIONS: Dict[str, Any] = dict(d_model=128, n_heads=4, enc_layers=3, dec_l
 #: small batches and a high learning rate: the most progress per CPU second
 TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
                                 max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
-#: weight of the agreement term between the directions (aligner/agreement.py; 0 = the
+#: weight of the agreement term between the directions (aligner/training/agreement.py; 0 = the
 #: directions train apart, in parallel on a CPU)
 AGREEMENT_WEIGHT = 0.0
 #: `align train --rounds 1` (one plain training, and kinds that cannot self-train): passes
 #: over the corpus per direction (1,204 updates of 1,200 tokens on the 25k en-fr pairs)
 EPOCHS = 2
-#: `align train` (hmm0, hmm1) and `align run`: self-training rounds (aligner/self_training.py),
+#: `align train` (hmm0, hmm1) and `align run`: self-training rounds (aligner/training/rounds.py),
 #: each of EPOCHS_PER_ROUND epochs, every round after the first guided by the previous
 #: round's own alignments of the bitext. Four rounds (1 + 1 + 1 +
 #: 1 epochs, the fine-tuned ones with FINE_TUNE_LR_SCHEDULE): en-fr 25k dev / trial 6.2 / 7.2
@@ -72,7 +72,7 @@ FINE_TUNE_EPOCHS = 1
 #: the choice is made on en-fr dev)
 FINE_TUNE_LR_SCHEDULE = "linear"
 #: lines each self-training round trains on, a sample drawn anew per round (round r+1's is
-#: aligned by round r's model to guide it; aligner/round_samples.py): the training budget that
+#: aligned by round r's model to guide it; aligner/training/samples.py): the training budget that
 #: stops growing with the corpus. A bitext of at most this many lines trains on all of it in
 #: every round (the 25,237-line en-fr benchmark, unchanged). 30,000: the whole job on the
 #: 407k en-fr Hansards within 90 minutes on 2 cores. Measured there (eval/results/scale_enfr.md):
@@ -81,7 +81,7 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: 7.6); 12,500 lines a round: 6.7 / 9.2 in 15 min of training
 ROUND_PAIRS = 30000
 #: the share of the bitext each fine-tuned round (2, 3, ...) trains on, at most ROUND_PAIRS
-#: lines: a sample drawn as ROUND_PAIRS's (aligner/round_samples.py; 1 = as round 1)
+#: lines: a sample drawn as ROUND_PAIRS's (aligner/training/samples.py; 1 = as round 1)
 FINE_TUNE_SHARE = 1.0
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"

@@ -19,7 +19,7 @@ direction sends to EOS), where the log of the product would blow up.
 
 Both terms are built from what the model contract declares (aligner/models/base.py): each
 direction's NLL and posterior come from its ``training_terms`` (``TRAINS_POSTERIOR`` kinds),
-the guide term is :func:`aligner.guide.guide_cross_entropy` of those posteriors.
+the guide term is :func:`aligner.training.guidance.guide_cross_entropy` of those posteriors.
 
 The reverse batch is built from the forward batch's tensors (:func:`reverse_batch`), so the
 pair is one module with the ``loss(src, tgt_in, tgt_out, ...)`` of a single model: the
@@ -27,25 +27,29 @@ training loop, gradient accumulation and DistributedDataParallel work unchanged.
 :class:`AgreementTrainer` keeps the two models' weights where a model directory has them
 (``fwd/params.*.pt``, ``rev/params.*.pt``) and the joint training state in ``joint/``.
 """
+from __future__ import annotations
 
 import logging
 import math
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from aligner import constants as C
 from aligner.constants import BOS_ID, EOS_ID, PAD_ID
-from aligner.config import TrainConfig
+from aligner.config import RunConfig, TrainConfig
 from aligner.data import EncodedCorpus
 from aligner.distributed import DistributedContext
-from aligner.guide import guide_cross_entropy
+from aligner.training.guidance import guide_cross_entropy
 from aligner.utils import check_condition
-from aligner.model_dir import JOINT_DIR, direction_dir, load_params, save_params
+from aligner.model_dir import CORPUS_DIR, JOINT_DIR, direction_dir, load_params, save_params
+from aligner.models import model_class
 from aligner.models.base import AlignmentModel
-from aligner.train import Trainer, Validation
+from aligner.training.directions import load_init_weights
+from aligner.training.loop import (TrainSummary, Trainer, Validation, seed_everything,
+                                   use_deterministic_algorithms)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ def reverse_batch(src: torch.Tensor, tgt_out: torch.Tensor
 def reverse_guide(guide: torch.Tensor) -> torch.Tensor:
     """The reverse direction's guide (B, J+1, I+1) of a forward guide (B, I+1, J+1): the same
     links, each source row normalized to sum to 1 (or 0 where a row has none), as
-    :func:`aligner.guide.guide_matrix` builds it for "rev"."""
+    :func:`aligner.training.guidance.guide_matrix` builds it for "rev"."""
     links = guide.gt(0).to(guide.dtype).transpose(1, 2)
     return links / links.sum(dim=-1, keepdim=True).clamp_min(1.0)
 
@@ -152,7 +156,7 @@ def check_agreement_resumable(model_dir: str) -> None:
 
 
 class AgreementTrainer(Trainer):
-    """A :class:`aligner.train.Trainer` of an :class:`AgreementPair` (one optimizer over both
+    """A :class:`aligner.training.loop.Trainer` of an :class:`AgreementPair` (one optimizer over both
     models' weights).
 
     It reads forward batches of `corpus` (the pair builds the reverse ones), counts the tokens
@@ -219,3 +223,55 @@ class AgreementTrainer(Trainer):
                     f", AER fwd {100 * aer[0]:.1f}% rev {100 * aer[1]:.1f}%")
         return {"valid_ppl": math.exp(sum(math.log(max(p, 1e-30)) for p in ppl) / 2),
                 "valid_aer": None if aer[0] is None else (aer[0] + aer[1]) / 2}
+
+
+def supports_agreement(model_kind: str) -> bool:
+    """Whether `model_kind` gives the differentiable posteriors agreement training compares."""
+    return model_class(model_kind).TRAINS_POSTERIOR
+
+
+def check_agreement_options(model_kind: str, directions: Sequence[str],
+                            parallel_directions: bool) -> None:
+    """One error line for an --agreement-weight run that cannot be: a kind without
+    posteriors, one direction only, or each direction in its own process."""
+    check_condition(supports_agreement(model_kind),
+                    f"--agreement-weight: agreement training is implemented for the direct HMMs "
+                    f"(hmm0, hmm1), not '{model_kind}'")
+    check_condition(sorted(directions) == sorted(C.DIRECTIONS),
+                    "--agreement-weight trains both directions together: it needs both "
+                    "(not --directions " + ",".join(directions) + ")")
+    check_condition(not parallel_directions,
+                    "--agreement-weight trains both directions in one loop: it cannot be "
+                    "combined with --parallel-directions")
+
+
+def train_agreement(model_dir: str, config: RunConfig, resume: bool, device: torch.device,
+                    context: Optional[DistributedContext] = None,
+                    validation: Optional[Validation] = None,
+                    progress: bool = True, init_dir: Optional[str] = None) -> TrainSummary:
+    """Build both directions' models (seeded; from `init_dir`'s weights when given) and train
+    them together with the agreement term (aligner/training/agreement.py) from the encoded corpus in
+    MODEL_DIR/corpus."""
+    from aligner.model_dir import JOINT_DIR, build_direction_model
+
+    context = context or DistributedContext()
+    use_deterministic_algorithms(config.training.deterministic)
+    seed_everything(config.training.seed)
+    models = {direction: build_direction_model(config, direction)
+              for direction in C.DIRECTIONS}
+    # a resumed run continues from its joint checkpoint; one cut off before it has none
+    resumable = resume and os.path.isfile(os.path.join(model_dir, JOINT_DIR, C.TRAINING_STATE))
+    if init_dir is not None and not resumable:
+        for direction, model in models.items():
+            load_init_weights(model, init_dir, direction)
+    pair = AgreementPair(models["fwd"], models["rev"], config.training.agreement_weight)
+    if context.is_main:
+        logger.info("[fwd+rev] %s models trained together, agreement weight %g: %d parameters",
+                    config.model_kind, config.training.agreement_weight,
+                    sum(p.numel() for p in pair.parameters()))
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    sizes = config.models["fwd"]
+    corpus.check_ids(sizes["src_vocab_size"], sizes["tgt_vocab_size"])
+    trainer = AgreementTrainer(pair, corpus, config.training, model_dir, device, context,
+                               validation, progress)
+    return trainer.run(resume=resume)

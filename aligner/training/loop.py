@@ -23,7 +23,7 @@ One :class:`Trainer` trains one direction's model on an encoded corpus:
   gradients and optimizer state stay fp32); fp32 otherwise, on the CPU unless asked.
 
 A whole ``align train`` run around it (the model directory, its data, every direction) is
-aligner/train_run.py.
+aligner/training/run.py.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ from aligner.config import TrainConfig
 from aligner.data import Batch, EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
 from aligner.formats import GoldAlignment
-from aligner.guide import guide_cross_entropy
+from aligner.training.guidance import guide_cross_entropy
 from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
@@ -129,12 +129,12 @@ def guided_loss(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
                 tgt_out: torch.Tensor, label_smoothing: float, guide: torch.Tensor,
                 guide_weight: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """(NLL + guide_weight · CE(guide, posterior), target tokens): the loss of guided
-    alignment training (aligner/guide.py), summed over the batch like ``model.loss``.
+    alignment training (aligner/training/guidance.py), summed over the batch like ``model.loss``.
 
     Made of what the model contract declares for it: the NLL and the differentiable log
     posterior (B, I+1, J+1) of :meth:`~aligner.models.base.AlignmentModel.training_terms`
     (kinds with ``TRAINS_POSTERIOR``); guide (B, I+1, J+1) in the same orientation, rows
-    summing to 1 or 0 (:func:`aligner.guide.guide_matrix`).
+    summing to 1 or 0 (:func:`aligner.training.guidance.guide_matrix`).
     """
     nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, label_smoothing,
                                                       posterior=True)
@@ -325,7 +325,7 @@ class Trainer:
         self._decoder_tokens = decoder_lengths + 1
         self.guides = None
         if config.guide_weight > 0:
-            from aligner.guide import GuideLinks
+            from aligner.training.guidance import GuideLinks
 
             self.guides = GuideLinks.open(corpus.directory, len(corpus))
             check_condition(self.guides is not None,
@@ -514,7 +514,7 @@ class Trainer:
             no_sync = getattr(self.loss_module, "no_sync", None)
             guide = {}
             if self.guides is not None:
-                from aligner.guide import guide_matrix
+                from aligner.training.guidance import guide_matrix
 
                 matrix = guide_matrix([self.guides.pair(i) for i in indices], self.direction,
                                       batch.tgt_out.size(1), batch.src.size(1))

@@ -1,7 +1,7 @@
 """Self-training rounds: train, align the training bitext, train again guided by those links.
 
 What `align train --rounds N` and `align run --rounds N` do (the recipe: four rounds,
-aligner/recipe.py). Each round is a complete model directory of its own::
+aligner/training/recipe.py). Each round is a complete model directory of its own::
 
     MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
                                      refuses other ones
@@ -29,7 +29,7 @@ rewrites another's directory.
 
 Needs a kind that trains with a guide (hmm0, hmm1) and both directions. Under torchrun every
 rank runs the rounds in one process group: each round trains through DDP
-(aligner/train_run.py), the guide alignment between rounds is sharded over the ranks by
+(aligner/training/run.py), the guide alignment between rounds is sharded over the ranks by
 block (aligner/corpus_alignment.py), and rank 0 alone writes the run's own files, the others
 waiting for it in a barrier.
 """
@@ -44,12 +44,18 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from aligner import constants as C
-from aligner import faults, recipe
+from aligner import faults
+from aligner.training import recipe
 from aligner.config import RunConfig
 from aligner.utils import AlignerError, atomic_output, check_condition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.distributed import DistributedContext
+    from aligner.training.loop import TrainSummary
+    from aligner.training.run import TrainRequest
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +79,7 @@ class SelfTraining:
     ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
     bitext (unless the request limits updates) and learning-rate decay. shortlist: the
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
-    round trains on, a sample of the bitext drawn anew per round (aligner/round_samples.py; 0
+    round trains on, a sample of the bitext drawn anew per round (aligner/training/samples.py; 0
     or more than the bitext has = all; round 1 trains on all when it has a --guide, which
     covers all). fine_tune_share: the share of the bitext rounds 2, 3, ... train on, at
     most round_pairs (1 = as round 1).
@@ -122,7 +128,7 @@ def done_path(model_dir: str, round_number: int) -> str:
 
 def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
     """Why rounds after the first cannot align the bitext or train on it; None when they can."""
-    from aligner.train_run import supports_guide
+    from aligner.training.run import supports_guide
 
     if not supports_guide(model_kind):
         return (f"self-training trains with a guide, implemented for the direct HMMs (hmm0, "
@@ -179,9 +185,9 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
 def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: int):
     """The bitext round `round_number` of `plan` trains on (and the round before it aligns to
     guide it): ``request.bitext``, or its sample of ``plan.round_pairs`` lines for that round
-    (aligner/round_samples.py) — not for one plain training, nor for a round 1 trained with
+    (aligner/training/samples.py) — not for one plain training, nor for a round 1 trained with
     the user's --guide (its lines are the whole bitext's)."""
-    from aligner.round_samples import round_bitext
+    from aligner.training.samples import round_bitext
 
     if plan.rounds == 1 or (round_number == 1 and request.data_config.guide):
         return request.bitext
@@ -195,7 +201,7 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     on with its first round that is not done. Under torchrun every rank calls this. Returns
     the last round's summaries and the time spent."""
     from aligner.distributed import distributed
-    from aligner.train_run import train
+    from aligner.training.run import train
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
     if plan.rounds == 1:   # one ordinary run in the directory itself
@@ -214,7 +220,7 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
     from aligner.model_dir import release_lock
     from aligner.precision import resolve_precision
     from aligner.run_record import RunRecord, record_path
-    from aligner.train_run import begin_record, run_inputs
+    from aligner.training.run import begin_record, run_inputs
 
     model_dir = request.model_dir
     result = RoundsResult(summaries={})
@@ -272,7 +278,7 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
     --resume) and write or check the plan's settings. Returns (the lock, resumed)."""
     from aligner.model_dir import (LOCK_NAME, RUN_MARK, acquire_lock, holds_run, mark_run,
                                    prepare_output_dir, release_lock, write_version)
-    from aligner.train_run import check_request, request_inputs
+    from aligner.training.run import check_request, request_inputs
     from aligner.utils import remove_stale_temporaries
 
     model_dir = request.model_dir
@@ -325,7 +331,7 @@ def _train_round(model_dir: str, this_round: "TrainRequest", plan: SelfTraining,
     start (anything a start cut off left there is removed: the folder is the run's own);
     then its done mark."""
     from aligner.model_dir import config_path
-    from aligner.train_run import train
+    from aligner.training.run import train
 
     folder = this_round.model_dir
     resume = os.path.isfile(config_path(folder))
@@ -452,7 +458,8 @@ def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> N
     rank 0's; the other ranks of a torchrun job log nothing, as in training)."""
     from aligner.log import setup_logging
     from aligner.model_dir import config_path, load_preprocessing
-    from aligner.train_run import check_inputs, run_config
+    from aligner.training.corpus import check_inputs
+    from aligner.training.run import run_config
 
     model_dir = request.model_dir
     check_inputs(model_dir, request.bitext, request.ignore_data_change,
