@@ -43,7 +43,8 @@ def parse_variant(text: str) -> Tuple[str, Dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True,
-                        help="model directory written by align train (corpus + config.json)")
+                        help="model directory written by align train (corpus + config.json; "
+                             "of a self-training run: one of its rounds, MODEL_DIR/rounds/N)")
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
     parser.add_argument("--max-tokens", type=int, default=512, help="padded tokens per batch")
     parser.add_argument("--batches", type=int, default=8, help="timed batches")
