@@ -54,7 +54,8 @@ SOFT_HEURISTICS = ("soft-average",)
 ALIGN_RUN_SETTINGS = "align_run"
 
 DEFAULT_SEED = 1
-#: learning-rate decays after the warm-up (TrainConfig.lr_schedule; aligner.training.loop.learning_rate)
+#: learning-rate decays after the warm-up (TrainConfig.lr_schedule;
+#: aligner.training.loop.learning_rate)
 LR_SCHEDULES = ("inverse-sqrt", "linear")
 #: --precision of align train / run / extract / translate (aligner.precision): ``auto``
 #: resolves to one of the other two by device

@@ -238,7 +238,8 @@ _REBUILD = "; train again with --overwrite to rebuild the encoded corpus"
 
 def check_corpus_file(condition: bool, path: str, message: str) -> None:
     """AlignerError "PATH: damaged (MESSAGE); ...--overwrite..." unless `condition` holds
-    (for every file of the encoded corpus directory, guide links included: aligner/training/guidance.py)."""
+    (for every file of the encoded corpus directory, guide links included:
+    aligner/training/guidance.py)."""
     if not condition:
         raise AlignerError(f"{path}: damaged ({message}){_REBUILD}")
 

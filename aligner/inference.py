@@ -395,7 +395,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     best checkpoint, only the directions asked for). The heuristics combine the two
     directions through aligner.combine: a Moses heuristic their hard links; ``soft-average``
     averages their word-level soft alignments (:func:`soft_alignments`, computed once for
-    all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``: tqdm bars on stderr, one per direction and pass.
+    all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``:
+    tqdm bars on stderr, one per direction and pass.
     ``parallel``: the soft matrices of the two directions in two processes on a multi-core
     CPU (:func:`soft_alignments_by_direction`).
     """

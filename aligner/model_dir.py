@@ -81,8 +81,8 @@ CORPUS_DIR = "corpus"
 LOCK_NAME = ".lock"
 #: stage-1 base model directory inside an alignment-layer model directory (see aligner.training.run)
 BASE_DIR = "base"
-#: the joint training state of an agreement run (aligner/training/agreement.py): both directions train
-#: in one loop, their weights in fwd/ and rev/
+#: the joint training state of an agreement run (aligner/training/agreement.py): both directions
+#: train in one loop, their weights in fwd/ and rev/
 JOINT_DIR = "joint"
 CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)

@@ -552,7 +552,8 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 
 def last_elapsed_seconds(path: str) -> float:
-    """``elapsed_s`` of the last row of a ``metrics.tsv`` (read by aligner.training.loop.read_metrics).
+    """``elapsed_s`` of the last row of a ``metrics.tsv`` (read by
+    aligner.training.loop.read_metrics).
 
     That column is the direction's training seconds up to that checkpoint, summed over
     resumed runs (validation included; BPE learning and corpus encoding not). AlignerError

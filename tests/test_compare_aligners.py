@@ -514,7 +514,8 @@ def test_recorded_training_reads_the_run_record_and_falls_back_to_metrics(tmp_pa
 
 def prepare_model_dir(model_dir: Path, source: str, target: str, max_len: int = 200) -> None:
     """What `align train` writes before training (prep, BPE, vocabularies, corpus/, config),
-    by its own code (aligner.training.corpus.prepare_data); no weights: the guard does not read them."""
+    by its own code (aligner.training.corpus.prepare_data); no weights: the guard does not read
+    them."""
     from aligner.config import DataConfig, RunConfig, TrainConfig
     from aligner.formats import read_bitext
     from aligner.prep import PrepConfig

@@ -94,7 +94,7 @@ def test_deterministic_run_gives_the_same_alignments_on_the_cpu(tmp_path, corpus
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
-# -- the device-dependent defaults (aligner/training/recipe.py device_defaults) --------------------------
+# -- the device-dependent defaults (aligner/training/recipe.py device_defaults) -------------------
 
 def test_cpu_defaults_are_the_measured_recipe():
     from aligner.training import recipe

@@ -1,5 +1,5 @@
-"""Guided alignment training (aligner/training/guidance.py, the trainer's guide term on the HMMs' posteriors,
-align train --guide)."""
+"""Guided alignment training (aligner/training/guidance.py, the trainer's guide term on the HMMs'
+posteriors, align train --guide)."""
 from __future__ import annotations
 
 import functools

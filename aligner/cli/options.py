@@ -128,7 +128,8 @@ def lr_option(function):
 def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
                     ) -> Dict[str, Any]:
     """max_tokens, lr, warmup and chunk_floats for the options the user left out:
-    :func:`aligner.training.recipe.device_defaults` of the device type ("cpu", "cuda"); with --resume
+    :func:`aligner.training.recipe.device_defaults` of the device type ("cpu", "cuda"); with
+    --resume
     of a run whose config.json is there, the run's own values (a run resumed on another device
     goes on with its batches: the batcher refuses another max_tokens, and the settings check
     another lr), chunk_floats None when its models were given none. A config.json that cannot

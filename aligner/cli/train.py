@@ -224,7 +224,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             overwrite: bool, quiet: bool, verbose: bool) -> None:
     """Train an alignment model (both directions by default) into MODEL_DIR.
 
-    Example: align train -s train.en -t train.fr -o model   (the recipe of aligner/training/recipe.py)
+    Example: align train -s train.en -t train.fr -o model   (the recipe of
+    aligner/training/recipe.py)
 
     With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
     self-training rounds of one epoch, each after the first

@@ -73,7 +73,8 @@ class AlignmentModel(nn.Module, abc.ABC):
       can use its differentiable alignment posterior. Guided and agreement training are
       made of these terms only: the trainer adds the guide term
       (:func:`aligner.training.loop.guided_loss`) and the agreement term
-      (:class:`aligner.training.agreement.AgreementPair`) to them; a kind without them is refused both.
+      (:class:`aligner.training.agreement.AgreementPair`) to them; a kind without them is refused
+      both.
     """
 
     #: every instance keeps the config it was built from (an instance of `config_class`)
@@ -83,8 +84,8 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: `align extract`'s default -H for the kind
     BEST_HEURISTIC: str = "grow-diag"
     #: whether :meth:`training_terms` gives a differentiable alignment posterior: what guided
-    #: training (aligner/training/guidance.py, ``align train --guide``, self-training rounds) and agreement
-    #: training (aligner/training/agreement.py, ``--agreement-weight``) need
+    #: training (aligner/training/guidance.py, ``align train --guide``, self-training rounds) and
+    #: agreement training (aligner/training/agreement.py, ``--agreement-weight``) need
     TRAINS_POSTERIOR: bool = False
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None

@@ -156,8 +156,8 @@ def check_agreement_resumable(model_dir: str) -> None:
 
 
 class AgreementTrainer(Trainer):
-    """A :class:`aligner.training.loop.Trainer` of an :class:`AgreementPair` (one optimizer over both
-    models' weights).
+    """A :class:`aligner.training.loop.Trainer` of an :class:`AgreementPair` (one optimizer over
+    both models' weights).
 
     It reads forward batches of `corpus` (the pair builds the reverse ones), counts the tokens
     of both decoders, writes each model's weights into its direction folder of `model_dir`

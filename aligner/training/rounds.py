@@ -452,7 +452,8 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
 
 def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> None:
     """What train() checks on --resume, for the last done round when the run goes on after
-    it (its training is not resumed): the bitext is the one the cached corpus was built from, and the settings are the
+    it (its training is not resumed): the bitext is the one the cached corpus was built from, and
+    the settings are the
     saved run's (but for its bookkeeping in ``extra``: the round, the output's defaults).
     Attaches MODEL_DIR/train.log (the round's log) to the console logging (`log_to_file`:
     rank 0's; the other ranks of a torchrun job log nothing, as in training)."""

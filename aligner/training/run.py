@@ -66,7 +66,8 @@ def check_model_options(model_kind: str, model_options: Dict[str, Any],
 
 def supports_guide(model_kind: str) -> bool:
     """Whether `model_kind`'s contract gives the alignment posterior the guide term is
-    computed on (``TRAINS_POSTERIOR``; aligner/training/guidance.py, :func:`aligner.training.loop.guided_loss`)."""
+    computed on (``TRAINS_POSTERIOR``; aligner/training/guidance.py,
+    :func:`aligner.training.loop.guided_loss`)."""
     return model_class(model_kind).TRAINS_POSTERIOR
 
 
