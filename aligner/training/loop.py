@@ -46,13 +46,13 @@ from aligner.config import TrainConfig
 from aligner.data import Batch, EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
 from aligner.formats import GoldAlignment
-from aligner.training.guidance import guide_cross_entropy
 from aligner.inference import align_pairs, pair_batches
 from aligner.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
 from aligner.precision import autocast_context, resolve_precision
+from aligner.training.guidance import GuideLinks, guide_cross_entropy, guide_matrix
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -325,8 +325,6 @@ class Trainer:
         self._decoder_tokens = decoder_lengths + 1
         self.guides = None
         if config.guide_weight > 0:
-            from aligner.training.guidance import GuideLinks
-
             self.guides = GuideLinks.open(corpus.directory, len(corpus))
             check_condition(self.guides is not None,
                             f"{corpus.directory}: the encoded corpus has no guide links "
@@ -514,8 +512,6 @@ class Trainer:
             no_sync = getattr(self.loss_module, "no_sync", None)
             guide = {}
             if self.guides is not None:
-                from aligner.training.guidance import guide_matrix
-
                 matrix = guide_matrix([self.guides.pair(i) for i in indices], self.direction,
                                       batch.tgt_out.size(1), batch.src.size(1))
                 guide = {"guide": to_device(matrix, self.device),

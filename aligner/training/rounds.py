@@ -158,14 +158,13 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
     1's; its resume flag is left to the caller)."""
     extra = dict(request.extra or {})
     bitext = training_lines(request, plan, round_number)
+    model_dir = request.model_dir
     if plan.rounds > 1:
         extra[SELF_TRAINING_KEY] = {"round": round_number}
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
             extra[C.ALIGN_RUN_SETTINGS] = {"symmetrize": plan.heuristic,
                                            "threshold": plan.output_threshold}
-    model_dir = request.model_dir
-    if plan.rounds > 1:
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         return dataclasses.replace(request, bitext=bitext, extra=extra or None)
@@ -392,16 +391,16 @@ def _publish(source_dir: str, model_dir: str) -> None:
 
     with contextlib.suppress(FileNotFoundError):
         os.unlink(config_path(model_dir))
-    for name in PUBLISHED_ENTRIES:
+    for name in PUBLISHED_ENTRIES:   # config.json is the last entry
         path = os.path.join(source_dir, name)
         if name in C.DIRECTIONS:
             os.makedirs(os.path.join(model_dir, name), exist_ok=True)
             for file in (C.PARAMS_BEST, checksum_path(C.PARAMS_BEST)):
                 if os.path.isfile(os.path.join(path, file)):
                     _copy(os.path.join(path, file), os.path.join(model_dir, name, file))
-        elif os.path.isfile(path) and name != C.CONFIG_NAME:
+        # (config.json is copied unconditionally: a done round always has one)
+        elif name == C.CONFIG_NAME or os.path.isfile(path):
             _copy(path, os.path.join(model_dir, name))
-    _copy(config_path(source_dir), config_path(model_dir))
 
 
 def _copy(source: str, destination: str) -> None:
