@@ -1,5 +1,6 @@
-"""bf16 autocast on long sentences (150 target x 150 source positions), on the CPU, against fp32;
-and ``--precision`` of training (aligner/precision.py, aligner/training/loop.py).
+"""bf16 autocast on long sentences (150 target x 150 source positions), on the CPU (and on a
+CUDA GPU where torch sees one: the ``device`` parameter, ``pytest -m cuda``), against fp32; and
+``--precision`` of training (aligner/precision.py, aligner/training/loop.py).
 
 What stays float32 under autocast (aligner/precision.py): the HMM forward–backward (its
 batched matrix–vector products run with autocast off) and the linear lexicon's normalizer.
@@ -31,20 +32,26 @@ NLL_PER_TOKEN_TOLERANCE = 2e-3
 POSTERIOR_TOLERANCE = 2e-3
 
 
-def bf16():
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+#: where the checks run: the CPU always, a CUDA GPU where torch sees one
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-def test_forward_backward_stays_float32_under_autocast():
+def bf16(device: str = "cpu"):
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_backward_stays_float32_under_autocast(device):
     """Sharp random emissions and transitions (the case where rounding α and β hurts): the
     posteriors under bf16 autocast are those of fp32, bit for bit."""
     g = torch.Generator().manual_seed(0)
-    emission = torch.randn(2, I, J, generator=g) * 3
-    initial = torch.log_softmax(torch.randn(2, J, generator=g), -1)
-    transition = torch.log_softmax(torch.randn(2, I, J, J, generator=g) * 3, -1)
-    lengths = torch.tensor([I, I - 17])
+    emission = (torch.randn(2, I, J, generator=g) * 3).to(device)
+    initial = torch.log_softmax(torch.randn(2, J, generator=g), -1).to(device)
+    transition = torch.log_softmax(torch.randn(2, I, J, J, generator=g) * 3, -1).to(device)
+    lengths = torch.tensor([I, I - 17], device=device)
     reference = forward_backward(emission, initial, transition, lengths)
-    with bf16():
+    with bf16(device):
         got = forward_backward(emission, initial, transition, lengths)
         chunked = forward_backward(emission, initial, transition, lengths, chunk=32)
     assert got.dtype == torch.float32
@@ -66,23 +73,25 @@ def test_linear_lexicon_under_autocast_is_close_to_fp32():
     assert (got - reference).abs().max().item() < LEXICON_TOLERANCE
 
 
-def test_hmm1_on_a_150_by_150_pair_bf16_against_fp32():
+@pytest.mark.parametrize("device", DEVICES)
+def test_hmm1_on_a_150_by_150_pair_bf16_against_fp32(device):
     torch.manual_seed(3)
     g = torch.Generator().manual_seed(3)
     vocab = 600
     model = build_model("hmm1", dict(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=64,
                                      n_heads=4, enc_layers=2, dec_layers=2, d_ff=128,
                                      dropout=0.0, max_positions=400, lexicon_dim=32,
-                                     lexicon_activation="linear")).eval()
+                                     lexicon_activation="linear")).eval().to(device)
     src = torch.cat([torch.randint(4, vocab, (1, J - 1), generator=g),
                      torch.full((1, 1), C.EOS_ID)], 1)
     words = torch.randint(4, vocab, (1, I - 1), generator=g)
     tgt_in = torch.cat([torch.full((1, 1), C.BOS_ID), words], 1)
     tgt_out = torch.cat([words, torch.full((1, 1), C.EOS_ID)], 1)
+    src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
     with torch.no_grad():
         nll, tokens = model.loss(src, tgt_in, tgt_out)
         posterior = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
-        with bf16():
+        with bf16(device):
             nll_bf16, _ = model.loss(src, tgt_in, tgt_out)
             posterior_bf16 = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
     assert posterior.shape == (1, I, J)

@@ -1,0 +1,185 @@
+"""Benchmark: the whole `align run` job on one GPU: wall time, GPU memory, stage times, AER.
+
+Runs ``python -m aligner run`` once per ``--variant`` (its extra options; "" = the default
+recipe with the device's defaults, aligner/training/recipe.py:device_defaults), one after the
+other, on the same bitext, each in its own model directory under ``--workdir``. For each:
+
+* wall seconds of the command, and its stages from MODEL_DIR/run.json (preparation, each
+  round's training per direction, each guide; the final alignment is the rest);
+* the GPU memory in use, the most seen by ``nvidia-smi`` polled every 0.2 s (CUDA context
+  included: what a user sees, and what another job on the card can no longer have);
+* AER / precision / recall of the lines of each ``--gold`` (`align score-aer`).
+
+A variant still running at ``--deadline`` seconds from the start is stopped; its row keeps the
+stages its run.json recorded. Prints a markdown table and writes ``--workdir``/gpu_run.json.
+The en-fr 25k benchmark (eval/results/gpu_enfr.md)::
+
+    cat ../shared/data/enfr/{train,dev,trial}.src > train.en    # likewise .tgt > train.fr
+    python eval/bench_gpu_run.py --src train.en --tgt train.fr --workdir runs/gpu \\
+        --gold dev=../shared/data/enfr/dev.talp:25001 \\
+        --gold trial=../shared/data/enfr/trial.talp:25201 \\
+        --variant "" --variant "--max-tokens 1200 --lr 3e-3 --warmup 150" --deadline 560
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def align(*args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """`python -m aligner ARGS` of this checkout."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "aligner", *args], env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+class GpuMemoryPoll:
+    """The most GPU memory in use (MiB, all processes on GPU 0) seen while running."""
+
+    def __init__(self, interval: float = 0.2):
+        self.interval, self.peak_mib, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                                      "--format=csv,noheader,nounits", "-i", "0"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                self.peak_mib = max(self.peak_mib, int(out.split()[0]))
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "GpuMemoryPoll":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def gold_sets(specs: List[str]) -> List[Tuple[str, str, int]]:
+    """NAME=GOLD:FIRST_LINE (the bitext's 1-based line of the gold's first pair)."""
+    sets = []
+    for spec in specs:
+        name, rest = spec.split("=", 1)
+        path, first = rest.rsplit(":", 1)
+        sets.append((name, path, int(first)))
+    return sets
+
+
+def score(alignments: str, gold: str, first_line: int, workdir: str, name: str) -> Dict:
+    with open(gold, encoding="utf-8") as handle:
+        count = sum(1 for _ in handle)          # talp: one line per sentence pair
+    with open(alignments, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()[first_line - 1:first_line - 1 + count]
+    part = os.path.join(workdir, f"{name}.align")
+    with open(part, "w", encoding="utf-8") as out:
+        out.write("".join(line + "\n" for line in lines))
+    done = align("score-aer", "-g", gold, "-a", part, "--json")
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-300:]}
+    return json.loads(done.stdout)
+
+
+def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
+    model_dir = os.path.join(args.workdir, f"v{index}")
+    output = model_dir + ".align"
+    command = ["run", "-s", args.src, "-t", args.tgt, "-o", output, "--model-dir", model_dir,
+               "--overwrite", *shlex.split(extra)]
+    row: Dict = {"variant": extra or "(defaults)", "command": "align " + shlex.join(command)}
+    start = time.time()
+    with GpuMemoryPoll() as memory:
+        try:
+            done = align(*command, timeout=max(1.0, deadline - time.time()))
+            row["returncode"] = done.returncode
+            if done.returncode != 0:
+                row["error"] = done.stderr.strip()[-1500:]
+        except subprocess.TimeoutExpired:
+            row["returncode"] = None
+            row["error"] = "stopped at the deadline"
+    row["wall_s"] = round(time.time() - start, 1)
+    row["gpu_peak_mib"] = memory.peak_mib
+    try:
+        with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as handle:
+            record = json.load(handle)
+        row["stages"] = record["stages"]
+        row["device"] = record["sessions"][-1].get("device")
+        row["precision"] = record["sessions"][-1].get("precision")
+    except (OSError, ValueError, KeyError, IndexError):
+        row["stages"] = []
+    if row.get("returncode") == 0:
+        for name, gold, first in gold_sets(args.gold):
+            row[name] = score(output, gold, first, args.workdir, f"v{index}.{name}")
+    return row
+
+
+def environment() -> Dict:
+    import torch
+    info: Dict = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                  "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["capability"] = list(torch.cuda.get_device_capability(0))
+        info["bf16"] = torch.cuda.is_bf16_supported()
+    return info
+
+
+def table(rows: List[Dict], golds: List[str]) -> str:
+    names = [spec.split("=", 1)[0] for spec in golds]
+    head = ["variant", "wall s", "GPU MiB", "train s", "guide s", "prep s", "rest s",
+            *[f"{n} AER" for n in names]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        stages = row.get("stages", [])
+        total = {kind: round(sum(s["seconds"] for s in stages if s["stage"] == kind), 1)
+                 for kind in ("training", "guide", "preparation")}
+        aers = [f"{row[n]['aer']:.2f}" if "aer" in row.get(n, {}) else "-" for n in names]
+        lines.append("| " + " | ".join([row["variant"], str(row["wall_s"]),
+                                         str(row["gpu_peak_mib"]), str(total["training"]),
+                                         str(total["guide"]), str(total["preparation"]),
+                                         str(round(row["wall_s"] - sum(total.values()), 1)),
+                                         *aers]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--tgt", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--gold", action="append", default=[],
+                        help="NAME=GOLD_FILE:FIRST_LINE (talp gold of lines FIRST_LINE...)")
+    parser.add_argument("--variant", action="append", default=None,
+                        help='extra `align run` options of one run ("" = defaults)')
+    parser.add_argument("--deadline", type=float, default=3600.0,
+                        help="seconds from the start after which a running variant is stopped")
+    args = parser.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    deadline = time.time() + args.deadline
+    result = {"environment": environment(), "variants": []}
+    print(json.dumps(result["environment"]), flush=True)
+    for index, extra in enumerate(args.variant or [""]):
+        if time.time() >= deadline:
+            break
+        row = run_variant(args, extra, index, deadline)
+        result["variants"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "stages"}), flush=True)
+        with open(os.path.join(args.workdir, "gpu_run.json"), "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=1)
+    print(table(result["variants"], args.gold))
+
+
+if __name__ == "__main__":
+    main()
