@@ -107,25 +107,27 @@ def test_cpu_defaults_are_the_measured_recipe():
 
 
 def test_cuda_defaults_are_a_pure_function_of_the_device_type():
-    """No CUDA needed: torch.device objects (and names) of CUDA devices give the same values,
-    the arithmetic written beside them in recipe.py."""
+    """No CUDA needed: torch.device objects (and names) of CUDA devices give the same values:
+    the CPU's batches, rate and warm-up (chosen on en-fr dev on an H100, recipe.py) and the
+    larger chunk budget."""
     from aligner.training import recipe
 
-    expected = dict(max_tokens=12000, lr=min(3e-3 * (12000 / 1200) ** 0.5, 6e-3), warmup=15,
-                    chunk_floats=1 << 28)
-    assert expected["lr"] == 6e-3   # sqrt scaling (9.5e-3) capped
+    expected = dict(max_tokens=1200, lr=3e-3, warmup=150, chunk_floats=1 << 28)
     for device in (torch.device("cuda"), torch.device("cuda", 1), "cuda", "cuda:3"):
         assert recipe.device_defaults(device) == expected
-    assert 150 * 1200 == recipe.device_defaults("cuda")["warmup"] * 12000  # same warm-up tokens
+
+
+#: a device whose defaults differ from the CPU's in every setting: how the commands resolve
+#: device defaults, shown on this CPU
+OTHER_DEVICE = dict(max_tokens=2400, lr=5e-3, warmup=40, chunk_floats=1 << 28)
 
 
 def _gpu_defaults(monkeypatch):
-    """The commands on this CPU take the CUDA defaults (which device_defaults gives for any
-    device here): how align train/run resolve them, without a GPU."""
+    """The commands on this CPU take :data:`OTHER_DEVICE`'s defaults (device_defaults gives
+    them for any device here): how align train/run resolve them, without a GPU."""
     from aligner.training import recipe
 
-    real = recipe.device_defaults
-    monkeypatch.setattr(recipe, "device_defaults", lambda device: real("cuda"))
+    monkeypatch.setattr(recipe, "device_defaults", lambda device: dict(OTHER_DEVICE))
 
 
 def _training(model_dir):
@@ -146,7 +148,7 @@ def test_train_takes_the_device_defaults_and_explicit_values_win(tmp_path, corpu
     assert (training["max_tokens"], training["lr"], training["warmup"]) == (1200, 3e-3, 150)
     assert all("chunk_floats" not in m for m in models.values())   # config.json as before
     training, models = _training(tmp_path / "gpu")
-    assert (training["max_tokens"], training["lr"], training["warmup"]) == (12000, 6e-3, 15)
+    assert (training["max_tokens"], training["lr"], training["warmup"]) == (2400, 5e-3, 40)
     assert all(m["chunk_floats"] == 1 << 28 for m in models.values())
     training, models = _training(tmp_path / "given")
     # given --max-tokens: the recipe's warm-up, as before the device defaults
@@ -179,8 +181,12 @@ def test_run_takes_the_device_defaults_and_explicit_values_win(tmp_path, corpus,
             *tiny)
         run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o2", "--model-dir",
             tmp_path / "given", "--max-tokens", 300, "--lr", 1e-3, *tiny)
+        run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o3", "--model-dir",
+            tmp_path / "warmup", "--warmup", 7, *tiny)
     training, models = _training(tmp_path / "gpu")
-    assert (training["max_tokens"], training["lr"], training["warmup"]) == (12000, 6e-3, 15)
+    assert (training["max_tokens"], training["lr"], training["warmup"]) == (2400, 5e-3, 40)
     assert all(m["chunk_floats"] == 1 << 28 for m in models.values())
     training, _ = _training(tmp_path / "given")
     assert (training["max_tokens"], training["lr"], training["warmup"]) == (300, 1e-3, 150)
+    training, _ = _training(tmp_path / "warmup")   # --warmup alone: the device's batches
+    assert (training["max_tokens"], training["lr"], training["warmup"]) == (2400, 5e-3, 7)

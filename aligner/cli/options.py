@@ -101,7 +101,14 @@ def model_option_option(function):
 #: the "[default: ...]" words of the options whose default depends on the device
 #: (recipe.device_defaults, resolved by :func:`device_defaults`)
 _CPU, _GPU = recipe.device_defaults("cpu"), recipe.device_defaults("cuda")
-_BY_DEVICE = "on the CPU, {gpu} on a CUDA GPU (unmeasured); with --resume the run's"
+
+
+def _by_device(key: str, form: str) -> str:
+    """The default of setting `key` on each device, written with `form`."""
+    cpu, gpu = form.format(_CPU[key]), form.format(_GPU[key])
+    where = (f"{cpu} on the CPU and a CUDA GPU" if cpu == gpu
+             else f"{cpu} on the CPU, {gpu} on a CUDA GPU")
+    return where + "; with --resume the run's"
 
 
 def max_tokens_option(function):
@@ -111,8 +118,7 @@ def max_tokens_option(function):
         "--max-tokens", default=None, type=click.IntRange(min=1),
         help=_with_default("Padded tokens per training batch (max(source, target) length x "
                            "sentences).",
-                           f"{_CPU['max_tokens']:,} "
-                           + _BY_DEVICE.format(gpu=f"{_GPU['max_tokens']:,}")))(function)
+                           _by_device("max_tokens", "{:,}")))(function)
 
 
 def lr_option(function):
@@ -121,8 +127,17 @@ def lr_option(function):
     return click.option(
         "--lr", default=None, type=FiniteFloat(min=0),
         help=_with_default("Peak learning rate.",
-                           f"{_CPU['lr']:g} " + _BY_DEVICE.format(gpu=f"{_GPU['lr']:g}"))
+                           _by_device("lr", "{:g}"))
     )(function)
+
+
+def warmup_option(function):
+    """--warmup, linear warm-up updates (aligner.config.TrainConfig.warmup); None: the device's
+    (:func:`device_defaults`), or TRAINING's with a --max-tokens of the user's."""
+    return click.option(
+        "--warmup", default=None, type=click.IntRange(min=0),
+        help=_with_default("Linear warm-up updates (then --lr-schedule).",
+                           _by_device("warmup", "{}")))(function)
 
 
 def device_defaults(device_type: str, model_dir: Optional[str], resume: bool

@@ -27,7 +27,7 @@ from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
-                                 self_training_options, threads_option)
+                                 self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
@@ -81,6 +81,7 @@ logger = logging.getLogger(__name__)
 @max_tokens_option
 @block_lines_option
 @lr_option
+@warmup_option
 @device_option
 @precision_option
 @deterministic_option
@@ -99,6 +100,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
+            warmup: Optional[int],
             device: str, precision: str, deterministic: bool, seed: int, threads: int,
             quiet: bool) -> None:
     """Train on a bitext and write the word alignments of every one of its lines.
@@ -179,7 +181,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                   else max_tokens,
                                   "lr": by_device["lr"] if lr is None else lr,
                                   # the device's warm-up goes with its batches
-                                  "warmup": by_device["warmup"] if max_tokens is None or resume
+                                  "warmup": warmup if warmup is not None
+                                  else by_device["warmup"] if max_tokens is None or resume
                                   else recipe.TRAINING["warmup"]},
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates,

@@ -20,7 +20,8 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
-                                 seed_option, self_training_options, threads_option)
+                                 seed_option, self_training_options, threads_option,
+                                 warmup_option)
 from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
 
@@ -147,11 +148,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
 @lr_option
-@click.option("--warmup", default=None, type=click.IntRange(min=0),
-              help=f"Linear warm-up updates (then --lr-schedule).  [default: "
-                   f"{recipe.TRAINING['warmup']} on the CPU, "
-                   f"{recipe.device_defaults('cuda')['warmup']} on a CUDA GPU (the same tokens "
-                   f"of warm-up in its larger batches; unmeasured); with --resume the run's]")
+@warmup_option
 @click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
               default=recipe.TRAINING["lr_schedule"], show_default=True,
               help="Decay after the warm-up: inverse square root, or linear to lr/(T-w+1) at "

@@ -14,7 +14,6 @@ eval/results/rounds4_enfr.md and quality.md for its time and AER against eflomal
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict
 
 MODEL_KIND = "hmm1"
@@ -107,23 +106,24 @@ SELF_GUIDE_THRESHOLD = 0.5
 #: (B, I+1, J+2, J+1) scores alive at once before training chunks and recomputes them) on the
 #: CPU: the model's own default, 2^24 floats = 64 MiB
 CPU_CHUNK_FLOATS = 1 << 24
-#: on a CUDA GPU, by :func:`device_defaults`. NOT MEASURED: no run of this project has had a
-#: GPU; these are arithmetic from the CPU-measured point (TRAINING), to be measured:
-#: batches of 12,000 padded tokens, 10x the CPU's 1,200 (a d_model-128 model on 1,200
-#: tokens leaves a large GPU mostly idle; 12,000 is a few hundred pairs of Hansards length)
-GPU_MAX_TOKENS = 12000
-#: the learning rate scales with the square root of the batch (Adam; Krizhevsky 2014,
-#: Hoffer et al. 2017) from TRAINING's 3e-3 at 1,200 tokens: 3e-3 x sqrt(12,000 / 1,200) =
-#: 3e-3 x 3.16 = 9.5e-3, capped here at 6e-3, twice the measured rate (the highest rate this
-#: project has trained with is 5e-3, the d_model-64 demo model: eval/results/
-#: hmm_speed_demo_size.md)
-GPU_LR_CAP = 6e-3
-#: 2^28 floats = 1 GiB per float32 score tensor; training keeps a few of them per chunk (scores,
-#: their log-softmax, gradients): a few GiB at most. A 12,000-token batch of 100-subword pairs
-#: (120 pairs) has B·(J+2)·(J+1) = 120·102·101 = 1.24M floats per target position, 125M for
-#: its 101 positions: 2^24 cuts it into 8 chunks recomputed in backward (13 positions each),
-#: 2^28 takes it whole (500 MB); batches of 30-subword pairs fit either way (12M floats)
+#: on a CUDA GPU: 2^28 floats = 1 GiB per float32 score tensor; training keeps a few of them per
+#: chunk (scores, their log-softmax, gradients). A 1,200-token batch never reaches it (whole
+#: batches, no recomputation); a 12,000-token batch of 100-subword pairs (120 pairs) has
+#: B·(J+2)·(J+1) = 120·102·101 = 1.24M floats per target position, 125M for its 101
+#: positions: taken whole. Measured on an H100 (eval/results/gpu_enfr.md): the whole 25k en-fr
+#: job peaks at 8.5 GiB of GPU memory with 1,200-token batches, 14.8 GiB with 12,000
 GPU_CHUNK_FLOATS = 1 << 28
+#: batches and learning rate on a CUDA GPU: TRAINING's, as on the CPU. Measured on one H100
+#: (bf16, eval/results/gpu_enfr.md), the en-fr 25k `align run`: an update takes 0.08-0.09 s
+#: with batches of 1,200 or of 12,000 tokens alike (the d_model-128 model is bound by kernel
+#: launches, not arithmetic), so larger batches only buy time by making fewer updates: 12,000
+#: tokens, lr 6e-3 (3e-3·sqrt(10) capped at 6e-3), warm-up 15 gave the whole job in 2 min 42 s
+#: but dev / trial 7.7 / 9.3, against 6.2 / 7.2 of TRAINING's values (the CPU run, 23 min 40 s
+#: on 2 cores; on the H100 about 9 min: rounds 1-3 measured, 2 min 14 s each with the guide).
+#: Chosen on dev: TRAINING's values; --max-tokens 12000 --lr 6e-3 --warmup 15 is the fast
+#: setting for those who trade 1.5 points of AER for time
+GPU_TRAINING = dict(max_tokens=TRAINING["max_tokens"], lr=TRAINING["lr"],
+                    warmup=TRAINING["warmup"])
 
 
 def device_defaults(device: Any) -> Dict[str, Any]:
@@ -133,23 +133,15 @@ def device_defaults(device: Any) -> Dict[str, Any]:
     A pure function of the device's type: nothing is asked of CUDA.
 
     The CPU (and every device but CUDA): TRAINING's values as measured, and the model's
-    chunk budget. CUDA (not measured, see :data:`GPU_MAX_TOKENS`): GPU_MAX_TOKENS tokens per
-    batch, k = GPU_MAX_TOKENS / TRAINING's max_tokens = 10 times the CPU's; lr =
-    min(TRAINING's lr · sqrt(k), GPU_LR_CAP) = min(9.5e-3, 6e-3) = 6e-3; warmup =
-    TRAINING's warmup / k = 150 / 10 = 15 updates (the same 180,000 tokens of warm-up: an
-    epoch of the 25k en-fr pairs is about 60 updates of 12,000 tokens, so 150 would never end
-    in a one-epoch round); chunk_floats GPU_CHUNK_FLOATS. Values the user gives (--max-tokens,
+    chunk budget. CUDA: :data:`GPU_TRAINING` (TRAINING's batches, rate and warm-up, chosen on
+    en-fr dev on an H100) and :data:`GPU_CHUNK_FLOATS`. Values the user gives (--max-tokens,
     --lr, --warmup, -M chunk_floats=N) win over these.
     """
     kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
     if kind != "cuda":
         return dict(max_tokens=TRAINING["max_tokens"], lr=TRAINING["lr"],
                     warmup=TRAINING["warmup"], chunk_floats=CPU_CHUNK_FLOATS)
-    scale = GPU_MAX_TOKENS / TRAINING["max_tokens"]
-    return dict(max_tokens=GPU_MAX_TOKENS,
-                lr=min(TRAINING["lr"] * math.sqrt(scale), GPU_LR_CAP),
-                warmup=max(1, round(TRAINING["warmup"] / scale)),
-                chunk_floats=GPU_CHUNK_FLOATS)
+    return dict(GPU_TRAINING, chunk_floats=GPU_CHUNK_FLOATS)
 
 
 def bpe_merges(n_pairs: int) -> int:
