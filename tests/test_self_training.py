@@ -116,6 +116,32 @@ def test_self_training_options_reach_the_rounds(tmp_path, corpus):
     assert config["training"]["lr_schedule"] == "inverse-sqrt"
 
 
+def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus):
+    """--final-agreement-weight: rounds 1..N-1 train each direction on its own, round N both
+    together with the agreement term (its joint/ state, config), fine-tuning round N-1 and
+    guided by it; the setting is part of the plan a resume must keep."""
+    src, tgt = corpus
+    model = tmp_path / "m"
+    args = ["train", "-s", src, "-t", tgt, "-o", model, "--rounds", "3", "--max-updates", "2",
+            *TRAIN_TINY]
+    with restored_aligner_logger():
+        run(*args, "--final-agreement-weight", "0.5")
+    rounds = model / "rounds"
+    for number in (1, 2):
+        assert _config(rounds / str(number))["training"]["agreement_weight"] == 0.0
+        assert not (rounds / str(number) / "joint").exists()
+    last = _config(rounds / "3")
+    assert last["training"]["agreement_weight"] == 0.5
+    assert last["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
+    assert last["extra"]["init_from"] == os.path.abspath(rounds / "2")
+    assert (rounds / "3" / "joint").is_dir()
+    assert "agreement weight 0.5" in (rounds / "3" / "train.log").read_text()
+    assert _config(model)["training"]["agreement_weight"] == 0.5   # round 3 published
+    with restored_aligner_logger():
+        line = error_line(run(*args, "--final-agreement-weight", "1", "--resume", ok=False))
+    assert "--final-agreement-weight (0.5 saved, 1.0 asked)" in line
+
+
 def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, corpus,
                                                                      monkeypatch):
     assert default_rounds("hmm1", ("fwd", "rev")) == recipe.ROUNDS > 1

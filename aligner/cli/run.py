@@ -96,7 +96,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             guide_weight: float, rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
-            fine_tune_share: float,
+            fine_tune_share: float, final_agreement_weight: float,
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
@@ -221,7 +221,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         fine_tune_epochs=fine_tune_epochs,
                         fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
                         round_pairs=round_pairs, fine_tune_share=fine_tune_share,
-                        block_lines=block_lines or 0)
+                        block_lines=block_lines or 0,
+                        final_agreement_weight=final_agreement_weight)
     try:
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)

@@ -214,7 +214,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             guide_weight: float, rounds: Optional[int], self_guide_weight: float,
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
-            fine_tune_share: float, agreement_weight: float,
+            fine_tune_share: float, final_agreement_weight: float, agreement_weight: float,
             device: str,
             precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
@@ -324,7 +324,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         guide_threshold=self_guide_threshold, fine_tune=fine_tune,
                         fine_tune_epochs=fine_tune_epochs,
                         fine_tune_lr_schedule=fine_tune_lr_schedule, round_pairs=round_pairs,
-                        fine_tune_share=fine_tune_share)
+                        fine_tune_share=fine_tune_share,
+                        final_agreement_weight=final_agreement_weight)
     setup_logging(quiet=quiet, verbose=verbose)   # the messages between rounds
     try:
         summaries = train_rounds(TrainRequest(

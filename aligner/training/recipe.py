@@ -88,6 +88,10 @@ ROUND_PAIRS = 30000
 #: the rule chosen on dev (at most 6.4), so 1 stays (eval/results/fine_tune_share_enfr.md). On
 #: a bitext of more than 2 x ROUND_PAIRS lines any share of 0.5 or more changes nothing
 FINE_TUNE_SHARE = 1.0
+#: agreement weight of the last self-training round: it trains both directions together,
+#: fine-tuning the round before, with aligner/training/agreement.py's term (0 = apart, as the
+#: other rounds)
+FINAL_AGREEMENT_WEIGHT = 0.0
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
 #: -H soft-average threshold of the output after self-training rounds (`align run`'s, and

@@ -84,7 +84,9 @@ class SelfTraining:
     covers all). fine_tune_share: the share of the bitext rounds 2, 3, ... train on, at
     most round_pairs (1 = as round 1).
     block_lines: lines per block of the guides' alignment (0 = inference.BLOCK_LINES), the
-    unit a guide cut off goes on from.
+    unit a guide cut off goes on from. final_agreement_weight: the last round (of two or
+    more) trains both directions together with this agreement weight (aligner/training/
+    agreement.py; 0 = apart, as every other round).
     """
 
     rounds: int = recipe.ROUNDS
@@ -99,6 +101,7 @@ class SelfTraining:
     round_pairs: int = recipe.ROUND_PAIRS
     fine_tune_share: float = recipe.FINE_TUNE_SHARE
     block_lines: int = 0
+    final_agreement_weight: float = recipe.FINAL_AGREEMENT_WEIGHT
 
 
 @dataclass
@@ -169,6 +172,10 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
     if round_number == 1:
         return dataclasses.replace(request, bitext=bitext, extra=extra or None)
     config = dataclasses.replace(request.train_config, guide_weight=plan.guide_weight)
+    parallel_directions = request.parallel_directions
+    if round_number == plan.rounds and plan.final_agreement_weight > 0:
+        config = dataclasses.replace(config, agreement_weight=plan.final_agreement_weight)
+        parallel_directions = False     # agreement trains both directions in one loop
     init_dir = None
     if plan.fine_tune:
         init_dir = round_dir(model_dir, round_number - 1)
@@ -177,7 +184,7 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
             config = dataclasses.replace(config, max_epochs=plan.fine_tune_epochs)
     return dataclasses.replace(
         request, bitext=bitext, train_config=config, extra=extra, init_dir=init_dir,
-        data_config=dataclasses.replace(request.data_config,
+        parallel_directions=parallel_directions, data_config=dataclasses.replace(request.data_config,
                                         guide=guide_path(model_dir, round_number - 1)))
 
 
@@ -428,7 +435,8 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
             "--fine-tune-epochs": plan.fine_tune_epochs,
             "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
             "--shortlist": plan.shortlist, "--round-pairs": plan.round_pairs,
-            "--fine-tune-share": plan.fine_tune_share}
+            "--fine-tune-share": plan.fine_tune_share,
+            "--final-agreement-weight": plan.final_agreement_weight}
 
 
 def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
