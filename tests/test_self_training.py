@@ -142,6 +142,25 @@ def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus)
     assert "--final-agreement-weight (0.5 saved, 1.0 asked)" in line
 
 
+def test_a_final_agreement_round_cut_off_resumes_to_the_same_weights(tmp_path, corpus):
+    """Cut off after the agreement round's first checkpoint (round 1 writes 4: 2 per
+    direction), --resume goes on from it and ends with an uninterrupted run's weights."""
+    src, tgt = corpus
+    args = ["--rounds", "2", "--max-updates", "4", "--checkpoint-interval", "2",
+            "--final-agreement-weight", "3", *TRAIN_TINY]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", whole, *args)
+        with faults.injected("checkpoint", 5):
+            error_line(run("train", "-s", src, "-t", tgt, "-o", cut, *args, ok=False))
+        assert _done_rounds(cut) == [1]
+        run("train", "-s", src, "-t", tgt, "-o", cut, *args, "--resume")
+    assert "resumed at update 2" in (cut / "rounds" / "2" / "train.log").read_text()
+    for direction in ("fwd", "rev"):
+        assert (cut / direction / "params.best.pt").read_bytes() == \
+            (whole / direction / "params.best.pt").read_bytes()
+
+
 def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, corpus,
                                                                      monkeypatch):
     assert default_rounds("hmm1", ("fwd", "rev")) == recipe.ROUNDS > 1
