@@ -171,9 +171,9 @@ def init_distributed(device_name: str,
 def shutdown_distributed(context: DistributedContext) -> None:
     """Leave the process group (no-op in a single process), every rank together: the barrier
     waits with the GIL released, so that gloo's worker threads finish freeing the last
-    collective's tensors first. Without it torch 2.4's ProcessGroupGloo destructor could join
-    a worker thread that waits for the GIL the destructor holds (seen with 2 gloo ranks after
-    `align extract` under torchrun)."""
+    collective's tensors first. Without it torch 2.4.1's ProcessGroupGloo destructor could join
+    a worker thread that waits for the GIL the destructor holds (seen at the end of
+    `align extract` and `align run` with 2 gloo ranks under torchrun, tests/test_blocks.py)."""
     if context.enabled and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

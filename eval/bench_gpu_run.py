@@ -6,8 +6,9 @@ other, on the same bitext, each in its own model directory under ``--workdir``. 
 
 * wall seconds of the command, and its stages from MODEL_DIR/run.json (preparation, each
   round's training per direction, each guide; the final alignment is the rest);
-* the GPU memory in use, the most seen by ``nvidia-smi`` polled every 0.2 s (CUDA context
-  included: what a user sees, and what another job on the card can no longer have);
+* the GPU memory in use on GPU 0, the most seen by ``nvidia-smi`` polled every 0.2 s (the
+  job's CUDA context and its allocator's reserve included: what another job on the card can
+  no longer have);
 * AER / precision / recall of the lines of each ``--gold`` (`align score-aer`).
 
 A variant still running at ``--deadline`` seconds from the start is stopped; its row keeps the
@@ -18,7 +19,7 @@ The en-fr 25k benchmark (eval/results/gpu_enfr.md)::
     python eval/bench_gpu_run.py --src train.en --tgt train.fr --workdir runs/gpu \\
         --gold dev=../shared/data/enfr/dev.talp:25001 \\
         --gold trial=../shared/data/enfr/trial.talp:25201 \\
-        --variant "" --variant "--max-tokens 1200 --lr 3e-3 --warmup 150" --deadline 560
+        --variant "" --variant "--max-tokens 12000 --lr 6e-3 --warmup 15" --deadline 560
 """
 from __future__ import annotations
 
@@ -125,15 +126,23 @@ def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
     return row
 
 
+#: the versions and the GPU, asked in a process of its own: a CUDA context in this process
+#: would stay on the card and count in every variant's memory
+ENVIRONMENT = """
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    info["gpu"] = torch.cuda.get_device_name(0)
+    info["capability"] = list(torch.cuda.get_device_capability(0))
+    info["bf16"] = torch.cuda.is_bf16_supported()
+print(json.dumps(info))
+"""
+
+
 def environment() -> Dict:
-    import torch
-    info: Dict = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                  "cuda_available": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["capability"] = list(torch.cuda.get_device_capability(0))
-        info["bf16"] = torch.cuda.is_bf16_supported()
-    return info
+    done = subprocess.run([sys.executable, "-c", ENVIRONMENT], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-300:]}
 
 
 def table(rows: List[Dict], golds: List[str]) -> str:

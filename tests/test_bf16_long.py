@@ -38,6 +38,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
 
 
 def bf16(device: str = "cpu"):
+    """bf16 autocast on `device` ("cpu" or "cuda")."""
     return torch.autocast(device, dtype=torch.bfloat16)
 
 

@@ -108,8 +108,8 @@ def test_cpu_defaults_are_the_measured_recipe():
 
 def test_cuda_defaults_are_a_pure_function_of_the_device_type():
     """No CUDA needed: torch.device objects (and names) of CUDA devices give the same values:
-    the CPU's batches, rate and warm-up (chosen on en-fr dev on an H100, recipe.py) and the
-    larger chunk budget."""
+    the CPU's batches, rate and warm-up (recipe.py says what was measured on an H100) and
+    the larger chunk budget."""
     from aligner.training import recipe
 
     expected = dict(max_tokens=1200, lr=3e-3, warmup=150, chunk_floats=1 << 28)

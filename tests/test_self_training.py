@@ -139,7 +139,18 @@ def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus)
     assert _config(model)["training"]["agreement_weight"] == 0.5   # round 3 published
     with restored_aligner_logger():
         line = error_line(run(*args, "--final-agreement-weight", "1", "--resume", ok=False))
-    assert "--final-agreement-weight (0.5 saved, 1.0 asked)" in line
+        assert "--final-agreement-weight (0.5 saved, 1.0 asked)" in line
+        # no round can follow the agreement round
+        line = error_line(run(*args[:-len(TRAIN_TINY)], *TRAIN_TINY, "--rounds", "4",
+                              "--final-agreement-weight", "0.5", "--resume", ok=False))
+        assert "its last round (3) trains with --final-agreement-weight" in line
+        # one round has no last round to fine-tune; the agreement round is one process
+        for extra in (["--rounds", "1"], ["--parallel-directions"]):
+            line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "x",
+                                  "--max-updates", "2", *TRAIN_TINY,
+                                  "--final-agreement-weight", "0.5", "--rounds", "3",
+                                  *extra, ok=False))
+            assert "--final-agreement-weight" in line, extra
 
 
 def test_a_final_agreement_round_cut_off_resumes_to_the_same_weights(tmp_path, corpus):

@@ -270,9 +270,9 @@ def self_training_options(function):
                           "--round-pairs's (1 = as many lines as round 1)."),
         click.option("--final-agreement-weight", default=recipe.FINAL_AGREEMENT_WEIGHT,
                      show_default=True, type=FiniteFloat(min=0),
-                     help="Self-training: the last round trains fwd and rev together, "
-                          "fine-tuning the round before, with this --agreement-weight (0 = "
-                          "each direction on its own, as in the other rounds)."),
+                     help="Self-training: the last of two or more rounds trains fwd and rev "
+                          "together in one process, with this --agreement-weight (0 = each "
+                          "direction on its own, as in the other rounds)."),
         click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
                      default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
                      help="Learning-rate decay of a fine-tuned self-training round (round 1 "

@@ -314,6 +314,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
                         f"validation pairs")
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
+    check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
+                    "--final-agreement-weight trains the last round's directions in one loop: "
+                    "it cannot be combined with --parallel-directions")
     if parallel_directions is None:
         from aligner.distributed import resolve_device
         from aligner.training.directions import default_parallel_directions
@@ -341,7 +344,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
     if not quiet and summaries:   # (none: a finished run resumed)
-        if agreement_weight > 0:  # one summary for the pair
+        if agreement_weight > 0 or (rounds > 1 and final_agreement_weight > 0):  # one pair
             summaries = {"fwd+rev": summaries[direction_list[0]]}
         for direction, summary in summaries.items():
             click.echo(f"align train: {direction}: {summary.updates} updates, "

@@ -88,9 +88,8 @@ ROUND_PAIRS = 30000
 #: the rule chosen on dev (at most 6.4), so 1 stays (eval/results/fine_tune_share_enfr.md). On
 #: a bitext of more than 2 x ROUND_PAIRS lines any share of 0.5 or more changes nothing
 FINE_TUNE_SHARE = 1.0
-#: agreement weight of the last self-training round: it trains both directions together,
-#: fine-tuning the round before, with aligner/training/agreement.py's term (0 = apart, as the
-#: other rounds)
+#: agreement weight of the last self-training round: it trains both directions together in one
+#: process with aligner/training/agreement.py's term (0 = apart, as the other rounds)
 FINAL_AGREEMENT_WEIGHT = 0.0
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
@@ -114,18 +113,20 @@ CPU_CHUNK_FLOATS = 1 << 24
 #: chunk (scores, their log-softmax, gradients). A 1,200-token batch never reaches it (whole
 #: batches, no recomputation); a 12,000-token batch of 100-subword pairs (120 pairs) has
 #: B·(J+2)·(J+1) = 120·102·101 = 1.24M floats per target position, 125M for its 101
-#: positions: taken whole. Measured on an H100 (eval/results/gpu_enfr.md): the whole 25k en-fr
-#: job peaks at 8.5 GiB of GPU memory with 1,200-token batches, 14.8 GiB with 12,000
+#: positions: taken whole. Measured on an H100 (eval/results/gpu_enfr.md, nvidia-smi): the 25k
+#: en-fr job used at most 8,555 MiB of GPU memory with 1,200-token batches (rounds 1-3 and
+#: part of 4), 14,849 MiB with 12,000 (the whole job)
 GPU_CHUNK_FLOATS = 1 << 28
 #: batches and learning rate on a CUDA GPU: TRAINING's, as on the CPU. Measured on one H100
 #: (bf16, eval/results/gpu_enfr.md), the en-fr 25k `align run`: an update takes 0.08-0.09 s
-#: with batches of 1,200 or of 12,000 tokens alike (the d_model-128 model is bound by kernel
-#: launches, not arithmetic), so larger batches only buy time by making fewer updates: 12,000
-#: tokens, lr 6e-3 (3e-3·sqrt(10) capped at 6e-3), warm-up 15 gave the whole job in 2 min 42 s
-#: but dev / trial 7.7 / 9.3, against 6.2 / 7.2 of TRAINING's values (the CPU run, 23 min 40 s
-#: on 2 cores; on the H100 about 9 min: rounds 1-3 measured, 2 min 14 s each with the guide).
-#: Chosen on dev: TRAINING's values; --max-tokens 12000 --lr 6e-3 --warmup 15 is the fast
-#: setting for those who trade 1.5 points of AER for time
+#: with batches of 1,200 or of 12,000 tokens alike (probably bound by kernel launches: the
+#: model is small), so larger batches buy time only by making fewer updates. 12,000 tokens,
+#: lr 6e-3 (3e-3·sqrt(10) capped at 6e-3), warm-up 15: the whole job in 2 min 42 s at dev /
+#: trial 7.7 / 9.3 (one seed), against 6.2 / 7.2 for TRAINING's values on the CPU (23 min 40 s
+#: on 2 cores; on the H100 about 9 min by rounds 1-3, 2:01-2:14 each with its guide; their
+#: AER there not measured). Kept: TRAINING's values, the ones with the better dev AER, though
+#: measured on another device and precision; --max-tokens 12000 --lr 6e-3 --warmup 15 is the
+#: fast setting, for those who trade about 1.5 points of AER for time
 GPU_TRAINING = dict(max_tokens=TRAINING["max_tokens"], lr=TRAINING["lr"],
                     warmup=TRAINING["warmup"])
 
@@ -137,9 +138,9 @@ def device_defaults(device: Any) -> Dict[str, Any]:
     A pure function of the device's type: nothing is asked of CUDA.
 
     The CPU (and every device but CUDA): TRAINING's values as measured, and the model's
-    chunk budget. CUDA: :data:`GPU_TRAINING` (TRAINING's batches, rate and warm-up, chosen on
-    en-fr dev on an H100) and :data:`GPU_CHUNK_FLOATS`. Values the user gives (--max-tokens,
-    --lr, --warmup, -M chunk_floats=N) win over these.
+    chunk budget. CUDA: :data:`GPU_TRAINING` (TRAINING's batches, rate and warm-up: see its
+    comment for what was measured on an H100) and :data:`GPU_CHUNK_FLOATS`. Values the user
+    gives (--max-tokens, --lr, --warmup, -M chunk_floats=N) win over these.
     """
     kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
     if kind != "cuda":

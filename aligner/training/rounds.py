@@ -85,8 +85,9 @@ class SelfTraining:
     most round_pairs (1 = as round 1).
     block_lines: lines per block of the guides' alignment (0 = inference.BLOCK_LINES), the
     unit a guide cut off goes on from. final_agreement_weight: the last round (of two or
-    more) trains both directions together with this agreement weight (aligner/training/
-    agreement.py; 0 = apart, as every other round).
+    more) trains both directions together, in one process, with this agreement weight
+    (aligner/training/agreement.py; 0 = apart, as every other round); no round can follow
+    it.
     """
 
     rounds: int = recipe.ROUNDS
@@ -184,7 +185,8 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
             config = dataclasses.replace(config, max_epochs=plan.fine_tune_epochs)
     return dataclasses.replace(
         request, bitext=bitext, train_config=config, extra=extra, init_dir=init_dir,
-        parallel_directions=parallel_directions, data_config=dataclasses.replace(request.data_config,
+        parallel_directions=parallel_directions,
+        data_config=dataclasses.replace(request.data_config,
                                         guide=guide_path(model_dir, round_number - 1)))
 
 
@@ -210,6 +212,9 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
     from aligner.training.run import train
 
     check_rounds(request.model_kind, request.directions, plan.rounds)
+    check_condition(plan.final_agreement_weight == 0 or plan.rounds > 1,
+                    "--final-agreement-weight trains the last of two or more self-training "
+                    "rounds: give --rounds 2 or more")
     if plan.rounds == 1:   # one ordinary run in the directory itself
         return RoundsResult(summaries=train(request))
     # one process group for every round: each round's training and guide alignment use it
@@ -310,6 +315,12 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
             check_condition(max(rounds, default=0) <= plan.rounds,
                             f"{model_dir}: holds round {max(rounds, default=0)} of a "
                             f"self-training run; --rounds {plan.rounds} ends before it")
+            with open(settings, encoding="utf-8") as handle:
+                planned = json.load(handle).get("rounds", plan.rounds)
+            check_condition(plan.final_agreement_weight == 0 or plan.rounds == planned,
+                            f"{model_dir}: its last round ({planned}) trains with "
+                            f"--final-agreement-weight: no round can follow it (--rounds "
+                            f"{planned}, or --overwrite for a new run)")
             return lock, True
         # a new run: everything checked before anything is removed
         check_request(round_request(request, plan, 1))
@@ -446,6 +457,7 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
     is not checked)."""
     if saved is None:
         return
+    saved = {"--final-agreement-weight": 0.0, **saved}   # runs from before the option
     asked = plan_settings(plan)
     differences = [f"{option} ({saved[option]!r} saved, {value!r} asked)"
                    for option, value in asked.items()
