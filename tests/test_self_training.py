@@ -153,6 +153,17 @@ def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus)
             assert "--final-agreement-weight" in line, extra
 
 
+def test_the_recipes_final_agreement_weight_applies_to_runs_of_two_rounds_or_more(monkeypatch):
+    """Not given, --final-agreement-weight is the recipe's for a run of rounds and 0 for one
+    plain training (which then trains as before); given, it is taken as is (and a run of one
+    round refuses it)."""
+    from aligner.cli.options import resolve_final_agreement_weight as resolve
+
+    monkeypatch.setattr(recipe, "FINAL_AGREEMENT_WEIGHT", 3.0)
+    assert (resolve(None, 4), resolve(None, 2), resolve(None, 1)) == (3.0, 3.0, 0.0)
+    assert (resolve(0.0, 4), resolve(1.5, 4), resolve(1.5, 1)) == (0.0, 1.5, 1.5)
+
+
 def test_a_final_agreement_round_cut_off_resumes_to_the_same_weights(tmp_path, corpus):
     """Cut off after the agreement round's first checkpoint (round 1 writes 4: 2 per
     direction), --resume goes on from it and ends with an uninterrupted run's weights."""

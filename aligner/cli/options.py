@@ -268,17 +268,26 @@ def self_training_options(function):
                      help="Self-training: each round after the first trains on this share of "
                           "the bitext (at most --round-pairs lines), a sample drawn as "
                           "--round-pairs's (1 = as many lines as round 1)."),
-        click.option("--final-agreement-weight", default=recipe.FINAL_AGREEMENT_WEIGHT,
-                     show_default=True, type=FiniteFloat(min=0),
+        click.option("--final-agreement-weight", default=None, type=FiniteFloat(min=0),
                      help="Self-training: the last of two or more rounds trains fwd and rev "
                           "together in one process, with this --agreement-weight (0 = each "
-                          "direction on its own, as in the other rounds)."),
+                          "direction on its own, as in the other rounds).  [default: "
+                          f"{recipe.FINAL_AGREEMENT_WEIGHT:g} with two or more rounds]"),
         click.option("--fine-tune-lr-schedule", type=click.Choice(C.LR_SCHEDULES),
                      default=recipe.FINE_TUNE_LR_SCHEDULE, show_default=True,
                      help="Learning-rate decay of a fine-tuned self-training round (round 1 "
                           f"and --afresh rounds keep round 1's: align train --lr-schedule, "
                           f"align run the recipe's {recipe.TRAINING['lr_schedule']})."),
     ])
+
+
+def resolve_final_agreement_weight(given: Optional[float], rounds: int) -> float:
+    """The last round's agreement weight of a run of `rounds` rounds: the one `given`
+    (--final-agreement-weight; a run of one round then refuses it), else the recipe's for
+    two or more rounds, 0 for one."""
+    if given is not None:
+        return given
+    return recipe.FINAL_AGREEMENT_WEIGHT if rounds > 1 else 0.0
 
 
 def agreement_weight_option(function):

@@ -27,7 +27,8 @@ from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
-                                 self_training_options, threads_option, warmup_option)
+                                 self_training_options, threads_option, warmup_option,
+                                 resolve_final_agreement_weight)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
@@ -96,7 +97,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             guide_weight: float, rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
-            fine_tune_share: float, final_agreement_weight: float,
+            fine_tune_share: float, final_agreement_weight: Optional[float],
             max_updates: int,
             bpe_merges: Optional[int], model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
@@ -222,7 +223,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
                         round_pairs=round_pairs, fine_tune_share=fine_tune_share,
                         block_lines=block_lines or 0,
-                        final_agreement_weight=final_agreement_weight)
+                        final_agreement_weight=resolve_final_agreement_weight(
+                            final_agreement_weight, rounds))
     try:
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)

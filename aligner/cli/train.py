@@ -21,7 +21,7 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
                                  seed_option, self_training_options, threads_option,
-                                 warmup_option)
+                                 resolve_final_agreement_weight, warmup_option)
 from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
 
@@ -214,7 +214,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             guide_weight: float, rounds: Optional[int], self_guide_weight: float,
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
-            fine_tune_share: float, final_agreement_weight: float, agreement_weight: float,
+            fine_tune_share: float, final_agreement_weight: Optional[float],
+            agreement_weight: float,
             device: str,
             precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
@@ -314,6 +315,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
                         f"validation pairs")
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
+    final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
     check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
                     "--final-agreement-weight trains the last round's directions in one loop: "
                     "it cannot be combined with --parallel-directions")
