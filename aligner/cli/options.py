@@ -166,6 +166,19 @@ def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
     return values
 
 
+def training_settings(by_device: Dict[str, Any], max_tokens: Optional[int], lr: Optional[float],
+                      warmup: Optional[int], resume: bool) -> Dict[str, Any]:
+    """max_tokens, lr and warmup of a training: each the user's where given, else the device's
+    (`by_device`: :func:`device_defaults`). The device's warm-up goes with its batches: a
+    --max-tokens of the user's without --warmup takes TRAINING's warm-up (not on --resume,
+    where `by_device` holds the run's own)."""
+    if warmup is None:
+        warmup = (by_device["warmup"] if max_tokens is None or resume
+                  else recipe.TRAINING["warmup"])
+    return dict(max_tokens=by_device["max_tokens"] if max_tokens is None else max_tokens,
+                lr=by_device["lr"] if lr is None else lr, warmup=warmup)
+
+
 def device_chunk_floats(model_options: Dict[str, Any], fields: Any,
                         chunk_floats: Optional[int]) -> None:
     """Give the direct HMM's chunk_floats (:func:`device_defaults`) to `model_options` when the

@@ -28,7 +28,7 @@ from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resume_option, rounds_option, seed_option,
                                  self_training_options, threads_option, warmup_option,
-                                 resolve_final_agreement_weight)
+                                 resolve_final_agreement_weight, training_settings)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
@@ -178,13 +178,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     device_chunk_floats(model_options, model_class(recipe.MODEL_KIND).config_class
                         .__dataclass_fields__, by_device["chunk_floats"])
     train_config = TrainConfig(**{**recipe.TRAINING,
-                                  "max_tokens": by_device["max_tokens"] if max_tokens is None
-                                  else max_tokens,
-                                  "lr": by_device["lr"] if lr is None else lr,
-                                  # the device's warm-up goes with its batches
-                                  "warmup": warmup if warmup is not None
-                                  else by_device["warmup"] if max_tokens is None or resume
-                                  else recipe.TRAINING["warmup"]},
+                                  **training_settings(by_device, max_tokens, lr, warmup,
+                                                      resume)},
                                max_epochs=0 if max_updates else epochs,
                                max_updates=max_updates,
                                checkpoint_interval=CHECKPOINT_AT_THE_END,

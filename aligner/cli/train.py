@@ -21,7 +21,8 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
                                  seed_option, self_training_options, threads_option,
-                                 resolve_final_agreement_weight, warmup_option)
+                                 resolve_final_agreement_weight, training_settings,
+                                 warmup_option)
 from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
 
@@ -279,11 +280,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.distributed import resolve_device
 
     by_device = device_defaults(resolve_device(device).type, model_dir, resume)
-    if warmup is None:   # the device's warm-up goes with its batches
-        warmup = (by_device["warmup"] if max_tokens is None or resume
-                  else recipe.TRAINING["warmup"])
-    max_tokens = by_device["max_tokens"] if max_tokens is None else max_tokens
-    lr = by_device["lr"] if lr is None else lr
+    batches = training_settings(by_device, max_tokens, lr, warmup, resume)
     device_chunk_floats(model_options, fields, by_device["chunk_floats"])
     if layer_keys is not None:
         layer_kinds = [name for name, cls in MODELS.items()
@@ -291,8 +288,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         check_condition(model_kind in layer_kinds,
                         f"--layer-keys applies to --model {', '.join(layer_kinds)} only")
         model_options["layer_keys"] = layer_keys
-    train_config = TrainConfig(max_tokens=max_tokens, update_freq=update_freq, lr=lr,
-                               warmup=warmup, lr_schedule=lr_schedule,
+    train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
