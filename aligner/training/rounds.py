@@ -44,7 +44,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from aligner import constants as C
 from aligner import faults
@@ -308,15 +308,15 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
                             f"{model_dir}: nothing to resume (no self-training run: "
                             f"{C.ROUNDS_DIR}/{C.ROUND_SETTINGS} is missing)")
         if resumed:
-            _check_same_plan(model_dir, _read_settings(settings), plan)
+            planned, saved = _read_settings(settings)
+            _check_same_plan(model_dir, saved, plan)
             remove_stale_temporaries(model_dir)   # of a run killed while it published
             rounds = [int(name) for name in os.listdir(os.path.dirname(settings))
                       if name.isdigit()]
             check_condition(max(rounds, default=0) <= plan.rounds,
                             f"{model_dir}: holds round {max(rounds, default=0)} of a "
                             f"self-training run; --rounds {plan.rounds} ends before it")
-            with open(settings, encoding="utf-8") as handle:
-                planned = json.load(handle).get("rounds", plan.rounds)
+            planned = plan.rounds if planned is None else planned
             check_condition(plan.final_agreement_weight == 0 or plan.rounds == planned,
                             f"{model_dir}: its last round ({planned}) trains with "
                             f"--final-agreement-weight: no round can follow it (--rounds "
@@ -497,14 +497,15 @@ def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> N
                   logfile=os.path.join(model_dir, C.LOG_NAME) if log_to_file else None)
 
 
-def _read_settings(path: str) -> Optional[Dict[str, Any]]:
-    """The plan's settings saved in MODEL_DIR/rounds/settings.json."""
+def _read_settings(path: str) -> Tuple[Optional[int], Dict[str, Any]]:
+    """The plan saved in MODEL_DIR/rounds/settings.json: its rounds (None: not recorded) and
+    its settings (:func:`plan_settings`)."""
     with open(path, encoding="utf-8") as handle:
         try:
             saved = json.load(handle)
             settings = saved["settings"]
             check_condition(isinstance(settings, dict), "")
-            return settings
+            return saved.get("rounds"), settings
         except (ValueError, KeyError, TypeError, AlignerError):
             raise AlignerError(f"{path}: not the settings of a self-training run (expected "
                                f'{{"rounds": N, "settings": {{...}}}}); use --overwrite to '
