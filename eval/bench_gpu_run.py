@@ -9,7 +9,8 @@ other, on the same bitext, each in its own model directory under ``--workdir``. 
 * the GPU memory in use on GPU 0, the most seen by ``nvidia-smi`` polled every 0.2 s (the
   job's CUDA context and its allocator's reserve included: what another job on the card can
   no longer have);
-* AER / precision / recall of the lines of each ``--gold`` (`align score-aer`).
+* AER / precision / recall of the lines of each ``--gold`` (aligner.metrics.score_aer, as
+  `align score-aer` scores them).
 
 A variant still running at ``--deadline`` seconds from the start is stopped; its row keeps the
 stages its run.json recorded. Prints a markdown table and writes ``--workdir``/gpu_run.json.
@@ -32,6 +33,11 @@ import sys
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
+
+from aligner.formats import read_gold, read_pharaoh
+from aligner.metrics import score_aer
+from aligner.run_record import RunRecord
+from aligner.utils import AlignerError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,18 +86,12 @@ def gold_sets(specs: List[str]) -> List[Tuple[str, str, int]]:
     return sets
 
 
-def score(alignments: str, gold: str, first_line: int, workdir: str, name: str) -> Dict:
-    with open(gold, encoding="utf-8") as handle:
-        count = sum(1 for _ in handle)          # talp: one line per sentence pair
-    with open(alignments, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()[first_line - 1:first_line - 1 + count]
-    part = os.path.join(workdir, f"{name}.align")
-    with open(part, "w", encoding="utf-8") as out:
-        out.write("".join(line + "\n" for line in lines))
-    done = align("score-aer", "-g", gold, "-a", part, "--json")
-    if done.returncode != 0:
-        return {"error": done.stderr.strip()[-300:]}
-    return json.loads(done.stdout)
+def score(alignments: str, gold: str, first_line: int) -> Dict:
+    """AER, precision, recall (fractions) and link counts of the lines of `alignments` from
+    `first_line` (1-based) on, as many as the talp `gold` has."""
+    golds = read_gold(gold)
+    links = read_pharaoh(alignments)[first_line - 1:first_line - 1 + len(golds)]
+    return score_aer(links, golds).as_dict()
 
 
 def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
@@ -113,16 +113,15 @@ def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
     row["wall_s"] = round(time.time() - start, 1)
     row["gpu_peak_mib"] = memory.peak_mib
     try:
-        with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as handle:
-            record = json.load(handle)
-        row["stages"] = record["stages"]
-        row["device"] = record["sessions"][-1].get("device")
-        row["precision"] = record["sessions"][-1].get("precision")
-    except (OSError, ValueError, KeyError, IndexError):
-        row["stages"] = []
+        record = RunRecord.load(model_dir)
+        row["stages"], row["recorded_s"] = record.stages, round(record.wall_seconds(), 1)
+        row["device"] = record.sessions[-1].get("device")
+        row["precision"] = record.sessions[-1].get("precision")
+    except (AlignerError, IndexError):
+        row["stages"], row["recorded_s"] = [], 0.0
     if row.get("returncode") == 0:
         for name, gold, first in gold_sets(args.gold):
-            row[name] = score(output, gold, first, args.workdir, f"v{index}.{name}")
+            row[name] = score(output, gold, first)
     return row
 
 
@@ -151,14 +150,16 @@ def table(rows: List[Dict], golds: List[str]) -> str:
             *[f"{n} AER" for n in names]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        stages = row.get("stages", [])
-        total = {kind: round(sum(s["seconds"] for s in stages if s["stage"] == kind), 1)
-                 for kind in ("training", "guide", "preparation")}
-        aers = [f"{row[n]['aer']:.2f}" if "aer" in row.get(n, {}) else "-" for n in names]
+        seconds = {kind: sum(s["seconds"] for s in row["stages"] if s["stage"] == kind)
+                   for kind in ("guide", "preparation")}
+        # training: the recorded wall time (directions side by side count once) less the rest
+        training = row["recorded_s"] - sum(seconds.values())
+        aers = [f"{100 * row[n]['aer']:.2f}" if n in row else "-" for n in names]
         lines.append("| " + " | ".join([row["variant"], str(row["wall_s"]),
-                                         str(row["gpu_peak_mib"]), str(total["training"]),
-                                         str(total["guide"]), str(total["preparation"]),
-                                         str(round(row["wall_s"] - sum(total.values()), 1)),
+                                         str(row["gpu_peak_mib"]), f"{training:.1f}",
+                                         f"{seconds['guide']:.1f}",
+                                         f"{seconds['preparation']:.1f}",
+                                         f"{row['wall_s'] - row['recorded_s']:.1f}",
                                          *aers]) + " |")
     return "\n".join(lines)
 
