@@ -247,8 +247,8 @@ def test_bad_guide_files_are_one_error_line(tmp_path):
         assert message in result.output, result.output
     result = run("train", "-s", src, "-t", tgt, "-o", tmp_path / "t", "--model", "transformer",
                  *TINY, "--guide", gold, ok=False)
-    assert result.exit_code == 1 and "guided alignment training is implemented for the " \
-                                      "direct HMMs" in result.output
+    assert result.exit_code == 1 and "guided alignment training is implemented for hmm0, " \
+                                      "hmm1 and alignment-layer, not 'transformer'" in result.output
     assert not (tmp_path / "t").exists()
 
 

@@ -65,7 +65,8 @@ def test_class_attributes_of_the_contract(kind):
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_training_terms_give_the_loss_and_a_posterior_where_declared(kind):
     """TRAINS_POSTERIOR kinds: training_terms' NLL is the loss and its posterior is the
-    ``hmm-posterior`` alignment distribution (rows of real target words sum to 1); the other
+    alignment distribution that ``hmm-posterior`` (the direct HMMs) or ``layer`` (the
+    alignment layer's attention) extracts (rows of real target words sum to 1); the other
     kinds refuse training_terms."""
     model = tiny_model(kind)
     src, tgt_in, tgt_out = tiny_batch()
@@ -76,7 +77,8 @@ def test_training_terms_give_the_loss_and_a_posterior_where_declared(kind):
     nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, posterior=True)
     loss, loss_tokens = model.loss(src, tgt_in, tgt_out)
     assert torch.allclose(nll, loss) and int(tokens) == int(loss_tokens)
-    expected = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior")
+    method = "layer" if kind == "alignment-layer" else "hmm-posterior"
+    expected = model.alignment_scores(src, tgt_in, tgt_out, method)
     real = tgt_out.ne(0)
     assert torch.allclose(log_posterior.exp()[real], expected[real], atol=1e-5)
     assert model.training_terms(src, tgt_in, tgt_out)[2] is None

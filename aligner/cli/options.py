@@ -219,18 +219,35 @@ def guide_options(function):
     """--guide and --guide-weight: guided training of round 1 (aligner/training/guidance.py)."""
     return _apply(function, [
         click.option("--guide", type=INPUT, default=None,
-                     help="Guided alignment training (hmm0, hmm1): Pharaoh word alignments of "
+                     help="Guided alignment training (hmm0, hmm1, alignment-layer): Pharaoh "
+                          "word alignments of "
                           "the training bitext, one line per training line, source-target "
                           "(e.g. eflomal's grow-diag, or from fast_align, GIZA++ or align "
                           "extract), indexing the words as training sees them (after "
                           "--tokenize). Adds --guide-weight x the cross-entropy between the "
                           "guide (uniform over each target subword's linked source subwords) "
                           "and the model's posterior alignment distribution (eval/results/"
-                          "guided_enfr.md: the recipe's quality in a third of the updates)."),
-        click.option("--guide-weight", default=1.0, show_default=True,
-                     type=FiniteFloat(min=0),
-                     help="Weight of the guide's cross-entropy term (with --guide)."),
+                          "guided_enfr.md: the recipe's quality in a third of the updates; "
+                          "for alignment-layer the layer's attention, --layer-query target)."),
+        click.option("--guide-weight", default=None, type=FiniteFloat(min=0),
+                     help=f"Weight of the guide's cross-entropy term (with --guide).  "
+                          f"[default: {recipe.GUIDE_WEIGHT:g}; {recipe.LAYER_GUIDE_WEIGHT:g} "
+                          f"for alignment-layer]"),
     ])
+
+
+def resolve_guide_weight(guide_weight: Optional[float], guide: Optional[str],
+                         model_kind: str) -> float:
+    """--guide-weight as given, else the kind's (recipe.GUIDE_WEIGHT; LAYER_GUIDE_WEIGHT for a
+    kind trained on a frozen base, the alignment layer); 0 without a --guide."""
+    from aligner.models import model_class
+
+    if guide is None:
+        return 0.0
+    if guide_weight is not None:
+        return guide_weight
+    return (recipe.LAYER_GUIDE_WEIGHT if model_class(model_kind).BASE_KIND is not None
+            else recipe.GUIDE_WEIGHT)
 
 
 def rounds_option(default: Optional[int], default_help: Optional[str] = None) -> Decorator:

@@ -17,6 +17,7 @@ from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
                                  device_defaults, device_option, guide_options, lr_option,
+                                 resolve_guide_weight,
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resume_option, rounds_option,
@@ -144,6 +145,11 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--layer-keys", type=click.Choice(["word", "enc", "add"]), default=None,
               help="alignment-layer: keys/values of the layer: source word embeddings, encoder "
                    "output, or their average  [default: add]")
+@click.option("--layer-query", type=click.Choice(["prefix", "target"]), default=None,
+              help="alignment-layer: what the layer's queries see: the base decoder state "
+                   "(Zenkel et al. 2019), or also the known target word and the whole target "
+                   "sentence (the guided layer of 2020, trained with --guide)  [default: target "
+                   "with --guide, else prefix]")
 # training
 @max_tokens_option
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
@@ -205,7 +211,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
-            layer_keys: Optional[str],
+            layer_keys: Optional[str], layer_query: Optional[str],
             max_tokens: Optional[int], update_freq: int, lr: Optional[float],
             warmup: Optional[int], lr_schedule: str,
             label_smoothing: float,
@@ -282,19 +288,24 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     by_device = device_defaults(resolve_device(device).type, model_dir, resume)
     batches = training_settings(by_device, max_tokens, lr, warmup, resume)
     device_chunk_floats(model_options, fields, by_device["chunk_floats"])
-    if layer_keys is not None:
-        layer_kinds = [name for name, cls in MODELS.items()
-                       if "layer_keys" in cls.config_class.__dataclass_fields__]
-        check_condition(model_kind in layer_kinds,
-                        f"--layer-keys applies to --model {', '.join(layer_kinds)} only")
-        model_options["layer_keys"] = layer_keys
+    layer_kinds = [name for name, cls in MODELS.items()
+                   if "layer_keys" in cls.config_class.__dataclass_fields__]
+    for flag, name, value in (("--layer-keys", "layer_keys", layer_keys),
+                              ("--layer-query", "layer_query", layer_query)):
+        if value is not None:
+            check_condition(model_kind in layer_kinds,
+                            f"{flag} applies to --model {', '.join(layer_kinds)} only")
+            model_options[name] = value
+    if model_kind in layer_kinds and guide is not None:
+        # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
+        model_options.setdefault("layer_query", "target")
     train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device,
                                precision=precision, deterministic=deterministic, seed=seed,
-                               guide_weight=guide_weight if guide is not None else 0.0,
+                               guide_weight=resolve_guide_weight(guide_weight, guide, model_kind),
                                agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass
     prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,

@@ -20,6 +20,24 @@ Because the query only sees the left target context (the base decoder is causal)
 layer sees the source only through α, the attention must point at the source word that
 predicts e_i: α is the alignment (method ``layer``: argmax_j α_ij).
 
+**Guided layer** (``--layer-query target``; Zenkel, Wuebker and DeNero 2020, *End-to-End
+Neural Word Alignment Outperforms GIZA++*, train the layer on guide alignments). When the
+target is known (alignment, not translation), the query of position i may see the word it
+aligns, e_i = tgt_out_i, and the whole target sentence:
+
+    x_i   = s_i + T(e_i)                  T: the base's (frozen, scaled) target word embedding
+    h     = Block_t(x)                    a transformer block, non-causal over the target
+    E'    = Block_s(E)                    likewise over the source (keys and values)
+    q_i   = W_q h_i,  k_j = W_k E'_j,  v_j = W_v E'_j   then α, c_i and p(e_i | ...) as above
+
+Both blocks (:class:`ContextBlock`) are trainable, the base stays frozen.
+
+The layer is then trained with the guide's cross-entropy on log α (``align train --guide``,
+aligner/training/guidance.py) beside its own NLL: α is the alignment distribution of the
+model contract's ``training_terms``. Its default extraction method is ``layer`` (the guided
+attention itself); ``layer-sgd`` still works on it. ``prefix`` (the default without a guide)
+is the 2019 layer above.
+
 **Attention optimization** (method ``layer-sgd``). For a known target word e_i the attention
 row A_i· is treated as a free variable, initialized from the forward pass (``init="forward"``)
 or uniformly at random in [0, 1] (``init="random"``). The softmax is replaced by a ReLU, so the
@@ -45,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +71,17 @@ from torch import nn
 
 from aligner.constants import DEFAULT_SEED, EOS_ID, PAD_ID
 from aligner.models.base import AlignmentModel, DecodeState
-from aligner.models.transformer import Transformer, TransformerConfig
+from aligner.models.transformer import (FeedForward, MultiHeadAttention, Transformer,
+                                        TransformerConfig)
 from aligner.utils import AlignerError, check_condition
 
 #: where the layer's keys and values come from (see module docstring)
 KEY_KINDS = ("word", "enc", "add")
 DEFAULT_KEYS = "add"
+#: what the layer's queries see: the base decoder state alone (left context, Zenkel et al.
+#: 2019), or also the known target word and the whole target (the guided layer, 2020)
+QUERY_KINDS = ("prefix", "target")
+DEFAULT_QUERY = "prefix"
 #: initializations of the attention optimization
 INITS = ("forward", "random")
 DEFAULT_SGD_STEPS = 3
@@ -84,13 +107,38 @@ def combine_keys(word: torch.Tensor, enc: torch.Tensor, kind: str) -> torch.Tens
     raise ValueError(f"unknown key kind {kind!r}; expected one of {KEY_KINDS}")
 
 
+class ContextBlock(nn.Module):
+    """One trainable, non-causal transformer block of the guided layer: every position sees
+    the whole sentence but its padding.
+
+    ``forward(x (B, L, d), pad (B, L) bool True = pad)`` → (B, L, d):
+    h = LayerNorm(x + SelfAttention(x)), then LayerNorm(h + FeedForward(h)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.attention = MultiHeadAttention(d_model, n_heads, dropout)
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.feed_forward_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        context, _ = self.attention(x, x, key_padding_mask=pad)
+        h = self.attention_norm(x + self.dropout(context))
+        return self.feed_forward_norm(h + self.dropout(self.feed_forward(h)))
+
+
 class AlignmentLayer(nn.Module):
-    """One single-head attention layer with its own output softmax (no residual, no FFN).
+    """One single-head attention layer with its own output softmax (no residual, no FFN),
+    and with ``context_heads`` > 0 (the guided layer) a :class:`ContextBlock` on each side:
+    ``target_context`` for the queries' input, ``source_context`` for the keys' and values'.
 
     Pure tensors in, tensors out: it knows nothing of the base model.
     """
 
-    def __init__(self, d_model: int, vocab_size: int, dropout: float = 0.1) -> None:
+    def __init__(self, d_model: int, vocab_size: int, dropout: float = 0.1,
+                 context_heads: int = 0, context_ff: int = 0) -> None:
         super().__init__()
         self.d_model = d_model
         self.query = nn.Linear(d_model, d_model)
@@ -98,22 +146,35 @@ class AlignmentLayer(nn.Module):
         self.value = nn.Linear(d_model, d_model)
         self.output = nn.Linear(d_model, vocab_size)
         self.dropout = nn.Dropout(dropout)
+        guided = context_heads > 0
+        self.target_context = (ContextBlock(d_model, context_heads, context_ff, dropout)
+                               if guided else None)
+        self.source_context = (ContextBlock(d_model, context_heads, context_ff, dropout)
+                               if guided else None)
 
-    def attention(self, states: torch.Tensor, source: torch.Tensor,
-                  allowed: torch.Tensor) -> torch.Tensor:
-        """Attention weights α (B, I+1, J+1); each row sums to 1 over allowed positions, 0 elsewhere.
+    def attention_logits(self, states: torch.Tensor, source: torch.Tensor,
+                         allowed: torch.Tensor) -> torch.Tensor:
+        """Masked attention logits (B, I+1, J+1) float32: the lowest float where not allowed.
 
-        states: (B, I+1, d) query side (base decoder output); source: (B, J+1, d) keys' input E;
-        allowed: BoolTensor (B, 1, J+1) from `source_mask`. A row with no allowed position (empty
-        source) is all zeros rather than NaN.
+        states: (B, I+1, d) query side; source: (B, J+1, d) keys' input E; allowed: BoolTensor
+        (B, 1, J+1) from `source_mask`.
         """
         query = self.query(states)
         key = self.key(source)
         # float32 (a no-op in fp32): under bf16 autocast the weights are probabilities that
         # extraction and layer-sgd read, so the softmax must not run in bfloat16
         logits = (torch.matmul(query, key.transpose(1, 2)) / self.d_model ** 0.5).float()
-        logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-        return torch.softmax(logits, dim=-1) * allowed
+        return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+
+    def attention(self, states: torch.Tensor, source: torch.Tensor,
+                  allowed: torch.Tensor) -> torch.Tensor:
+        """Attention weights α (B, I+1, J+1); each row sums to 1 over allowed positions, 0 elsewhere.
+
+        states: (B, I+1, d) query side (base decoder output, or the target :class:`ContextBlock`'s);
+        source: (B, J+1, d) keys' input E; allowed: BoolTensor (B, 1, J+1) from `source_mask`.
+        A row with no allowed position (empty source) is all zeros rather than NaN.
+        """
+        return torch.softmax(self.attention_logits(states, source, allowed), dim=-1) * allowed
 
     def values(self, source: torch.Tensor) -> torch.Tensor:
         """Projected values W_v E: (B, J+1, d)."""
@@ -186,11 +247,16 @@ class AlignmentLayerConfig(TransformerConfig):
     layer_keys: str = DEFAULT_KEYS
     #: dropout on the layer's context vector during stage-2 training
     layer_dropout: float = 0.1
+    #: what the queries see: ``prefix`` (2019) or ``target`` (the guided layer), see QUERY_KINDS
+    layer_query: str = DEFAULT_QUERY
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_condition(self.layer_keys in KEY_KINDS, f"--layer-keys must be one of "
                                                       f"{', '.join(KEY_KINDS)}, got {self.layer_keys!r}")
+        check_condition(self.layer_query in QUERY_KINDS, f"--layer-query must be one of "
+                                                         f"{', '.join(QUERY_KINDS)}, got "
+                                                         f"{self.layer_query!r}")
         check_condition(0.0 <= self.layer_dropout < 1.0,
                         f"layer dropout must be in [0, 1): {self.layer_dropout}")
 
@@ -222,7 +288,10 @@ class AlignmentLayerModel(AlignmentModel):
     #: trained on a frozen base of this kind (two-stage training, see aligner.training.run)
     BASE_KIND = "transformer"
     #: config keys of the layer itself; all others describe the base
-    LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout")
+    LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout", "layer_query")
+    #: the layer's attention is the alignment distribution guided training needs
+    #: (``training_terms``: log α)
+    TRAINS_POSTERIOR = True
 
     @classmethod
     def split_options(cls, options: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -243,7 +312,12 @@ class AlignmentLayerModel(AlignmentModel):
         self.layer_keys = config.layer_keys
         self.base = Transformer(config.base_config())
         self.freeze_base()
-        self.layer = AlignmentLayer(config.d_model, config.tgt_vocab_size, config.layer_dropout)
+        target_query = config.layer_query == "target"
+        self.layer = AlignmentLayer(config.d_model, config.tgt_vocab_size, config.layer_dropout,
+                                    context_heads=config.n_heads if target_query else 0,
+                                    context_ff=config.d_ff)
+        if target_query:   # the guided attention is the alignment itself: `layer` first
+            self.METHODS = ("layer", "layer-sgd") + Transformer.METHODS
 
     def freeze_base(self) -> None:
         """requires_grad False for every base parameter, and eval mode for the base."""
@@ -262,19 +336,33 @@ class AlignmentLayerModel(AlignmentModel):
         self.base.eval()
         return self
 
-    def _features(self, src: torch.Tensor,
-                  tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Frozen base features: decoder states (B, I+1, d), source E (B, J+1, d), mask (B, 1, J+1)."""
+    def _features(self, src: torch.Tensor, tgt_in: torch.Tensor,
+                  tgt_out: Optional[torch.Tensor] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's inputs: queries' input (B, I+1, d), source E (B, J+1, d), mask (B, 1, J+1).
+
+        The base's features are computed without gradients; with ``layer_query`` ``target``
+        (the guided layer) the queries' input is the layer's own target :class:`ContextBlock`
+        of the base decoder states plus the target words tgt_out (B, I+1) (read by it only),
+        and the source E passes through its source :class:`ContextBlock`: both trainable.
+        """
+        target_query = self.layer.target_context is not None
+        assert tgt_out is not None or not target_query, "the guided layer's queries need tgt_out"
         with torch.no_grad():
             memory = self.base.encode(src)
             states, _ = self.base.decode(tgt_in, memory, src)
             source = combine_keys(self.base.embed_source_words(src), memory, self.layer_keys)
+            words = self.base.embed_target_words(tgt_out) if target_query else None
+        if target_query:
+            states = self.layer.target_context(states + words, tgt_out == PAD_ID)
+            source = self.layer.source_context(source, src == PAD_ID)
         return states, source, source_mask(src)
 
-    def layer_forward(self, src: torch.Tensor,
-                      tgt_in: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def layer_forward(self, src: torch.Tensor, tgt_in: torch.Tensor,
+                      tgt_out: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, I+1, V), attention α (B, I+1, J+1)) of the alignment layer."""
-        states, source, allowed = self._features(src, tgt_in)
+        states, source, allowed = self._features(src, tgt_in, tgt_out)
         return self.layer(states, source, allowed)
 
     def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
@@ -283,11 +371,26 @@ class AlignmentLayerModel(AlignmentModel):
 
         Gradients reach only the layer. Returns (loss_sum, n_tokens) like every model.
         """
-        logits, _ = self.layer_forward(src, tgt_in)
-        loss_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt_out.reshape(-1),
-                                   ignore_index=PAD_ID, reduction="sum",
-                                   label_smoothing=label_smoothing)
-        return loss_sum, (tgt_out != PAD_ID).sum()
+        nll, tokens, _ = self.training_terms(src, tgt_in, tgt_out, label_smoothing)
+        return nll, tokens
+
+    def training_terms(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                       label_smoothing: float = 0.0, posterior: bool = False
+                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(NLL as :meth:`loss`, tokens, log α (B, I+1, J+1) when ``posterior``): the model
+        contract's terms (aligner/models/base.py). log α is the layer's log attention of
+        decoder position i over the source positions; EOS and padding columns hold the lowest
+        float's log-softmax (probability 0, finite), and a row of an empty source is uniform.
+        """
+        states, source, allowed = self._features(src, tgt_in, tgt_out)
+        logits = self.layer.attention_logits(states, source, allowed)
+        weights = torch.softmax(logits, dim=-1) * allowed
+        output = self.layer.output_logits(weights, self.layer.values(source))
+        nll = F.cross_entropy(output.float().reshape(-1, output.size(-1)), tgt_out.reshape(-1),
+                              ignore_index=PAD_ID, reduction="sum",
+                              label_smoothing=label_smoothing)
+        log_attention = torch.log_softmax(logits, dim=-1) if posterior else None
+        return nll, (tgt_out != PAD_ID).sum(), log_attention
 
     def init_decode_state(self, src: torch.Tensor, **options) -> DecodeState:
         """The frozen base transformer's (translation is the base's)."""
@@ -315,8 +418,8 @@ class AlignmentLayerModel(AlignmentModel):
         if method not in self.LAYER_METHODS:
             return self.base.alignment_scores(src, tgt_in, tgt_out, method, **options)
         settings = layer_sgd_settings(method, options)
-        states, source, allowed = self._features(src, tgt_in)
         with torch.no_grad():
+            states, source, allowed = self._features(src, tgt_in, tgt_out)
             weights = self.layer.attention(states, source, allowed)
             values = self.layer.values(source)
         if method == "layer":

@@ -463,6 +463,11 @@ class Transformer(AlignmentModel):
         """Scaled source word embeddings (B, J+1, d), no positions (alignment layer keys)."""
         return self.encoder.embed.word(src)
 
+    def embed_target_words(self, tgt: torch.Tensor) -> torch.Tensor:
+        """Scaled target word embeddings (B, I+1, d), no positions (the guided alignment
+        layer's queries)."""
+        return self.decoder.embed.word(tgt)
+
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor,
                need_attention: bool = False, state: Optional[DecodeState] = None
                ) -> Tuple[torch.Tensor, Optional[List[torch.Tensor]]]:

@@ -226,8 +226,11 @@ class AgreementTrainer(Trainer):
 
 
 def supports_agreement(model_kind: str) -> bool:
-    """Whether `model_kind` gives the differentiable posteriors agreement training compares."""
-    return model_class(model_kind).TRAINS_POSTERIOR
+    """Whether `model_kind` gives the differentiable posteriors agreement training compares
+    and trains in one stage (the alignment layer's posterior sits on a frozen base: its
+    agreement is not implemented)."""
+    cls = model_class(model_kind)
+    return cls.TRAINS_POSTERIOR and cls.BASE_KIND is None
 
 
 def check_agreement_options(model_kind: str, directions: Sequence[str],

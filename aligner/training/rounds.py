@@ -132,9 +132,10 @@ def done_path(model_dir: str, round_number: int) -> str:
 
 def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
     """Why rounds after the first cannot align the bitext or train on it; None when they can."""
+    from aligner.models import model_class
     from aligner.training.run import supports_guide
 
-    if not supports_guide(model_kind):
+    if not supports_guide(model_kind) or model_class(model_kind).BASE_KIND is not None:
         return (f"self-training trains with a guide, implemented for the direct HMMs (hmm0, "
                 f"hmm1), not '{model_kind}'")
     if set(directions) != set(C.DIRECTIONS):

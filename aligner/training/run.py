@@ -326,8 +326,8 @@ def check_request(request: TrainRequest) -> None:
                     f"--base is only for model kinds trained on a frozen base, not '{kind}'")
     check_model_options(kind, request.model_options, request.train_config.valid_method)
     check_condition(not request.data_config.guide or supports_guide(kind),
-                    f"--guide: guided alignment training is implemented for the direct HMMs "
-                    f"(hmm0, hmm1), not '{kind}'")
+                    f"--guide: guided alignment training is implemented for hmm0, hmm1 and "
+                    f"alignment-layer, not '{kind}'")
     check_condition(request.train_config.guide_weight == 0 or bool(request.data_config.guide),
                     "--guide-weight needs --guide")
     if request.data_config.guide and os.path.isfile(request.data_config.guide):
@@ -510,12 +510,14 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
     if base_dir is None:
         base_dir = os.path.join(request.model_dir, BASE_DIR)
         base_methods = model_class(base_kind).METHODS
-        stage1 = train_config
+        # the base trains without the guide: the guide is the layer's (stage 2)
+        stage1 = dataclasses.replace(train_config, guide_weight=0.0)
         if train_config.valid_method and train_config.valid_method not in base_methods:
-            stage1 = dataclasses.replace(train_config, valid_method="")
+            stage1 = dataclasses.replace(stage1, valid_method="")
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
         train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
                                   model_options=base_options, train_config=stage1, extra=None,
+                                  data_config=dataclasses.replace(request.data_config, guide=""),
                                   base_dir=None, record=None))
         # stage 2 resumes only when it had started (it writes config.json first)
         resume = resume and os.path.isfile(config_path(request.model_dir))
