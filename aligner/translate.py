@@ -25,10 +25,12 @@ beam's running scores and the finished hypotheses' log-probabilities are float32
 **Alignments** (``alignment_method``): after the search, the chosen output is force-decoded
 through :func:`aligner.inference.hard_alignment` — the model is causal, so its alignment of
 output word i equals what it computed while generating i. Defaults
-(:data:`DEFAULT_ALIGNMENT_METHODS`): transformer ``attention`` (penultimate decoder layer,
+(:func:`default_alignment_method`): transformer ``attention`` (penultimate decoder layer,
 heads averaged, like ``align extract --method attention``); hmm0 ``hmm-posterior`` (argmax_j
 α(j|i)·p_lex(e_i|j) at the chosen word); hmm1 ``hmm-viterbi`` (the back-trace of the best
-final state, over the whole output); alignment-layer ``layer-sgd``. Links are between input
+final state, over the whole output); alignment-layer ``layer-sgd``, and ``layer`` for the
+guided layer (``--layer-query target``: :func:`default_alignment_method` reads the loaded
+model's own methods). Links are between input
 words and output words (BPE undone; words are linked if any of their subwords are), as
 (input word, output word), 0-based; links to EOS are never output.
 """
@@ -47,7 +49,6 @@ from aligner import constants as C
 from aligner.data import make_batch, subword_to_word_links
 from aligner.inference import batched, hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
-from aligner.models import MODELS
 from aligner.models.base import AlignmentModel
 from aligner.prep import split_words
 from aligner.utils import check_condition
@@ -62,11 +63,14 @@ DEFAULT_MAX_LEN_B = 10
 DEFAULT_LEN_PENALTY = 1.0
 #: beam rows × padded source positions per batch
 DEFAULT_MAX_TOKENS = 8000
-#: `--print-alignment`'s method per model kind: the kind's ``TRANSLATE_ALIGNMENT_METHOD``, else
-#: its first method (aligner/models/base.py)
-DEFAULT_ALIGNMENT_METHODS = {kind: cls.TRANSLATE_ALIGNMENT_METHOD or cls.METHODS[0]
-                             for kind, cls in MODELS.items()}
 MAX_WARNINGS = 10
+
+
+def default_alignment_method(model) -> str:
+    """`--print-alignment`'s method for a loaded model: its kind's ``TRANSLATE_ALIGNMENT_METHOD``,
+    else the model's first method (an instance may order its methods by its config: the guided
+    alignment layer puts ``layer`` first)."""
+    return model.TRANSLATE_ALIGNMENT_METHOD or model.METHODS[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,15 +344,14 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
 
     fwd translates source-language lines into the target language, rev the other way round.
     With ``print_alignment`` each translation carries its word links (alignment_method, or
-    the kind's default from :data:`DEFAULT_ALIGNMENT_METHODS`). One result per line, in order.
+    the model's default, :func:`default_alignment_method`). One result per line, in order.
     """
     check_condition(direction in loaded.models,
                     f"{loaded.path}: no '{direction}' model loaded (have "
                     f"{', '.join(loaded.models)})")
     model = loaded.models[direction]
     if print_alignment and alignment_method is None:
-        alignment_method = DEFAULT_ALIGNMENT_METHODS.get(loaded.config.model_kind,
-                                                         model.METHODS[0])
+        alignment_method = default_alignment_method(model)
     output_vocab = loaded.tgt_vocab if direction == "fwd" else loaded.src_vocab
     start = time.time()
     inputs = encode_inputs(loaded, lines, direction)

@@ -736,6 +736,12 @@ def test_cli_guided_layer_training_and_its_refusals(tmp_path, tiny_corpus):
     result = _cli("extract", model, *corpus, "-o", out)
     assert len(read_pharaoh(str(out))) == tiny_corpus["n"]
     assert "(layer, both, grow-diag" in result.output     # the guided layer's default method
+    # translation by the frozen base, with the guided layer's links of its own output
+    translations = tmp_path / "translations.txt"
+    _cli("translate", model, "-i", tiny_corpus["src"], "-o", translations, "--print-alignment",
+         "--beam", 2, "-q")
+    lines = translations.read_text().splitlines()
+    assert len(lines) == tiny_corpus["n"] and all(" ||| " in line for line in lines)
 
     for args, message in (
             (["--layer-query", "target"], "--layer-query applies to"),

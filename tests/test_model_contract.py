@@ -20,10 +20,10 @@ V_SRC, V_TGT = 13, 11
 TINY = dict(d_model=16, n_heads=2, enc_layers=1, dec_layers=2, d_ff=32, max_positions=16)
 
 
-def tiny_model(kind: str) -> AlignmentModel:
+def tiny_model(kind: str, **options) -> AlignmentModel:
     seed_everything(0)
     cls = MODELS[kind]
-    return cls(cls.config_class(V_SRC, V_TGT, **TINY)).eval()
+    return cls(cls.config_class(V_SRC, V_TGT, **TINY, **options)).eval()
 
 
 def tiny_batch():
@@ -176,9 +176,12 @@ def test_a_kind_missing_part_of_the_contract_cannot_be_built():
 
 def test_tables_outside_the_registry_agree_with_it():
     from aligner.cli.train import KNOWN_KINDS
-    from aligner.translate import DEFAULT_ALIGNMENT_METHODS
+    from aligner.translate import default_alignment_method
 
     assert sorted(KNOWN_KINDS.split(", ")) == sorted(MODELS)
     # the defaults of align translate --print-alignment, as they were before the registry
-    assert DEFAULT_ALIGNMENT_METHODS == {"transformer": "attention", "hmm0": "hmm-posterior",
-                                         "hmm1": "hmm-viterbi", "alignment-layer": "layer-sgd"}
+    assert {kind: default_alignment_method(tiny_model(kind)) for kind in MODELS} == {
+        "transformer": "attention", "hmm0": "hmm-posterior", "hmm1": "hmm-viterbi",
+        "alignment-layer": "layer-sgd"}
+    # the guided alignment layer's own attention
+    assert default_alignment_method(tiny_model("alignment-layer", layer_query="target")) == "layer"

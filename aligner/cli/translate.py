@@ -31,7 +31,7 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
 @click.option("--alignment-method", default=None,
               help="Extraction method for --print-alignment [default: transformer attention "
                    "(penultimate layer), hmm0 hmm-posterior, hmm1 hmm-viterbi, "
-                   "alignment-layer layer-sgd].")
+                   "alignment-layer layer-sgd, the guided layer layer].")
 @click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True,
               help="Longest output = a * input subwords + b.")
 @click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True,
