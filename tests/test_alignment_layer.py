@@ -610,10 +610,42 @@ def test_guided_layer_terms_are_its_log_attention_and_its_loss():
     assert (nll, tokens) == model.loss(src, tgt_in, tgt_out, 0.1)
     assert tokens.item() == 6
     weights = model.alignment_scores(src, tgt_in, tgt_out, "layer")
-    allowed = source_mask(src).expand_as(weights)
+    allowed = source_mask(src, null=True).expand_as(weights)     # words and EOS ("not aligned")
     assert torch.allclose(log_attention.exp()[allowed], weights[allowed], atol=1e-6)
     assert (log_attention.exp()[~allowed] == 0).all() and log_attention.isfinite().all()
+    assert (weights[0, :, 3] > 0).all() and (weights[1, :, 2] > 0).all()   # the EOS columns
     assert model.METHODS[0] == "layer" and _model().METHODS[0] == "layer-sgd"
+    assert model.leaves_unaligned_mass("layer") and not model.leaves_unaligned_mass("layer-sgd")
+    assert not _model().leaves_unaligned_mass("layer")
+
+
+def test_unlinked_decoder_tokens_of_a_guided_item_are_guided_to_eos():
+    from aligner.training.guidance import unaligned_to_eos
+    src, _, tgt_out = _ids()                   # EOS at column 3 (item 0) and 2 (item 1)
+    guide = torch.zeros(2, 4, 4)
+    guide[0, 0, 2] = guide[0, 2, 0] = 0.5
+    guide[0, 2, 1] = 0.5                       # item 0: rows 1 and 3 (EOS) have no link
+    completed = unaligned_to_eos(guide, src, tgt_out)
+    expected = guide.clone()
+    expected[0, 1, 3] = expected[0, 3, 3] = 1.0
+    assert torch.equal(completed, expected)    # item 1 has no link at all: no guide
+    assert torch.equal(unaligned_to_eos(completed, src, tgt_out), completed)
+
+
+def test_the_guided_layer_leaves_a_word_unaligned_where_eos_wins():
+    """Extraction of the guided layer's ``layer`` links a target word only where its best
+    source word is at least as likely as the EOS column ("not aligned")."""
+    from aligner.inference import hard_alignment
+    model = _guided_model().eval()
+    src, tgt_in, tgt_out = _ids()
+    scores = torch.zeros(2, 4, 4)                  # rows: target positions; EOS column 3 / 2
+    scores[0, 0] = torch.tensor([0.3, 0.1, 0.0, 0.6])     # EOS wins: not aligned
+    scores[0, 1] = torch.tensor([0.1, 0.5, 0.2, 0.2])     # word 1 wins
+    scores[0, 2] = torch.tensor([0.0, 0.0, 0.4, 0.6])     # EOS wins
+    scores[1, 0] = torch.tensor([0.7, 0.3, 0.0, 0.0])     # item 1: word 0 against EOS 0.3
+    model.alignment_scores = lambda *args, **options: scores
+    path = hard_alignment(model, src, tgt_in, tgt_out, "layer")
+    assert path.tolist() == [[-1, 1, -1, -1], [0, -1, -1, -1]]
 
 
 def test_guided_layer_queries_see_the_word_and_the_whole_target_the_2019_layer_does_not():
@@ -639,8 +671,8 @@ def test_guided_layer_training_reaches_the_target_context_and_not_the_base():
     loss, _ = guided_loss(model, src, tgt_in, tgt_out, 0.0, guide, 1.0)
     loss.backward()
     assert all(p.grad is None for p in model.base.parameters())
-    assert model.layer.target_context.attention.q_proj.weight.grad.abs().sum() > 0
-    assert model.layer.source_context.feed_forward.fc1.weight.grad.abs().sum() > 0
+    assert model.layer.target_context.blocks[0].attention.q_proj.weight.grad.abs().sum() > 0
+    assert model.layer.source_context.blocks[0].feed_forward.fc1.weight.grad.abs().sum() > 0
 
 
 def _one_word_batch(rng, n: int):

@@ -26,15 +26,19 @@ target is known (alignment, not translation), the query of position i may see th
 aligns, e_i = tgt_out_i, and the whole target sentence:
 
     x_i   = s_i + T(e_i)                  T: the base's (frozen, scaled) target word embedding
-    h     = Block_t(x)                    a transformer block, non-causal over the target
-    E'    = Block_s(E)                    likewise over the source (keys and values)
+    h     = Blocks_t(x)                   transformer blocks, non-causal over the target
+    E'    = Blocks_s(E)                   likewise over the source (keys and values)
     q_i   = W_q h_i,  k_j = W_k E'_j,  v_j = W_v E'_j   then α, c_i and p(e_i | ...) as above
 
-Both blocks (:class:`ContextBlock`) are trainable, the base stays frozen.
+The blocks (:class:`ContextBlock`, ``layer_blocks`` per side, ``-M layer_blocks=N``) are
+trainable, the base stays frozen.
 
 The layer is then trained with the guide's cross-entropy on log α (``align train --guide``,
 aligner/training/guidance.py) beside its own NLL: α is the alignment distribution of the
-model contract's ``training_terms``. Its default extraction method is ``layer`` (the guided
+model contract's ``training_terms``. Its attention may also point at the source EOS, which
+means "not aligned": a target word the guide leaves without a link is guided there
+(``GUIDE_UNALIGNED_TO_EOS``), and extraction links a word only where its best source word
+is at least as likely as EOS (``leaves_unaligned_mass``). Its default extraction method is ``layer`` (the guided
 attention itself); ``layer-sgd`` still works on it. ``prefix`` (the default without a guide)
 is the 2019 layer above.
 
@@ -88,12 +92,14 @@ DEFAULT_SGD_STEPS = 3
 DEFAULT_SGD_LR = 1.0
 
 
-def source_mask(src: torch.Tensor) -> torch.Tensor:
-    """Source positions the layer may attend to: real words, not EOS, not padding.
+def source_mask(src: torch.Tensor, null: bool = False) -> torch.Tensor:
+    """Source positions the layer may attend to: real words, not padding, and EOS only with
+    `null` (the guided layer's "not aligned").
 
     src: LongTensor (B, J+1) → BoolTensor (B, 1, J+1), broadcastable over target positions.
     """
-    return ((src != PAD_ID) & (src != EOS_ID)).unsqueeze(1)
+    allowed = src != PAD_ID
+    return (allowed if null else allowed & (src != EOS_ID)).unsqueeze(1)
 
 
 def combine_keys(word: torch.Tensor, enc: torch.Tensor, kind: str) -> torch.Tensor:
@@ -129,16 +135,32 @@ class ContextBlock(nn.Module):
         return self.feed_forward_norm(h + self.dropout(self.feed_forward(h)))
 
 
+class ContextBlocks(nn.Module):
+    """`n_blocks` :class:`ContextBlock` in a row: ``forward(x (B, L, d), pad (B, L))`` → (B, L, d)."""
+
+    def __init__(self, n_blocks: int, d_model: int, n_heads: int, d_ff: int,
+                 dropout: float) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ContextBlock(d_model, n_heads, d_ff, dropout)
+                                    for _ in range(n_blocks))
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, pad)
+        return x
+
+
 class AlignmentLayer(nn.Module):
     """One single-head attention layer with its own output softmax (no residual, no FFN),
-    and with ``context_heads`` > 0 (the guided layer) a :class:`ContextBlock` on each side:
-    ``target_context`` for the queries' input, ``source_context`` for the keys' and values'.
+    and with ``context_heads`` > 0 (the guided layer) ``context_blocks`` :class:`ContextBlock`
+    on each side: ``target_context`` for the queries' input, ``source_context`` for the keys'
+    and values'.
 
     Pure tensors in, tensors out: it knows nothing of the base model.
     """
 
     def __init__(self, d_model: int, vocab_size: int, dropout: float = 0.1,
-                 context_heads: int = 0, context_ff: int = 0) -> None:
+                 context_heads: int = 0, context_ff: int = 0, context_blocks: int = 1) -> None:
         super().__init__()
         self.d_model = d_model
         self.query = nn.Linear(d_model, d_model)
@@ -147,10 +169,10 @@ class AlignmentLayer(nn.Module):
         self.output = nn.Linear(d_model, vocab_size)
         self.dropout = nn.Dropout(dropout)
         guided = context_heads > 0
-        self.target_context = (ContextBlock(d_model, context_heads, context_ff, dropout)
-                               if guided else None)
-        self.source_context = (ContextBlock(d_model, context_heads, context_ff, dropout)
-                               if guided else None)
+        self.target_context = (ContextBlocks(context_blocks, d_model, context_heads, context_ff,
+                                             dropout) if guided else None)
+        self.source_context = (ContextBlocks(context_blocks, d_model, context_heads, context_ff,
+                                             dropout) if guided else None)
 
     def attention_logits(self, states: torch.Tensor, source: torch.Tensor,
                          allowed: torch.Tensor) -> torch.Tensor:
@@ -249,6 +271,8 @@ class AlignmentLayerConfig(TransformerConfig):
     layer_dropout: float = 0.1
     #: what the queries see: ``prefix`` (2019) or ``target`` (the guided layer), see QUERY_KINDS
     layer_query: str = DEFAULT_QUERY
+    #: the guided layer's trainable context blocks on each side (ContextBlock)
+    layer_blocks: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -257,6 +281,8 @@ class AlignmentLayerConfig(TransformerConfig):
         check_condition(self.layer_query in QUERY_KINDS, f"--layer-query must be one of "
                                                          f"{', '.join(QUERY_KINDS)}, got "
                                                          f"{self.layer_query!r}")
+        check_condition(self.layer_blocks >= 1,
+                        f"layer_blocks must be at least 1, got {self.layer_blocks}")
         check_condition(0.0 <= self.layer_dropout < 1.0,
                         f"layer dropout must be in [0, 1): {self.layer_dropout}")
 
@@ -288,7 +314,8 @@ class AlignmentLayerModel(AlignmentModel):
     #: trained on a frozen base of this kind (two-stage training, see aligner.training.run)
     BASE_KIND = "transformer"
     #: config keys of the layer itself; all others describe the base
-    LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout", "layer_query")
+    LAYER_OPTIONS: Tuple[str, ...] = ("layer_keys", "layer_dropout", "layer_query",
+                                      "layer_blocks")
     #: the layer's attention is the alignment distribution guided training needs
     #: (``training_terms``: log α)
     TRAINS_POSTERIOR = True
@@ -315,9 +342,10 @@ class AlignmentLayerModel(AlignmentModel):
         target_query = config.layer_query == "target"
         self.layer = AlignmentLayer(config.d_model, config.tgt_vocab_size, config.layer_dropout,
                                     context_heads=config.n_heads if target_query else 0,
-                                    context_ff=config.d_ff)
+                                    context_ff=config.d_ff, context_blocks=config.layer_blocks)
         if target_query:   # the guided attention is the alignment itself: `layer` first
             self.METHODS = ("layer", "layer-sgd") + Transformer.METHODS
+            self.GUIDE_UNALIGNED_TO_EOS = True
 
     def freeze_base(self) -> None:
         """requires_grad False for every base parameter, and eval mode for the base."""
@@ -356,7 +384,11 @@ class AlignmentLayerModel(AlignmentModel):
         if target_query:
             states = self.layer.target_context(states + words, tgt_out == PAD_ID)
             source = self.layer.source_context(source, src == PAD_ID)
-        return states, source, source_mask(src)
+        return states, source, source_mask(src, null=target_query)
+
+    def leaves_unaligned_mass(self, method: str) -> bool:
+        """The guided layer's ``layer`` rows leave the EOS column's mass as "not aligned"."""
+        return self.layer.target_context is not None and method == "layer"
 
     def layer_forward(self, src: torch.Tensor, tgt_in: torch.Tensor,
                       tgt_out: Optional[torch.Tensor] = None

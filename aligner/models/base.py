@@ -87,6 +87,10 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: training (aligner/training/guidance.py, ``align train --guide``, self-training rounds) and
     #: agreement training (aligner/training/agreement.py, ``--agreement-weight``) need
     TRAINS_POSTERIOR: bool = False
+    #: whether guided training sends a decoder token that the guide leaves without a link to
+    #: the EOS column, the kind's "not aligned" (:func:`aligner.training.guidance.
+    #: unaligned_to_eos`; the guided alignment layer). False: such a token has no guide term
+    GUIDE_UNALIGNED_TO_EOS: bool = False
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
     #: the kind of the frozen base this kind is trained on (two-stage training, see

@@ -18,7 +18,8 @@ encoded corpus (memory-mapped like the ids)::
 In a batch the guide is a matrix G (B, I+1, J+1) in the direction's own orientation (rows =
 decoder positions, columns = encoder positions; fwd: decoder = target): the row of a decoder
 subword is uniform over the encoder subwords it is linked to, and all zero when it has no link
-(no term). The EOS row and column are never linked.
+(no term). The EOS row and column are never linked; a kind whose "not aligned" is the EOS
+column (``GUIDE_UNALIGNED_TO_EOS``) gets those zero rows sent there (:func:`unaligned_to_eos`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
+from aligner.constants import EOS_ID, PAD_ID
 from aligner.data import check_corpus_file
 from aligner.utils import atomic_output, check_condition, first_line
 
@@ -113,6 +115,17 @@ def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_l
         guide[b, rows, columns] = 1.0
     totals = guide.sum(dim=-1, keepdim=True)
     return guide / totals.clamp_min(1.0)
+
+
+def unaligned_to_eos(guide: torch.Tensor, src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+    """The guide (B, I+1, J+1) with the zero row of every real decoder token of a guided item
+    (one with at least one link) sent to the item's EOS column: "not aligned", for kinds with
+    ``GUIDE_UNALIGNED_TO_EOS``. src (B, J+1) the encoder side (EOS once per row), tgt_out
+    (B, I+1) the decoder side; an item without any link keeps its zero rows (no guide)."""
+    guided_item = guide.sum(dim=(1, 2)) > 0                                   # (B,)
+    unlinked = (guide.sum(dim=-1) == 0) & (tgt_out != PAD_ID) & guided_item[:, None]
+    eos = (src == EOS_ID).to(guide.dtype)                                     # (B, J+1)
+    return guide + unlinked.to(guide.dtype).unsqueeze(-1) * eos.unsqueeze(1)
 
 
 def guide_cross_entropy(log_posterior: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,8 @@ from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_s
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
 from aligner.precision import autocast_context, resolve_precision
-from aligner.training.guidance import GuideLinks, guide_cross_entropy, guide_matrix
+from aligner.training.guidance import (GuideLinks, guide_cross_entropy, guide_matrix,
+                                       unaligned_to_eos)
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -134,8 +135,11 @@ def guided_loss(model: AlignmentModel, src: torch.Tensor, tgt_in: torch.Tensor,
     Made of what the model contract declares for it: the NLL and the differentiable log
     posterior (B, I+1, J+1) of :meth:`~aligner.models.base.AlignmentModel.training_terms`
     (kinds with ``TRAINS_POSTERIOR``); guide (B, I+1, J+1) in the same orientation, rows
-    summing to 1 or 0 (:func:`aligner.training.guidance.guide_matrix`).
+    summing to 1 or 0 (:func:`aligner.training.guidance.guide_matrix`); a kind with
+    ``GUIDE_UNALIGNED_TO_EOS`` gets its zero rows sent to EOS first (``unaligned_to_eos``).
     """
+    if model.GUIDE_UNALIGNED_TO_EOS:
+        guide = unaligned_to_eos(guide, src, tgt_out)
     nll, tokens, log_posterior = model.training_terms(src, tgt_in, tgt_out, label_smoothing,
                                                       posterior=True)
     return nll + guide_weight * guide_cross_entropy(log_posterior, guide), tokens
