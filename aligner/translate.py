@@ -23,8 +23,9 @@ returns float32 log-probabilities (each casts before its log_softmax / logsumexp
 beam's running scores and the finished hypotheses' log-probabilities are float32 sums.
 
 **Alignments** (``alignment_method``): after the search, the chosen output is force-decoded
-through :func:`aligner.inference.hard_alignment` — the model is causal, so its alignment of
-output word i equals what it computed while generating i. Defaults
+through :func:`aligner.inference.hard_alignment` — for a causal model its alignment of
+output word i equals what it computed while generating i (the guided alignment layer also
+reads the words after i). Defaults
 (:func:`default_alignment_method`): transformer ``attention`` (penultimate decoder layer,
 heads averaged, like ``align extract --method attention``); hmm0 ``hmm-posterior`` (argmax_j
 α(j|i)·p_lex(e_i|j) at the chosen word); hmm1 ``hmm-viterbi`` (the back-trace of the best

@@ -63,7 +63,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @bitext_options
 @click.option("-m", "--method", default=None,
               help=f"Extraction method by model kind ({METHODS_HELP}). Default: the model "
-                   f"kind's first method.")
+                   f"kind's first method (a guided alignment layer's: layer).")
 @click.option("--layer", type=LAYER, default=None,
               help="Decoder layer (1-based) for --method attention; default the penultimate.")
 @click.option("--sgd-steps", type=SGD_STEPS, default=None,

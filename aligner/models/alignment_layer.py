@@ -6,7 +6,8 @@ extra single-head attention layer learns to predict the next target word from th
 
     q_i   = W_q s_i                       s_i: base decoder output at target position i (B, I+1, d)
     k_j   = W_k E_j,  v_j = W_v E_j       E_j: source representation (B, J+1, d), see KEY_KINDS
-    α_ij  = softmax_j (q_i · k_j / √d)    over real source words only (EOS and padding masked)
+    α_ij  = softmax_j (q_i · k_j / √d)    over real source words only (EOS and padding masked;
+                                          the guided layer below also attends to EOS)
     c_i   = Σ_j α_ij v_j                  no residual, no self-attention, no feed-forward
     p(e_i | e_<i, f) = softmax(W_o c_i + b_o)        the layer's own output softmax
 
@@ -232,7 +233,7 @@ def optimize_attention(layer: AlignmentLayer, init: torch.Tensor, values: torch.
 
     init: (B, I+1, J+1) starting attention A (forward-pass α or random); values: (B, J+1, d)
     projected values; tgt_out: (B, I+1) the known target words; allowed: (B, 1, J+1).
-    Returns the optimized A (B, I+1, J+1), detached, zero at EOS/padding columns. The layer's
+    Returns the optimized A (B, I+1, J+1), detached, zero where not `allowed`. The layer's
     parameters are not changed. Works when called under torch.no_grad() or inference_mode().
     """
     check_condition(steps >= 0, f"--sgd-steps must be >= 0, got {steps}")
@@ -413,8 +414,9 @@ class AlignmentLayerModel(AlignmentModel):
                        ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(NLL as :meth:`loss`, tokens, log α (B, I+1, J+1) when ``posterior``): the model
         contract's terms (aligner/models/base.py). log α is the layer's log attention of
-        decoder position i over the source positions; EOS and padding columns hold the lowest
-        float's log-softmax (probability 0, finite), and a row of an empty source is uniform.
+        decoder position i over the source positions; columns the layer may not attend to
+        (padding, and EOS for the 2019 layer; the guided layer's EOS is "not aligned") hold the
+        lowest float's log-softmax (probability 0, finite); a row of an empty source is uniform.
         """
         states, source, allowed = self._features(src, tgt_in, tgt_out)
         logits = self.layer.attention_logits(states, source, allowed)

@@ -85,7 +85,8 @@ class AlignmentModel(nn.Module, abc.ABC):
     BEST_HEURISTIC: str = "grow-diag"
     #: whether :meth:`training_terms` gives a differentiable alignment posterior: what guided
     #: training (aligner/training/guidance.py, ``align train --guide``, self-training rounds) and
-    #: agreement training (aligner/training/agreement.py, ``--agreement-weight``) need
+    #: agreement training (aligner/training/agreement.py, ``--agreement-weight``) need; rounds
+    #: and agreement also need a one-stage kind (no :attr:`BASE_KIND`)
     TRAINS_POSTERIOR: bool = False
     #: whether guided training sends a decoder token that the guide leaves without a link to
     #: the EOS column, the kind's "not aligned" (:func:`aligner.training.guidance.

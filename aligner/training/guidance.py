@@ -118,8 +118,9 @@ def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_l
 
 
 def unaligned_to_eos(guide: torch.Tensor, src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
-    """The guide (B, I+1, J+1) with the zero row of every real decoder token of a guided item
-    (one with at least one link) sent to the item's EOS column: "not aligned", for kinds with
+    """The guide (B, I+1, J+1) with the zero row of every non-pad decoder token of a guided
+    item (one with at least one link; the decoder's EOS included) sent to the item's EOS
+    column: "not aligned", for kinds with
     ``GUIDE_UNALIGNED_TO_EOS``. src (B, J+1) the encoder side (EOS once per row), tgt_out
     (B, I+1) the decoder side; an item without any link keeps its zero rows (no guide)."""
     guided_item = guide.sum(dim=(1, 2)) > 0                                   # (B,)

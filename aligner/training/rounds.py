@@ -137,7 +137,7 @@ def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Option
 
     if not supports_guide(model_kind) or model_class(model_kind).BASE_KIND is not None:
         return (f"self-training trains with a guide, implemented for the direct HMMs (hmm0, "
-                f"hmm1), not '{model_kind}'")
+                f"hmm1), not '{model_kind}'")   # (the alignment layer: its frozen base)
     if set(directions) != set(C.DIRECTIONS):
         return ("self-training guides a round by both directions' alignments; train "
                 "--directions fwd,rev")
