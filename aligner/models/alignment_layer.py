@@ -39,9 +39,9 @@ aligner/training/guidance.py) beside its own NLL: α is the alignment distributi
 model contract's ``training_terms``. Its attention may also point at the source EOS, which
 means "not aligned": a target word the guide leaves without a link is guided there
 (``GUIDE_UNALIGNED_TO_EOS``), and extraction links a word only where its best source word
-is at least as likely as EOS (``leaves_unaligned_mass``). Its default extraction method is ``layer`` (the guided
-attention itself); ``layer-sgd`` still works on it. ``prefix`` (the default without a guide)
-is the 2019 layer above.
+is at least as likely as EOS (``leaves_unaligned_mass``). Its default extraction method is
+``layer`` (the guided attention itself); ``layer-sgd`` still works on it. ``prefix`` (the
+default without a guide) is the 2019 layer above.
 
 **Attention optimization** (method ``layer-sgd``). For a known target word e_i the attention
 row A_i· is treated as a free variable, initialized from the forward pass (``init="forward"``)
@@ -137,7 +137,8 @@ class ContextBlock(nn.Module):
 
 
 class ContextBlocks(nn.Module):
-    """`n_blocks` :class:`ContextBlock` in a row: ``forward(x (B, L, d), pad (B, L))`` → (B, L, d)."""
+    """`n_blocks` :class:`ContextBlock` in a row:
+    ``forward(x (B, L, d), pad (B, L))`` → (B, L, d)."""
 
     def __init__(self, n_blocks: int, d_model: int, n_heads: int, d_ff: int,
                  dropout: float) -> None:
