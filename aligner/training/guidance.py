@@ -120,11 +120,12 @@ def guide_matrix(links_per_item: Sequence[np.ndarray], direction: str, decoder_l
 def unaligned_to_eos(guide: torch.Tensor, src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
     """The guide (B, I+1, J+1) with the zero row of every non-pad decoder token of a guided
     item (one with at least one link; the decoder's EOS included) sent to the item's EOS
-    column: "not aligned", for kinds with
-    ``GUIDE_UNALIGNED_TO_EOS``. src (B, J+1) the encoder side (EOS once per row), tgt_out
-    (B, I+1) the decoder side; an item without any link keeps its zero rows (no guide)."""
-    guided_item = guide.sum(dim=(1, 2)) > 0                                   # (B,)
-    unlinked = (guide.sum(dim=-1) == 0) & (tgt_out != PAD_ID) & guided_item[:, None]
+    column: "not aligned", for kinds with ``GUIDE_UNALIGNED_TO_EOS``. src (B, J+1) the
+    encoder side (EOS once per row), tgt_out (B, I+1) the decoder side; an item without any
+    link keeps its zero rows (no guide)."""
+    row_totals = guide.sum(dim=-1)                                            # (B, I+1)
+    guided_item = row_totals.sum(dim=-1) > 0                                  # (B,)
+    unlinked = (row_totals == 0) & (tgt_out != PAD_ID) & guided_item[:, None]
     eos = (src == EOS_ID).to(guide.dtype)                                     # (B, J+1)
     return guide + unlinked.to(guide.dtype).unsqueeze(-1) * eos.unsqueeze(1)
 
