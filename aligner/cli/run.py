@@ -24,12 +24,12 @@ from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  agreement_weight_option, bitext_options, block_lines_option,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
                                  device_defaults, device_option, guide_options, lr_option,
-                                 resolve_guide_weight,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
-                                 quiet_option, resume_option, rounds_option, seed_option,
-                                 self_training_options, threads_option, warmup_option,
-                                 resolve_final_agreement_weight, training_settings)
+                                 quiet_option, resolve_final_agreement_weight,
+                                 resolve_guide_weight, resume_option, rounds_option, seed_option,
+                                 self_training_options, threads_option, training_settings,
+                                 warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable

@@ -17,12 +17,11 @@ from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
                                  device_defaults, device_option, guide_options, lr_option,
-                                 resolve_guide_weight,
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
-                                 precision_option, quiet_option, resume_option, rounds_option,
-                                 seed_option, self_training_options, threads_option,
-                                 resolve_final_agreement_weight, training_settings,
+                                 precision_option, quiet_option, resolve_final_agreement_weight,
+                                 resolve_guide_weight, resume_option, rounds_option, seed_option,
+                                 self_training_options, threads_option, training_settings,
                                  warmup_option)
 from aligner.config import DataConfig, TrainConfig
 from aligner.utils import AlignerError, check_condition
