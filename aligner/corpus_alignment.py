@@ -2,7 +2,8 @@
 
 What `align run` writes as its output and what a self-training round (aligner/training/rounds.py)
 writes as the next round's guide: every input line gets exactly one output line, in input order
-(a line with an empty side, or too long for the model, an empty one). The bitext is read in
+(a line with an empty side, or too long for the model, an empty one; in a guide, also a line
+the next round's training skips). The bitext is read in
 blocks of inference.BLOCK_LINES lines, each aligned and its lines written (to a parts folder
 that a cut-off run resumes from, aligner/blocks.py) before the next is read, so memory does not
 grow with the corpus (but with ``keep_soft``); under torch.distributed the ranks share the
@@ -11,9 +12,27 @@ blocks out.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+import numpy as np
 
 from aligner import constants as C
+from aligner.data import EncodedPair, filtered_out
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.config import DataConfig
+
+
+#: what a line that training skips is aligned as: no subwords, so no links
+_EMPTY_PAIR = EncodedPair(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], [])
+
+
+def skipped_in_training(pair: EncodedPair, data_config: "DataConfig") -> bool:
+    """Training with `data_config`'s length filters skips `pair` (an empty side included)."""
+    if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:
+        return True
+    return filtered_out(len(pair.src_ids), len(pair.tgt_ids), data_config.max_len,
+                        data_config.max_ratio) is not None
 
 
 def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, heuristic: str,
@@ -21,8 +40,8 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
                  gold_lines: range = range(0), keep_soft: bool = False, quiet: bool = False,
                  precision: str = "fp32", parts: Optional[str] = None, resume: bool = False,
                  overwrite: bool = False, stale: str = "refuse",
-                 block_lines: Optional[int] = None, description: str = "align"
-                 ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
+                 block_lines: Optional[int] = None, description: str = "align",
+                 trained_by: Optional["DataConfig"] = None) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
     """Align every line of `bitext` (a Bitext, BitextFiles or SampledBitext) with the model
     in `model_dir`: extraction `method` in both directions, combined by `heuristic` (a soft
     one at `threshold`), block by block (`block_lines`, default inference.BLOCK_LINES; one
@@ -35,7 +54,9 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     `keep_soft`), with `resume` / `overwrite` / `stale` as there: a run cut off goes on from
     its first unfinished block. Under torch.distributed the blocks are shared out over the
     ranks (every rank calls this) and rank 0 writes the outputs. One progress bar
-    (`description`) over the corpus unless `quiet`.
+    (`description`) over the corpus unless `quiet`. `trained_by`: the length filters of the
+    training that reads the output (a self-training round's guide): a line that training skips
+    (:func:`aligner.data.filtered_out`) is written empty instead of aligned.
 
     Returns (the links of `gold_lines` per direction and for the heuristic; with `keep_soft`
     the soft matrices named as in the --soft .npz plus "alignments", the heuristic's links of
@@ -62,6 +83,9 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
     def align_block(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
         first = block.first_line - 1                 # 0-based input line of the block's 0
         pairs = inference.encode_bitext(loaded, block)
+        if trained_by is not None:
+            pairs = [_EMPTY_PAIR if skipped_in_training(pair, trained_by) else pair
+                     for pair in pairs]
         gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
         hard_lines = range(len(pairs)) if hard_all else gold_here
         hard: Dict[str, List[Set[Tuple[int, int]]]] = {}
@@ -93,6 +117,8 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
               "heuristic": heuristic, "threshold": threshold,
               "precision": resolve_precision(precision, device),
               "gold lines": [gold_lines.start, gold_lines.stop]}
+    if trained_by is not None:
+        record["skipped as training skips"] = [trained_by.max_len, trained_by.max_ratio]
     with contextlib.ExitStack() as stack:
         stack.enter_context(autocast_context(precision, device))
         workers = stack.enter_context(inference.DirectionWorkers())   # one pair for all blocks

@@ -173,3 +173,35 @@ def test_a_budget_as_large_as_the_bitext_trains_as_without_one(tmp_path, corpus)
     assert (tmp_path / "all" / "fwd" / "params.best.pt").read_bytes() == \
         (tmp_path / "same" / "fwd" / "params.best.pt").read_bytes()
     assert len(read_pharaoh(str(tmp_path / "all" / "rounds" / "1" / "links.align"))) == 20
+
+
+def test_a_guide_leaves_the_lines_training_skips_unaligned(tmp_path, corpus):
+    """align train --rounds 2 --max-len 4 on 20 lines of 2-6 whole words (--bpe-merges 0):
+    round 2 trains on the lines of at most 4 words only, so round 1's guide aligns only those.
+    Its lines of 5 or 6 words are empty; every other line is what the same extraction without
+    the filter gives (aligner.corpus_alignment.align_bitext of round 1's model)."""
+    import torch
+
+    from aligner.corpus_alignment import align_bitext
+    from aligner.training import recipe
+
+    src, tgt, sources, targets = corpus
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--rounds", "2", "--round-pairs", "0",
+            "--max-updates", "60", "--seed", "5", *TRAIN_TINY, "--max-len", "4")
+    guide = read_pharaoh(str(model / "rounds" / "1" / "links.align"))
+    unfiltered = tmp_path / "unfiltered.align"
+    align_bitext(str(model / "rounds" / "1"), Bitext(sources, targets, str(src), str(tgt)),
+                 torch.device("cpu"), "hmm-posterior", 0, recipe.HEURISTIC,
+                 recipe.SELF_GUIDE_THRESHOLD, {recipe.HEURISTIC: str(unfiltered)}, quiet=True)
+    every_line = read_pharaoh(str(unfiltered))
+    longer = [k for k in range(20) if max(len(sources[k]), len(targets[k])) > 4]
+    assert 0 < len(longer) < 20 and len(guide) == len(every_line) == 20
+    assert any(every_line[k] for k in longer)            # the filter emptied links
+    assert [guide[k] for k in longer] == [set() for _ in longer]
+    kept = [k for k in range(20) if k not in longer]
+    assert [guide[k] for k in kept] == [every_line[k] for k in kept]
+    assert any(guide[k] for k in kept)
+    record = json.loads((model / "rounds" / "2" / "corpus" / "corpus.json").read_text())
+    assert record["n_kept"] == len(kept) and record["n_too_long"] == len(longer)

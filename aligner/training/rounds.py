@@ -393,7 +393,9 @@ def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int,
                  quiet=request.quiet or not context.is_main,
                  precision=request.train_config.precision, parts=path + C.PARTS_SUFFIX,
                  resume=True, stale="discard", block_lines=plan.block_lines or None,
-                 description=f"guide {round_number}")
+                 description=f"guide {round_number}",
+                 # (a round from new weights learns its own BPE: its skipped lines may differ)
+                 trained_by=request.data_config if plan.fine_tune else None)
     seconds = time.time() - aligning
     if record is not None:
         record.add_stage("guide", seconds)
