@@ -41,7 +41,8 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
                  precision: str = "fp32", parts: Optional[str] = None, resume: bool = False,
                  overwrite: bool = False, stale: str = "refuse",
                  block_lines: Optional[int] = None, description: str = "align",
-                 trained_by: Optional["DataConfig"] = None) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
+                 trained_by: Optional["DataConfig"] = None
+                 ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
     """Align every line of `bitext` (a Bitext, BitextFiles or SampledBitext) with the model
     in `model_dir`: extraction `method` in both directions, combined by `heuristic` (a soft
     one at `threshold`), block by block (`block_lines`, default inference.BLOCK_LINES; one

@@ -7,8 +7,9 @@ target after target) and shifts each part's links by the lengths before it: the 
 joined pair is the union of its parts' golds, with no link across parts (which is right: the
 parts are separate sentences)::
 
-    python eval/concat_gold.py --src ../shared/data/enfr/dev.src --tgt ../shared/data/enfr/dev.tgt \\
-        --talp ../shared/data/enfr/dev.talp --group 3 --output runs/dev3
+    D=../shared/data/enfr
+    python eval/concat_gold.py --src $D/dev.src --tgt $D/dev.tgt --talp $D/dev.talp \\
+        --group 3 --output runs/dev3
     align extract MODEL -s runs/dev3.src -t runs/dev3.tgt -o runs/dev3.align
     align score-aer -g runs/dev3.talp -a runs/dev3.align
 
