@@ -44,6 +44,9 @@ def test_train_defaults_are_the_recipe():
     assert defaults["bpe_merges"] is None          # recipe.bpe_merges(number of pairs)
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
     assert defaults["directions"] == "fwd,rev"
+    # None: recipe.TRAIN_MAX_LEN for the recipe's kind, DataConfig's for the others
+    # (tests/test_cli_train_extract.py)
+    assert defaults["max_len"] is None
 
 
 def test_extract_defaults_are_the_kinds_best():
@@ -69,6 +72,7 @@ def test_run_defaults_are_the_recipe():
     assert recipe.device_defaults("cpu")["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
     assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == 0
+    assert defaults["max_len"] == recipe.TRAIN_MAX_LEN
 
 
 def test_demo_defaults():

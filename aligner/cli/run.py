@@ -79,6 +79,10 @@ logger = logging.getLogger(__name__)
                    "round with --afresh); --max-updates, if given, replaces it.")
 @max_updates_option
 @bpe_merges_option()
+@click.option("--max-len", default=recipe.TRAIN_MAX_LEN, show_default=True,
+              type=click.IntRange(min=1),
+              help="Train on the pairs whose sides have at most this many subwords (every line "
+                   "is aligned).")
 @model_option_option
 @max_tokens_option
 @block_lines_option
@@ -100,7 +104,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str, round_pairs: int,
             fine_tune_share: float, final_agreement_weight: Optional[float],
             max_updates: int,
-            bpe_merges: Optional[int], model_option: Tuple[str, ...],
+            bpe_merges: Optional[int], max_len: int, model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
             warmup: Optional[int],
             device: str, precision: str, deterministic: bool, seed: int, threads: int,
@@ -204,9 +208,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     request = TrainRequest(
         model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
-        # pairs the model cannot take (subwords + EOS): skipped in training (align train:
-        # --max-len, DataConfig.max_len by default)
-        DataConfig(max_len=min(DataConfig.max_len, int(model_options["max_positions"]) - 1),
+        # longer pairs, and those the model cannot take (subwords + EOS), are skipped in
+        # training (align train: --max-len)
+        DataConfig(max_len=min(max_len, int(model_options["max_positions"]) - 1),
                    guide=guide or ""),
         train_config, resume=resume, overwrite=overwrite, quiet=quiet,
         argv=["align"] + sys.argv[1:],

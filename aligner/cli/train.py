@@ -110,9 +110,10 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--bpe-sample", default=0, show_default=True, type=click.IntRange(min=0),
               help="Learn BPE on a seeded sample of this many pairs (0 = all).")
-@click.option("--max-len", default=DataConfig.max_len, show_default=True,
-              type=click.IntRange(min=1),
-              help="Skip training pairs with a side longer than this (subwords).")
+@click.option("--max-len", default=None, type=click.IntRange(min=1),
+              help=f"Skip training pairs with a side longer than this (subwords).  [default: "
+                   f"{recipe.TRAIN_MAX_LEN} for {recipe.MODEL_KIND}, the recipe's kind; "
+                   f"{DataConfig.max_len} for the others]")
 @click.option("--max-ratio", default=0.0, show_default=True, type=FiniteFloat(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
 # model size
@@ -206,7 +207,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
             model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
             lowercase: bool, bpe_merges: Optional[int], joint_bpe: bool, bpe_min_frequency: int,
-            bpe_sample: int, max_len: int, max_ratio: float, d_model: int, heads: int,
+            bpe_sample: int, max_len: Optional[int], max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
@@ -257,6 +258,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     direction_list = parse_directions(directions)
     if rounds is None:
         rounds = default_rounds(model_kind, direction_list)
+    if max_len is None:
+        max_len = recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len
     check_rounds(model_kind, direction_list, rounds)
     if max_epochs is None:   # with rounds as align run: --max-updates alone decides
         max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates

@@ -87,6 +87,12 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: lines, above the budget): held-out test 25.7 against 24.4 with every round on the whole
 #: text (--round-pairs 0; eval/results/fine_tune_share_enfr.md)
 ROUND_PAIRS = 30000
+#: training pairs of the recipe's kind with a side longer than this many subwords are skipped
+#: (align run, align train --model hmm1: --max-len; every line is still aligned). A long pair
+#: costs far more than its share of tokens: the first-order alignment scores J x J source
+#: pairs per sentence and updates at every target position. 200: every pair the model
+#: takes (measured shorter caps: eval/results/train_max_len_enfr.md)
+TRAIN_MAX_LEN = 200
 #: the share of the bitext each fine-tuned round (2, 3, ...) trains on, at most ROUND_PAIRS
 #: lines: a sample drawn as ROUND_PAIRS's (aligner/training/samples.py; 1 = as round 1).
 #: 0.5 on the en-fr 25k benchmark: the whole job in 15 min 5 s against 23 min 40 s, but dev /
