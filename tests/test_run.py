@@ -31,7 +31,7 @@ def test_the_recipe_is_pinned():
             recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_LR_SCHEDULE) == \
         (4, 1, True, 0.5, 1, 0.5, "linear")
     assert recipe.AGREEMENT_WEIGHT == recipe.FINAL_AGREEMENT_WEIGHT == 0.0
-    assert recipe.ROUND_PAIRS == 30000
+    assert recipe.ROUND_PAIRS == 30000 and recipe.TRAIN_MAX_LEN == 200
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
 
