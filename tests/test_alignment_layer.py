@@ -788,6 +788,10 @@ def test_cli_guided_layer_training_and_its_refusals(tmp_path, tiny_corpus):
 
     for args, message in (
             (["--layer-query", "target"], "--layer-query applies to"),
+            (["--model", "alignment-layer", "--base", model / "base", "--layer-query",
+              "target"], "--layer-query target trains the layer on a guide's links"),
+            (["--model", "alignment-layer", "--base", model / "base", "-M",
+              "layer_query=target"], "give --guide FILE"),
             (["--model", "alignment-layer", "--base", model / "base", "--rounds", "2"],
              "self-training"),
             (["--model", "alignment-layer", "--base", model / "base", "--agreement-weight",

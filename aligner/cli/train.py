@@ -301,6 +301,9 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if model_kind in layer_kinds and guide is not None:
         # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
         model_options.setdefault("layer_query", "target")
+    check_condition(model_options.get("layer_query") != "target" or guide is not None,
+                    "--layer-query target trains the layer on a guide's links: give --guide "
+                    "FILE (without one, its attention can read the very word it predicts)")
     train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
