@@ -3,11 +3,10 @@
 What `align run` writes as its output and what a self-training round (aligner/training/rounds.py)
 writes as the next round's guide: every input line gets exactly one output line, in input order
 (a line with an empty side, or too long for the model, an empty one; in a guide, also a line
-the next round's training skips). The bitext is read in
-blocks of inference.BLOCK_LINES lines, each aligned and its lines written (to a parts folder
-that a cut-off run resumes from, aligner/blocks.py) before the next is read, so memory does not
-grow with the corpus (but with ``keep_soft``); under torch.distributed the ranks share the
-blocks out.
+the next round's training skips). The bitext is read in blocks of inference.BLOCK_LINES lines,
+each aligned and its lines written (to a parts folder that a cut-off run resumes from,
+aligner/blocks.py) before the next is read, so memory does not grow with the corpus (but with
+``keep_soft``); under torch.distributed the ranks share the blocks out.
 """
 from __future__ import annotations
 

@@ -42,19 +42,27 @@ def join_groups(sources, targets, golds, group: int):
         yield source, target, sure, possible - sure
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer of 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of 1 or more, got {text!r}")
+    return int(text)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True)
     parser.add_argument("--tgt", required=True)
     parser.add_argument("--talp", required=True, help="the gold (i-j sure, ipj possible)")
-    parser.add_argument("--group", type=int, default=3, help="pairs joined into one")
+    parser.add_argument("--group", type=_positive, default=3, metavar="N",
+                        help="pairs joined into one (1 or more)")
     parser.add_argument("--output", required=True, help="prefix of OUTPUT.src/.tgt/.talp")
     args = parser.parse_args(argv)
     bitext = read_bitext(args.src, args.tgt)
     golds = read_gold(args.talp)
-    if len(golds) != len(bitext.source) or args.group < 1:
+    if len(golds) != len(bitext.source):
         raise SystemExit(f"{args.talp}: {len(golds)} gold lines for {len(bitext.source)} "
-                         f"pairs, or --group below 1")
+                         f"pairs")
     joined = list(join_groups(bitext.source, bitext.target, golds, args.group))
     with atomic_output(args.output + ".src") as src, \
             atomic_output(args.output + ".tgt") as tgt, \

@@ -341,32 +341,37 @@ def test_train_refuses_a_directory_another_process_writes(tmp_path, corpus):
     assert os.listdir(model) == [".lock"]  # nothing touched
 
 
-def test_the_training_length_cap_left_out_is_the_recipes_for_its_kind_only(tmp_path):
-    """--max-len left out: hmm1 (the recipe's kind; align train and align run alike) skips the
-    training pairs longer than recipe.TRAIN_MAX_LEN subwords, the transformer only those over
-    DataConfig's 200; the cut is 'longer than', so a pair of exactly the cap is kept."""
+def test_the_training_length_cap_left_out_is_the_recipes_for_its_kind_only(tmp_path,
+                                                                          monkeypatch):
+    """--max-len left out: align train's hmm1 (the recipe's kind) skips the training pairs
+    longer than recipe.TRAIN_MAX_LEN subwords (set to 8 here, read when the command runs), the
+    transformer only those over DataConfig's 200; the cut is 'longer than', so a pair of
+    exactly the cap is kept. align run's default is the recipe's, and every line is aligned;
+    a --max-len the model cannot take is refused in one line."""
+    from aligner.cli import run as run_command
     from aligner.config import DataConfig
     from aligner.training import recipe
 
-    cap = recipe.TRAIN_MAX_LEN
+    monkeypatch.setattr(recipe, "TRAIN_MAX_LEN", 8)
     sources, targets, _ = monotone_corpus(12, seed=3)
-    for k, length in ((0, cap), (1, cap + 1), (2, DataConfig.max_len + 1)):
+    for k, length in ((0, 8), (1, 9), (2, DataConfig.max_len + 1)):
         sources[k] = [f"s{n % 9}" for n in range(length)]
         targets[k] = [f"t{n % 9}" for n in range(length)]
     src, tgt, _ = write_corpus(tmp_path, "c", sources, targets)
-    tiny = TINY[2:TINY.index("--max-tokens")] + ["--bpe-merges", "0", "--max-tokens", "1000",
-                                                  "--max-updates", "1", "--rounds", "1", "-q"]
+    tiny = [*TINY, "--bpe-merges", "0", "--max-updates", "1", "--rounds", "1"]
     skipped = {}
     for kind in ("hmm1", "transformer"):
-        run("train", "-s", src, "-t", tgt, "-o", tmp_path / kind, "--model", kind, *tiny)
+        run("train", "-s", src, "-t", tgt, "-o", tmp_path / kind, *tiny, "--model", kind)
         corpus_meta = json.loads((tmp_path / kind / "corpus" / "corpus.json").read_text())
         skipped[kind] = (corpus_meta["max_len"], corpus_meta["n_too_long"])
-    lengths = [max(len(s), len(t)) for s, t in zip(sources, targets)]
-    assert skipped == {kind: (limit, sum(length > limit for length in lengths))
-                       for kind, limit in (("hmm1", cap), ("transformer", DataConfig.max_len))}
-    assert skipped["hmm1"][1] >= 1 and skipped["transformer"][1] >= 1
+    assert skipped == {"hmm1": (8, 2), "transformer": (DataConfig.max_len, 1)}
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "refused", *tiny,
+                          "--max-positions", "20", "--max-len", "20", ok=False))
+    assert "--max-len 20: the model takes at most 19 subwords a side" in line
     run("run", "-s", src, "-t", tgt, "-o", tmp_path / "out", "--model-dir", tmp_path / "run",
         "--rounds", "1", "--max-updates", "1", "--bpe-merges", "0", "-M", "d_model=16", "-M",
         "n_heads=2", "-M", "enc_layers=1", "-M", "dec_layers=1", "-M", "d_ff=32", "-q")
-    assert json.loads((tmp_path / "run" / C.CONFIG_NAME).read_text())["data"]["max_len"] == cap
+    run_default = next(p.default for p in run_command.command.params if p.name == "max_len")
+    assert json.loads((tmp_path / "run" / C.CONFIG_NAME).read_text())["data"]["max_len"] == \
+        run_default == DataConfig.max_len
     assert len(read_pharaoh(str(tmp_path / "out"))) == 12     # every line aligned

@@ -81,8 +81,7 @@ logger = logging.getLogger(__name__)
 @bpe_merges_option()
 @click.option("--max-len", default=recipe.TRAIN_MAX_LEN, show_default=True,
               type=click.IntRange(min=1),
-              help="Train on the pairs whose sides have at most this many subwords (every line "
-                   "is aligned).")
+              help="Skip training pairs with a side longer than this (subwords).")
 @model_option_option
 @max_tokens_option
 @block_lines_option

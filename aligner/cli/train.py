@@ -258,8 +258,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     direction_list = parse_directions(directions)
     if rounds is None:
         rounds = default_rounds(model_kind, direction_list)
-    if max_len is None:
-        max_len = recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len
     check_rounds(model_kind, direction_list, rounds)
     if max_epochs is None:   # with rounds as align run: --max-updates alone decides
         max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
@@ -301,9 +299,18 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if model_kind in layer_kinds and guide is not None:
         # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
         model_options.setdefault("layer_query", "target")
-    check_condition(model_options.get("layer_query") != "target" or guide is not None,
+    check_condition(model_kind not in layer_kinds or guide is not None
+                    or model_options.get("layer_query") != "target",
                     "--layer-query target trains the layer on a guide's links: give --guide "
                     "FILE (without one, its attention can read the very word it predicts)")
+    # the training length cap: the recipe's for its kind, within what the model takes
+    longest = int(model_options.get("max_positions", max_positions)) - 1   # subwords + EOS
+    if max_len is None:
+        max_len = min(longest, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND
+                      else DataConfig.max_len)
+    check_condition(max_len <= longest or (base_dir or init_dir) is not None,
+                    f"--max-len {max_len}: the model takes at most {longest} subwords a side "
+                    f"(--max-positions {longest + 1}); lower --max-len or raise --max-positions")
     train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
