@@ -112,7 +112,7 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     try:
         run.train(run.TrainRequest(
             model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
-            DataConfig(),   # DataConfig's cap (200), as align train's for other kinds
+            DataConfig(max_len=recipe.TRAIN_MAX_LEN),   # align train's for the recipe's kind
             train_config, overwrite=True, quiet=quiet,
             argv=["align", "demo", "--sample-dir", sample_dir], parallel_directions=parallel))
         loaded = LoadedModelDir.load(model_dir, device=resolve_device(device))
