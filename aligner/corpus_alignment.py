@@ -26,14 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 _EMPTY_PAIR = EncodedPair(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], [])
 
 
-def skipped_in_training(pair: EncodedPair, data_config: "DataConfig") -> bool:
-    """Training with `data_config`'s length filters skips `pair` (an empty side included)."""
-    if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:
-        return True
-    return filtered_out(len(pair.src_ids), len(pair.tgt_ids), data_config.max_len,
-                        data_config.max_ratio) is not None
-
-
 def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, heuristic: str,
                  threshold: float, outputs: Dict[str, Optional[str]],
                  gold_lines: range = range(0), keep_soft: bool = False, quiet: bool = False,
@@ -84,8 +76,9 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
         first = block.first_line - 1                 # 0-based input line of the block's 0
         pairs = inference.encode_bitext(loaded, block)
         if trained_by is not None:
-            pairs = [_EMPTY_PAIR if skipped_in_training(pair, trained_by) else pair
-                     for pair in pairs]
+            pairs = [pair if filtered_out(len(pair.src_ids), len(pair.tgt_ids),
+                                          trained_by.max_len, trained_by.max_ratio) is None
+                     else _EMPTY_PAIR for pair in pairs]
         gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
         hard_lines = range(len(pairs)) if hard_all else gold_here
         hard: Dict[str, List[Set[Tuple[int, int]]]] = {}

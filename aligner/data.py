@@ -82,12 +82,19 @@ def _save_array(path: str, values: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+#: the CorpusStats counter of each reason :func:`filtered_out` gives
+_SKIP_COUNTERS = {"empty side": "n_empty", "too long": "n_too_long",
+                  "length ratio": "n_bad_ratio"}
+
+
 def filtered_out(src_len: int, tgt_len: int, max_len: Optional[int],
                  max_ratio: Optional[float]) -> Optional[str]:
-    """Why training skips a pair of `src_len` / `tgt_len` subwords (both > 0; no EOS) under
-    the length filters `max_len` and `max_ratio` (None or 0: off): "too long", "length
+    """Why training skips a pair of `src_len` / `tgt_len` subwords (no EOS) under the length
+    filters `max_len` and `max_ratio` (None or 0: off): "empty side", "too long", "length
     ratio", or None when it is kept. The one test of :func:`encode_corpus`, and of the
     self-training guides, which leave the lines training skips unaligned."""
+    if src_len == 0 or tgt_len == 0:
+        return "empty side"
     if max_len and max(src_len, tgt_len) > max_len:
         return "too long"
     if max_ratio and max(src_len, tgt_len) > max_ratio * min(src_len, tgt_len):
@@ -128,17 +135,12 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
     kept_lines = array("q")
     for k, (src_words, tgt_words) in enumerate(paired(source_sentences, target_sentences)):
         stats.n_input += 1
-        if not src_words or not tgt_words:
-            stats.n_empty += 1
-            continue
-        src_sub = pre.segment(src_words, "src").subwords
+        src_sub = pre.segment(src_words, "src").subwords   # (a word gives 1+ subwords)
         tgt_sub = pre.segment(tgt_words, "tgt").subwords
         why = filtered_out(len(src_sub), len(tgt_sub), max_len, max_ratio)
-        if why == "too long":
-            stats.n_too_long += 1
-            continue
-        if why == "length ratio":
-            stats.n_bad_ratio += 1
+        if why is not None:
+            counter = _SKIP_COUNTERS[why]
+            setattr(stats, counter, getattr(stats, counter) + 1)
             continue
         for side, subwords, vocab in (("src", src_sub, src_vocab), ("tgt", tgt_sub, tgt_vocab)):
             encoded = vocab.encode(subwords)
