@@ -31,6 +31,9 @@ Layout (file names from aligner/constants.py)::
       base/                alignment-layer only: the stage-1 transformer model directory (the
                            layer's params files hold the base weights too; extraction needs
                            only the top level)
+      guide/               alignment-layer without --guide: the stage-0 recipe run whose links
+                           of the bitext (guide/links.align) guide the layer
+                           (aligner/training/recipe_guide.py)
       fwd/ rev/            one folder per direction ("fwd" models p(target | source)):
         params.best.pt     weights of the best checkpoint (validation AER, else perplexity,
                            else the last one)
@@ -81,6 +84,12 @@ CORPUS_DIR = "corpus"
 LOCK_NAME = ".lock"
 #: stage-1 base model directory inside an alignment-layer model directory (see aligner.training.run)
 BASE_DIR = "base"
+#: stage-0 guide of an alignment layer trained without --guide: the recipe's run and its links
+#: of the bitext (aligner/training/recipe_guide.py)
+GUIDE_DIR = "guide"
+#: the stages' own run directories inside a model directory: runs of their own, which the
+#: top level's --overwrite leaves to them
+STAGE_DIRS = (BASE_DIR, GUIDE_DIR)
 #: the joint training state of an agreement run (aligner/training/agreement.py): both directions
 #: train in one loop, their weights in fwd/ and rev/
 JOINT_DIR = "joint"
@@ -122,12 +131,7 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
     (:func:`check_overwritable`).
     """
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
-    if os.path.exists(model_dir):
-        check_condition(os.path.isdir(model_dir), f"{model_dir}: exists and is not a directory")
-        entries = [name for name in os.listdir(model_dir)
-                   if name not in (BASE_DIR, LOCK_NAME)]  # stage-1 base, the run lock
-    else:
-        entries = []
+    entries = _run_entries(model_dir)
     if not entries:
         check_condition(not resume, f"{model_dir}: nothing to resume (the directory is empty "
                                     f"or missing)")
@@ -139,12 +143,31 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
                         + (" (its run stopped before training began: start it again with "
                            "--overwrite)" if holds_run(model_dir) else ""))
         return True
-    check_condition(overwrite, f"{model_dir}: directory is not empty; use --resume to continue "
-                               f"its run or --overwrite to replace it")
-    check_overwritable(model_dir, inputs)
+    check_new_run(model_dir, overwrite, inputs)
     mark_run(model_dir)   # first: a removal cut off still leaves a directory known as ours
     remove_run_files(model_dir)
     return False
+
+
+def _run_entries(model_dir: str) -> List[str]:
+    """What `model_dir` holds but the stages' runs and the run lock ([] when it is missing)."""
+    if not os.path.exists(model_dir):
+        return []
+    check_condition(os.path.isdir(model_dir), f"{model_dir}: exists and is not a directory")
+    return [name for name in os.listdir(model_dir) if name not in (*STAGE_DIRS, LOCK_NAME)]
+
+
+def check_new_run(model_dir: str, overwrite: bool, inputs: Sequence[Optional[str]] = ()
+                  ) -> None:
+    """Refuse (one line, nothing written) a new run in `model_dir` that
+    :func:`prepare_output_dir` would refuse: a non-empty directory without `overwrite`, or one
+    that --overwrite may not clear (:func:`check_overwritable`). Also the check of a stage
+    that runs before the top level is prepared (the alignment layer's guide, stage 0)."""
+    if not _run_entries(model_dir):
+        return
+    check_condition(overwrite, f"{model_dir}: directory is not empty; use --resume to continue "
+                               f"its run or --overwrite to replace it")
+    check_overwritable(model_dir, inputs)
 
 
 #: MODEL_DIR/.aligner: the mark of a directory that a run of ours writes, the first file a
@@ -184,7 +207,7 @@ def check_overwritable(model_dir: str, inputs: Sequence[Optional[str]] = ()) -> 
     link (a run never makes one: it points at something of the user's), and none of `inputs`
     (the run's input files) lies among them."""
     present = sorted(name for name in os.listdir(model_dir)
-                     if name not in (BASE_DIR, LOCK_NAME))
+                     if name not in (*STAGE_DIRS, LOCK_NAME))
     check_condition(holds_run(model_dir),
                     f"{model_dir}: --overwrite replaces a model directory written by align, and "
                     f"this one holds no run (no {RUN_MARK} mark, no {C.CONFIG_NAME} of ours; "
@@ -213,7 +236,8 @@ def discard_unstarted_run(model_dir: str) -> None:
     the corrected command starts in a clean directory; the ``.aligner`` mark stays while other
     files remain (they belong to a run of ours: --overwrite may still remove them)."""
     remove_run_files(model_dir)
-    if not any(name not in (BASE_DIR, LOCK_NAME, RUN_MARK) for name in os.listdir(model_dir)):
+    if not any(name not in (*STAGE_DIRS, LOCK_NAME, RUN_MARK)
+               for name in os.listdir(model_dir)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(model_dir, RUN_MARK))
 

@@ -228,7 +228,9 @@ def guide_options(function):
                           "guide (uniform over each target subword's linked source subwords) "
                           "and the model's posterior alignment distribution (eval/results/"
                           "guided_enfr.md: the recipe's quality in a third of the updates; "
-                          "for alignment-layer the layer's attention, --layer-query target)."),
+                          "for alignment-layer the layer's attention, --layer-query target; "
+                          "without --guide that layer learns the recipe's links of the "
+                          "bitext, trained first into MODEL_DIR/guide)."),
         click.option("--guide-weight", default=None, type=FiniteFloat(min=0),
                      help=f"Weight of the guide's cross-entropy term (with --guide).  "
                           f"[default: {recipe.GUIDE_WEIGHT:g}; {recipe.LAYER_GUIDE_WEIGHT:g} "
@@ -236,13 +238,14 @@ def guide_options(function):
     ])
 
 
-def resolve_guide_weight(guide_weight: Optional[float], guide: Optional[str],
-                         model_kind: str) -> float:
+def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind: str
+                         ) -> float:
     """--guide-weight as given, else the kind's (recipe.GUIDE_WEIGHT; LAYER_GUIDE_WEIGHT for a
-    kind trained on a frozen base, the alignment layer); 0 without a --guide."""
+    kind trained on a frozen base, the alignment layer); 0 unless the run is `guided` (a
+    --guide, or the alignment layer's recipe guide)."""
     from aligner.models import model_class
 
-    if guide is None:
+    if not guided:
         return 0.0
     if guide_weight is not None:
         return guide_weight

@@ -189,8 +189,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                checkpoint_interval=CHECKPOINT_AT_THE_END,
                                device=device, precision=precision,
                                deterministic=deterministic, seed=seed,
-                               guide_weight=resolve_guide_weight(guide_weight, guide,
-                                                                 recipe.MODEL_KIND),
+                               guide_weight=resolve_guide_weight(
+                                   guide_weight, guide is not None, recipe.MODEL_KIND),
                                agreement_weight=agreement_weight)
     check_condition(model_dir is not None or torchrun_world_size() == 1,
                     "under torchrun give --model-dir (on a file system every rank reads): "

@@ -147,9 +147,10 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    "output, or their average  [default: add]")
 @click.option("--layer-query", type=click.Choice(["prefix", "target"]), default=None,
               help="alignment-layer: what the layer's queries see: the base decoder state "
-                   "(Zenkel et al. 2019), or also the known target word and the whole target "
-                   "sentence (the guided layer of 2020, trained with --guide)  [default: target "
-                   "with --guide, else prefix]")
+                   "(the unguided layer of Zenkel et al. 2019), or also the known target word "
+                   "and the whole target sentence (the guided layer of 2020: its attention "
+                   "learns --guide's links, or without --guide the recipe's links of the "
+                   "bitext, trained first into MODEL_DIR/guide)  [default: target]")
 # training
 @max_tokens_option
 @click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
@@ -296,13 +297,14 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             check_condition(model_kind in layer_kinds,
                             f"{flag} applies to --model {', '.join(layer_kinds)} only")
             model_options[name] = value
-    if model_kind in layer_kinds and guide is not None:
+    # the layer is guided by default (Zenkel et al. 2020): by --guide, else by the recipe's
+    # links of the bitext (stage 0, aligner/training/recipe_guide.py); --layer-query prefix is
+    # the unguided layer of 2019
+    recipe_guide = (model_kind in layer_kinds and guide is None
+                    and model_options.get("layer_query") != "prefix")
+    if model_kind in layer_kinds and (guide is not None or recipe_guide):
         # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
         model_options.setdefault("layer_query", "target")
-    check_condition(model_kind not in layer_kinds or guide is not None
-                    or model_options.get("layer_query") != "target",
-                    "--layer-query target trains the layer on a guide's links: give --guide "
-                    "FILE (without one, its attention can read the very word it predicts)")
     # the training length cap: the recipe's for its kind, within what the model takes
     longest = int(model_options.get("max_positions", max_positions)) - 1   # subwords + EOS
     if max_len is None:
@@ -317,7 +319,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
                                valid_method=valid_method, device=device,
                                precision=precision, deterministic=deterministic, seed=seed,
-                               guide_weight=resolve_guide_weight(guide_weight, guide, model_kind),
+                               guide_weight=resolve_guide_weight(
+                                   guide_weight, guide is not None or recipe_guide, model_kind),
                                agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass
     prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
@@ -360,7 +363,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
             argv=["align"] + sys.argv[1:], base_dir=base_dir,
             parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
-            init_dir=init_dir), plan).summaries
+            init_dir=init_dir, recipe_guide=recipe_guide), plan).summaries
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None

@@ -101,6 +101,9 @@ class TrainRequest:
     weights; `prep_config` and `model_options` are then not used. record: the run record the
     run adds its session and stages to (a self-training job's, kept across its rounds,
     aligner/training/rounds.py); None: a new one, or for `resume` MODEL_DIR/run.json's.
+    recipe_guide: a kind trained on a frozen base, guided by the recipe's links of `bitext`
+    (stage 0, aligner/training/recipe_guide.py: `align train --model alignment-layer` with no
+    --guide); `data_config.guide` is then empty until that stage has written them.
     """
 
     model_dir: str
@@ -124,6 +127,7 @@ class TrainRequest:
     ignore_data_change: bool = False
     init_dir: Optional[str] = None
     record: Optional["RunRecord"] = None
+    recipe_guide: bool = False
 
     @property
     def agreement(self) -> bool:
@@ -161,7 +165,9 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     checkpoint holds the weights then).
 
     Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
-    alignment layer on a transformer) train in two stages: stage 1 is an ordinary run of
+    alignment layer on a transformer) train in two stages, after a stage 0 with
+    `recipe_guide` (the recipe's links of the bitext, the guide of stage 2:
+    aligner/training/recipe_guide.py): stage 1 is an ordinary run of
     ``BASE_KIND`` into ``MODEL_DIR/base`` (skipped when `base_dir` names a trained model
     directory of that kind, ``align train --base``); stage 2 reuses the base's preprocessing
     and vocabularies, copies the base's weights into the new model (``load_base``) and trains
@@ -174,6 +180,15 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     # one process group for the whole run: stage 1 of a two-stage kind trains inside it
     with distributed(request.train_config.device) as context:
         if model_class(request.model_kind).BASE_KIND is not None:
+            if request.recipe_guide:
+                from aligner.training.recipe_guide import train_guide
+
+                if context.is_main and not request.resume:   # refused before hours of stage 0
+                    from aligner.model_dir import check_new_run
+
+                    check_new_run(request.model_dir, request.overwrite,
+                                  request_inputs(request))
+                request = train_guide(request, context)
             request = _base_stage(request)
         return _train_in_group(request, context)
 
@@ -328,8 +343,13 @@ def check_request(request: TrainRequest) -> None:
     check_condition(not request.data_config.guide or supports_guide(kind),
                     f"--guide: guided alignment training is implemented for hmm0, hmm1 and "
                     f"alignment-layer, not '{kind}'")
-    check_condition(request.train_config.guide_weight == 0 or bool(request.data_config.guide),
+    guided = bool(request.data_config.guide) or request.recipe_guide
+    check_condition(request.train_config.guide_weight == 0 or guided,
                     "--guide-weight needs --guide")
+    check_condition(not request.recipe_guide or (model_class(kind).BASE_KIND is not None
+                                                 and not request.data_config.guide),
+                    f"the recipe's guide (stage 0) is for a kind trained on a frozen base "
+                    f"without --guide, not '{kind}'")
     if request.data_config.guide and os.path.isfile(request.data_config.guide):
         # (a pipe can be read once: it is checked while it is encoded)
         from aligner.training.guidance import check_guide_file
@@ -500,7 +520,7 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
     when stage 2 had started."""
     import dataclasses
 
-    from aligner.model_dir import BASE_DIR, config_path
+    from aligner.model_dir import BASE_DIR, config_path, holds_run
 
     model_kind, train_config = request.model_kind, request.train_config
     cls = model_class(model_kind)
@@ -515,7 +535,10 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
         if train_config.valid_method and train_config.valid_method not in base_methods:
             stage1 = dataclasses.replace(stage1, valid_method="")
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
+        # resumed where it had begun (a run cut off in stage 0 has none yet)
         train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
+                                  resume=resume and os.path.isdir(base_dir)
+                                  and holds_run(base_dir),
                                   model_options=base_options, train_config=stage1, extra=None,
                                   data_config=dataclasses.replace(request.data_config, guide=""),
                                   base_dir=None, record=None))

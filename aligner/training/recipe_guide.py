@@ -1,0 +1,139 @@
+"""Stage 0 of the guided alignment layer trained without --guide: the recipe's links of the
+bitext, as the layer's guide.
+
+Zenkel et al. (2020) train the alignment layer's attention on another aligner's links of the
+training text. `align train --model alignment-layer` with no --guide (and without
+``--layer-query prefix``, the unguided layer of 2019) takes the recipe's: it trains the recipe
+(aligner/training/recipe.py: what `align run` trains with no flags) on the same bitext, aligns
+every line with it (hmm-posterior, -H soft-average at the recipe's output threshold), and the
+layer (stage 2, after its base: aligner/training/run.py) trains guided by those links::
+
+    MODEL_DIR/guide/              the recipe's self-training run (aligner/training/rounds.py)
+      links.align                 its alignments of the bitext, one line per line: the guide
+                                  (written once complete, through links.align.parts)
+
+--resume goes on where the stage stopped: in a round of the recipe, in its alignment of the
+bitext (from its last finished block), or, with links.align written, with the stages after it.
+--overwrite trains the guide again (MODEL_DIR/guide is a run of ours; links.align is removed
+first, so that a run cut off after it never finds a guide of the run before).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Tuple
+
+from aligner import constants as C
+from aligner.training import recipe
+from aligner.utils import check_condition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.distributed import DistributedContext
+    from aligner.training.rounds import SelfTraining
+    from aligner.training.run import TrainRequest
+
+logger = logging.getLogger(__name__)
+
+#: MODEL_DIR/guide/links.align: the recipe's links of the bitext
+LINKS_NAME = "links.align"
+#: a checkpoint at the end of each round only (align run's CHECKPOINT_AT_THE_END)
+_AT_THE_END = 10 ** 9
+
+
+def guide_dir(model_dir: str) -> str:
+    """MODEL_DIR/guide: the recipe's run that guides the layer."""
+    from aligner.model_dir import GUIDE_DIR
+
+    return os.path.join(model_dir, GUIDE_DIR)
+
+
+def links_path(model_dir: str) -> str:
+    """MODEL_DIR/guide/links.align: the layer's guide."""
+    return os.path.join(guide_dir(model_dir), LINKS_NAME)
+
+
+def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]:
+    """The recipe's run (as `align run` with no flags: model, batches, rounds, length cap and
+    output threshold) on ``request.bitext`` into MODEL_DIR/guide, both directions, on the
+    request's device, precision and seed, with its tokenization and lowercasing (so that the
+    links index the words the layer trains on). Returns (round 1's request, the plan)."""
+    from aligner.config import DataConfig, TrainConfig
+    from aligner.distributed import resolve_device
+    from aligner.prep import PrepConfig
+    from aligner.training.directions import default_parallel_directions
+    from aligner.training.rounds import SelfTraining
+    from aligner.training.run import TrainRequest
+
+    given = request.train_config
+    by_device = recipe.device_defaults(resolve_device(given.device))
+    model_options = dict(recipe.MODEL_OPTIONS)
+    if by_device["chunk_floats"] != recipe.CPU_CHUNK_FLOATS:   # as align run on a GPU
+        model_options["chunk_floats"] = by_device["chunk_floats"]
+    train_config = TrainConfig(**{**recipe.TRAINING,
+                                  **{key: by_device[key] for key in ("max_tokens", "lr",
+                                                                     "warmup")}},
+                               max_epochs=recipe.EPOCHS_PER_ROUND, max_updates=0,
+                               checkpoint_interval=_AT_THE_END, device=given.device,
+                               precision=given.precision, deterministic=given.deterministic,
+                               seed=given.seed, guide_weight=0.0,
+                               agreement_weight=recipe.AGREEMENT_WEIGHT)
+    prep = request.prep_config
+    prep_config = PrepConfig(tokenize=prep.tokenize, src_lang=prep.src_lang,
+                             tgt_lang=prep.tgt_lang, lowercase=prep.lowercase,
+                             bpe_merges=recipe.bpe_merges(len(request.bitext)))
+    max_len = min(recipe.TRAIN_MAX_LEN, int(model_options["max_positions"]) - 1)
+    folder = guide_dir(request.model_dir)
+    job = TrainRequest(
+        folder, request.bitext, recipe.MODEL_KIND, model_options, prep_config,
+        DataConfig(max_len=max_len), train_config, directions=C.DIRECTIONS,
+        quiet=request.quiet, verbose=request.verbose, argv=request.argv,
+        parallel_directions=default_parallel_directions(resolve_device(given.device),
+                                                        C.DIRECTIONS, 0.0,
+                                                        len(request.bitext)),
+        extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": recipe.HEURISTIC,
+                                      "threshold": recipe.THRESHOLD}})
+    return job, SelfTraining()
+
+
+def train_guide(request: "TrainRequest", context: "DistributedContext") -> "TrainRequest":
+    """Stage 0: train the recipe into MODEL_DIR/guide and write its links of the bitext to
+    MODEL_DIR/guide/links.align (see the module docstring), unless --resume finds them
+    written. Under torchrun every rank calls this (the rounds and the alignment are sharded,
+    rank 0 writes). Returns the request of the stages after it: guided by those links."""
+    from aligner.corpus_alignment import align_bitext
+    from aligner.distributed import resolve_device
+    from aligner.model_dir import holds_run
+    from aligner.training.rounds import train_rounds
+
+    links = links_path(request.model_dir)
+    folder = guide_dir(request.model_dir)
+    if not (request.resume and os.path.isfile(links)):
+        job, plan = recipe_job(request)
+        resume = request.resume and os.path.isdir(folder) and holds_run(folder)
+        if context.is_main and request.overwrite and os.path.isdir(folder) and holds_run(folder):
+            # the guide of the run being replaced (its parts are discarded as stale by the
+            # alignment: they name another model)
+            check_condition(not os.path.islink(links),
+                            f"{links}: a symbolic link, which align never writes: --overwrite "
+                            f"would remove what it points to (nothing was removed; remove the "
+                            f"link yourself)")
+            if os.path.isfile(links):
+                os.unlink(links)
+        context.barrier()
+        logger.info("stage 0: training the recipe (%s, %d rounds) into %s: its links of the "
+                    "bitext guide the layer", recipe.MODEL_KIND, plan.rounds, folder)
+        train_rounds(dataclasses.replace(job, resume=resume, overwrite=request.overwrite),
+                     plan)
+        device = resolve_device(request.train_config.device, context.local_rank,
+                                context.local_world_size)
+        align_bitext(folder, request.bitext, device, recipe.METHOD, plan.shortlist,
+                     plan.heuristic, plan.output_threshold, {plan.heuristic: links},
+                     quiet=request.quiet or not context.is_main,
+                     precision=request.train_config.precision, parts=links + C.PARTS_SUFFIX,
+                     resume=True, stale="discard", description="guide")
+        context.barrier()
+    else:
+        logger.info("stage 0: %s is written: the layer's guide", links)
+    return dataclasses.replace(request, recipe_guide=False,
+                               data_config=dataclasses.replace(request.data_config, guide=links))
