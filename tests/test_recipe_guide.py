@@ -1,0 +1,122 @@
+"""`align train --model alignment-layer` without --guide: stage 0 trains the recipe and its links
+of the bitext guide the layer (aligner/training/recipe_guide.py); cut off for real by SIGKILL
+in each stage, --resume ends as a run that was not; --overwrite and a foreign directory."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from aligner import faults
+from aligner.training import recipe
+from cli_runner import error_line, run
+from conftest import ROOT, restored_aligner_logger
+from synthetic import monotone_corpus, write_corpus
+
+#: a tiny base and layer (the recipe of stage 0 is the recipe's own model)
+TINY = ["--model", "alignment-layer", "--bpe-merges", "20", "--d-model", "16", "--heads", "2",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--ff-dim", "32", "--max-tokens",
+        "200", "--warmup", "2", "--checkpoint-interval", "3", "--max-updates", "3",
+        "--threads", "1", "-q"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """A layer trained without --guide on a tiny corpus, not cut off, and `align run` on the
+    same corpus and seed: (corpus paths, model directory, the layer's alignments of the
+    corpus, align run's output)."""
+    folder = tmp_path_factory.mktemp("whole")
+    sources, targets, golds = monotone_corpus(30, seed=2)
+    src, tgt, _ = write_corpus(folder, "c", sources, targets, golds)
+    corpus = ["-s", str(src), "-t", str(tgt)]
+    model = folder / "model"
+    with restored_aligner_logger():   # a module fixture: outside the per-test restoration
+        run("train", *corpus, "-o", model, *TINY)
+        run("extract", model, *corpus, "-o", folder / "layer.align", "-q")
+        run("run", *corpus, "--model-dir", folder / "recipe", "-o", folder / "recipe.align",
+            "--threads", "1", "-q")
+    return dict(corpus=corpus, model=model, n=len(sources),
+                layer=(folder / "layer.align").read_text(),
+                recipe=(folder / "recipe.align").read_text())
+
+
+def test_without_guide_the_layer_learns_the_recipes_links_of_the_bitext(whole):
+    model = whole["model"]
+    links = model / "guide" / "links.align"
+    # stage 0 is the recipe: its links are align run's output on the same text and seed
+    assert links.read_text() == whole["recipe"]
+    assert len(whole["recipe"].splitlines()) == whole["n"] and "-" in whole["recipe"]
+    guide_run = json.loads((model / "guide" / "config.json").read_text())
+    assert guide_run["model_kind"] == recipe.MODEL_KIND
+    assert sorted(os.listdir(model / "guide" / "rounds")) == sorted(
+        [str(r) for r in range(1, recipe.ROUNDS + 1)] + ["settings.json"])
+    # stage 2 is the guided layer (Zenkel et al. 2020) on those links; the base has no guide
+    config = json.loads((model / "config.json").read_text())
+    assert config["data"]["guide"] == str(links)
+    assert config["training"]["guide_weight"] == recipe.LAYER_GUIDE_WEIGHT
+    assert config["models"]["fwd"]["layer_query"] == "target"
+    base = json.loads((model / "base" / "config.json").read_text())
+    assert base["data"]["guide"] == "" and base["training"]["guide_weight"] == 0
+    assert len(whole["layer"].splitlines()) == whole["n"]
+
+
+def test_the_2019_layer_and_a_given_guide_train_no_recipe(tmp_path, whole):
+    for name, flags in (("prefix", ["--layer-query", "prefix"]),
+                        ("given", ["--guide", whole["model"] / "guide" / "links.align"])):
+        run("train", *whole["corpus"], "-o", tmp_path / name, *TINY, *flags)
+        assert not (tmp_path / name / "guide").exists()
+    assert json.loads((tmp_path / "given" / "config.json").read_text())["data"]["guide"] == str(
+        whole["model"] / "guide" / "links.align")
+
+
+#: stage 0 in the recipe's round 2 (fwd's checkpoint written: one per direction and round),
+#: stage 0's alignment of the bitext (its one block finished, after the 3 guides' blocks, the
+#: links not written), stage 1 (the base's fwd checkpoint: the 8 of stage 0 came first)
+STAGES = {"checkpoint:3": "recipe round", "alignment-block:4": "recipe links",
+          "checkpoint:9": "base"}
+
+
+@pytest.mark.parametrize("spec", STAGES)
+def test_a_layer_run_killed_in_any_stage_ends_as_an_uninterrupted_run(tmp_path, whole, spec):
+    model = tmp_path / "model"
+    killed = subprocess.run([sys.executable, "-m", "aligner", "train", *whole["corpus"], "-o",
+                             str(model), *TINY], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), faults.ENV: spec})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    links = model / "guide" / "links.align"
+    assert links.exists() == (STAGES[spec] == "base")
+    assert not (model / "config.json").exists()
+    run("train", *whole["corpus"], "-o", model, *TINY, "--resume")
+    assert links.read_text() == whole["recipe"]
+    run("extract", model, *whole["corpus"], "-o", tmp_path / "layer.align", "-q")
+    assert (tmp_path / "layer.align").read_text() == whole["layer"]
+    assert not [p for p in model.rglob("*.tmp")]
+
+
+def test_overwrite_trains_the_guide_again_and_keeps_the_users_files(tmp_path, whole):
+    # a directory that holds no run of ours is refused before stage 0 writes anything
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    line = error_line(run("train", *whole["corpus"], "-o", foreign, *TINY, ok=False))
+    assert "directory is not empty" in line and sorted(os.listdir(foreign)) == ["notes.txt"]
+    line = error_line(run("train", *whole["corpus"], "-o", foreign, *TINY, "--overwrite",
+                          ok=False))
+    assert "holds no run" in line and sorted(os.listdir(foreign)) == ["notes.txt"]
+    # a layer run of ours with a guide that is not its recipe's: --overwrite trains it anew
+    model = tmp_path / "model"
+    shutil.copytree(whole["model"], model)
+    (model / "guide" / "links.align").write_text("0-0\n" * whole["n"])
+    for folder in (model, model / "guide"):
+        (folder / "mine.txt").write_text("keep\n")
+    run("train", *whole["corpus"], "-o", model, *TINY, "--overwrite")
+    assert (model / "guide" / "links.align").read_text() == whole["recipe"]
+    assert all((folder / "mine.txt").read_text() == "keep\n"
+               for folder in (model, model / "guide"))
+    run("extract", model, *whole["corpus"], "-o", tmp_path / "layer.align", "-q")
+    assert (tmp_path / "layer.align").read_text() == whole["layer"]
