@@ -347,8 +347,7 @@ def test_the_training_length_cap_left_out_is_the_recipes_for_its_kind_only(tmp_p
     longer than recipe.TRAIN_MAX_LEN subwords (set to 8 here, read when the command runs), the
     transformer only those over DataConfig's 200; the cut is 'longer than', so a pair of
     exactly the cap is kept. align run's default is the recipe's, and every line is aligned;
-    a --max-len the model cannot take is refused in one line."""
-    from aligner.cli import run as run_command
+    a --max-len the model cannot take is refused in one line by both commands."""
     from aligner.config import DataConfig
     from aligner.training import recipe
 
@@ -368,10 +367,14 @@ def test_the_training_length_cap_left_out_is_the_recipes_for_its_kind_only(tmp_p
     line = error_line(run("train", "-s", src, "-t", tgt, "-o", tmp_path / "refused", *tiny,
                           "--max-positions", "20", "--max-len", "20", ok=False))
     assert "--max-len 20: the model takes at most 19 subwords a side" in line
+    run_tiny = ["--rounds", "1", "--max-updates", "1", "--bpe-merges", "0", "-M", "d_model=16",
+                "-M", "n_heads=2", "-M", "enc_layers=1", "-M", "dec_layers=1", "-M",
+                "d_ff=32", "-q"]
     run("run", "-s", src, "-t", tgt, "-o", tmp_path / "out", "--model-dir", tmp_path / "run",
-        "--rounds", "1", "--max-updates", "1", "--bpe-merges", "0", "-M", "d_model=16", "-M",
-        "n_heads=2", "-M", "enc_layers=1", "-M", "dec_layers=1", "-M", "d_ff=32", "-q")
-    run_default = next(p.default for p in run_command.command.params if p.name == "max_len")
-    assert json.loads((tmp_path / "run" / C.CONFIG_NAME).read_text())["data"]["max_len"] == \
-        run_default == DataConfig.max_len
+        *run_tiny)
+    assert json.loads((tmp_path / "run" / C.CONFIG_NAME).read_text())["data"]["max_len"] == 8
     assert len(read_pharaoh(str(tmp_path / "out"))) == 12     # every line aligned
+    line = error_line(run("run", "-s", src, "-t", tgt, "-o", tmp_path / "out2", *run_tiny,
+                          "-M", "max_positions=20", "--max-len", "20", ok=False))
+    assert "--max-len 20: the model takes at most 19 subwords a side" in line
+    assert not (tmp_path / "out2").exists()

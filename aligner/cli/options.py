@@ -20,6 +20,7 @@ import click
 
 from aligner import constants as C
 from aligner.training import recipe
+from aligner.utils import check_condition
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -236,6 +237,20 @@ def guide_options(function):
                           f"[default: {recipe.GUIDE_WEIGHT:g}; {recipe.LAYER_GUIDE_WEIGHT:g} "
                           f"for alignment-layer]"),
     ])
+
+
+def resolve_max_len(max_len: Optional[int], default: int, longest: int,
+                    may_exceed: bool = False) -> int:
+    """--max-len of align train / align run: the value given, else `default` clipped to
+    `longest` (the subwords a side the model takes: max_positions - 1). A value given above
+    `longest` is refused in one line, unless `may_exceed` (--base, --init-from: the model's
+    own size is not known here)."""
+    if max_len is None:
+        return min(default, longest)
+    check_condition(max_len <= longest or may_exceed,
+                    f"--max-len {max_len}: the model takes at most {longest} subwords a side "
+                    f"(max_positions {longest + 1}); lower --max-len or raise max_positions")
+    return max_len
 
 
 def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind: str

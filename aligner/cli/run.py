@@ -27,7 +27,8 @@ from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resolve_final_agreement_weight,
-                                 resolve_guide_weight, resume_option, rounds_option, seed_option,
+                                 resolve_guide_weight, resolve_max_len, resume_option,
+                                 rounds_option, seed_option,
                                  self_training_options, threads_option, training_settings,
                                  warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
@@ -79,9 +80,9 @@ logger = logging.getLogger(__name__)
                    "round with --afresh); --max-updates, if given, replaces it.")
 @max_updates_option
 @bpe_merges_option()
-@click.option("--max-len", default=recipe.TRAIN_MAX_LEN, show_default=True,
-              type=click.IntRange(min=1),
-              help="Skip training pairs with a side longer than this (subwords).")
+@click.option("--max-len", default=None, type=click.IntRange(min=1),
+              help=f"Skip training pairs with a side longer than this (subwords).  [default: "
+                   f"{recipe.TRAIN_MAX_LEN}, or what -M max_positions allows]")
 @model_option_option
 @max_tokens_option
 @block_lines_option
@@ -103,7 +104,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_lr_schedule: str, round_pairs: int,
             fine_tune_share: float, final_agreement_weight: Optional[float],
             max_updates: int,
-            bpe_merges: Optional[int], max_len: int, model_option: Tuple[str, ...],
+            bpe_merges: Optional[int], max_len: Optional[int], model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
             warmup: Optional[int],
             device: str, precision: str, deterministic: bool, seed: int, threads: int,
@@ -209,7 +210,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
         # longer pairs, and those the model cannot take (subwords + EOS), are skipped in
         # training (align train: --max-len)
-        DataConfig(max_len=min(max_len, int(model_options["max_positions"]) - 1),
+        DataConfig(max_len=resolve_max_len(max_len, recipe.TRAIN_MAX_LEN,
+                                           int(model_options["max_positions"]) - 1),
                    guide=guide or ""),
         train_config, resume=resume, overwrite=overwrite, quiet=quiet,
         argv=["align"] + sys.argv[1:],

@@ -20,7 +20,8 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resolve_final_agreement_weight,
-                                 resolve_guide_weight, resume_option, rounds_option, seed_option,
+                                 resolve_guide_weight, resolve_max_len, resume_option,
+                                 rounds_option, seed_option,
                                  self_training_options, threads_option, training_settings,
                                  warmup_option)
 from aligner.config import DataConfig, TrainConfig
@@ -306,13 +307,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
         model_options.setdefault("layer_query", "target")
     # the training length cap: the recipe's for its kind, within what the model takes
-    longest = int(model_options.get("max_positions", max_positions)) - 1   # subwords + EOS
-    if max_len is None:
-        max_len = min(longest, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND
-                      else DataConfig.max_len)
-    check_condition(max_len <= longest or (base_dir or init_dir) is not None,
-                    f"--max-len {max_len}: the model takes at most {longest} subwords a side "
-                    f"(--max-positions {longest + 1}); lower --max-len or raise --max-positions")
+    max_len = resolve_max_len(
+        max_len, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len,
+        int(model_options.get("max_positions", max_positions)) - 1,   # subwords + EOS
+        may_exceed=(base_dir or init_dir) is not None)
     train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
                                label_smoothing=label_smoothing,
                                clip_norm=clip_norm, max_updates=max_updates,
