@@ -204,6 +204,13 @@ RESUMABLE_CHANGES = ("max_updates", "max_epochs", "checkpoint_interval", "log_in
 PATH_EXTRAS = ("init_from", "base")
 
 
+#: the checkpoint interval of a run with no validation set (align run, align demo, the
+#: alignment layer's stage-0 recipe): a checkpoint serves only --resume, and one is written at
+#: the end of each training (round) anyway (align train's --checkpoint-interval:
+#: TrainConfig.checkpoint_interval)
+CHECKPOINT_AT_THE_END = 10 ** 9
+
+
 @dataclass
 class RunConfig:
     """The content of ``config.json``: every hyper-parameter of a model directory.

@@ -131,7 +131,7 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
     (:func:`check_overwritable`).
     """
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
-    entries = _run_entries(model_dir)
+    entries = run_entries(model_dir)
     if not entries:
         check_condition(not resume, f"{model_dir}: nothing to resume (the directory is empty "
                                     f"or missing)")
@@ -149,7 +149,7 @@ def prepare_output_dir(model_dir: str, resume: bool, overwrite: bool,
     return False
 
 
-def _run_entries(model_dir: str) -> List[str]:
+def run_entries(model_dir: str) -> List[str]:
     """What `model_dir` holds but the stages' runs and the run lock ([] when it is missing)."""
     if not os.path.exists(model_dir):
         return []
@@ -163,7 +163,7 @@ def check_new_run(model_dir: str, overwrite: bool, inputs: Sequence[Optional[str
     :func:`prepare_output_dir` would refuse: a non-empty directory without `overwrite`, or one
     that --overwrite may not clear (:func:`check_overwritable`). Also the check of a stage
     that runs before the top level is prepared (the alignment layer's guide, stage 0)."""
-    if not _run_entries(model_dir):
+    if not run_entries(model_dir):
         return
     check_condition(overwrite, f"{model_dir}: directory is not empty; use --resume to continue "
                                f"its run or --overwrite to replace it")

@@ -74,28 +74,67 @@ def test_the_2019_layer_and_a_given_guide_train_no_recipe(tmp_path, whole):
         whole["model"] / "guide" / "links.align")
 
 
+def _killed(model, corpus, spec, *flags):
+    """`align train` of the layer in a process of its own, cut off by SIGKILL at `spec`."""
+    killed = subprocess.run([sys.executable, "-m", "aligner", "train", *corpus, "-o",
+                             str(model), *TINY, *flags], cwd=ROOT, capture_output=True,
+                            text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), faults.ENV: spec})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+
+def _sessions(folder):
+    """Whether each session of the run in `folder` (its run.json) was resumed."""
+    record = json.loads((folder / "run.json").read_text())
+    return [session["resumed"] for session in record["sessions"]]
+
+
+#: where the run is cut off, and the stage's folder (which the resumed run goes on in):
 #: stage 0 in the recipe's round 2 (fwd's checkpoint written: one per direction and round),
 #: stage 0's alignment of the bitext (its one block finished, after the 3 guides' blocks, the
-#: links not written), stage 1 (the base's fwd checkpoint: the 8 of stage 0 came first)
-STAGES = {"checkpoint:3": "recipe round", "alignment-block:4": "recipe links",
-          "checkpoint:9": "base"}
+#: links not written), stage 1 (the base's fwd checkpoint: the 8 of stage 0 came first),
+#: stage 2 (the layer's fwd checkpoint)
+STAGES = {"checkpoint:3": "guide", "alignment-block:4": "guide", "checkpoint:9": "base",
+          "checkpoint:11": "."}
 
 
 @pytest.mark.parametrize("spec", STAGES)
 def test_a_layer_run_killed_in_any_stage_ends_as_an_uninterrupted_run(tmp_path, whole, spec):
     model = tmp_path / "model"
-    killed = subprocess.run([sys.executable, "-m", "aligner", "train", *whole["corpus"], "-o",
-                             str(model), *TINY], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), faults.ENV: spec})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    _killed(model, whole["corpus"], spec)
     links = model / "guide" / "links.align"
-    assert links.exists() == (STAGES[spec] == "base")
-    assert not (model / "config.json").exists()
+    assert links.exists() == (STAGES[spec] != "guide")
+    assert (model / "config.json").exists() == (STAGES[spec] == ".")
     run("train", *whole["corpus"], "-o", model, *TINY, "--resume")
+    assert _sessions(model / STAGES[spec]) == [False, True]    # went on, did not start again
     assert links.read_text() == whole["recipe"]
     run("extract", model, *whole["corpus"], "-o", tmp_path / "layer.align", "-q")
     assert (tmp_path / "layer.align").read_text() == whole["layer"]
     assert not [p for p in model.rglob("*.tmp")]
+
+
+def test_resume_refuses_before_stage_0_what_a_later_stage_would(tmp_path, whole):
+    corpus = whole["corpus"]
+    line = error_line(run("train", *corpus, "-o", tmp_path / "none", *TINY, "--resume",
+                          ok=False))
+    assert "nothing to resume" in line and not (tmp_path / "none").exists()
+    # a layer of 2019 (no guide) resumed as the guided default: refused, no guide trained
+    prefix = tmp_path / "prefix"
+    run("train", *corpus, "-o", prefix, *TINY, "--layer-query", "prefix")
+    line = error_line(run("train", *corpus, "-o", prefix, *TINY, "--resume", ok=False))
+    assert "not on the recipe's links of the bitext" in line
+    assert not (prefix / "guide").exists()
+    # a finished guide resumed on another bitext: the recipe's run refuses it
+    # (its rounds done, cut off before the first block of its alignment of the bitext)
+    model = tmp_path / "model"
+    _killed(model, corpus, "alignment-block:4")
+    shutil.rmtree(model / "guide" / "links.align.parts")
+    other = tmp_path / "other.src"
+    other.write_text(open(corpus[1]).read().replace("\n", " x\n", 1))
+    line = error_line(run("train", "-s", other, "-t", corpus[3], "-o", model, *TINY,
+                          "--resume", ok=False))
+    assert "not the data the run's corpus was built from" in line
+    assert not (model / "guide" / "links.align").exists() and not (model / "base").exists()
 
 
 def test_overwrite_trains_the_guide_again_and_keeps_the_users_files(tmp_path, whole):
@@ -114,6 +153,9 @@ def test_overwrite_trains_the_guide_again_and_keeps_the_users_files(tmp_path, wh
     (model / "guide" / "links.align").write_text("0-0\n" * whole["n"])
     for folder in (model, model / "guide"):
         (folder / "mine.txt").write_text("keep\n")
+    # cut off in stage 0 of the new run: the old guide is gone, never to be resumed from
+    _killed(model, whole["corpus"], "checkpoint:1", "--overwrite")
+    assert not (model / "guide" / "links.align").exists()
     run("train", *whole["corpus"], "-o", model, *TINY, "--overwrite")
     assert (model / "guide" / "links.align").read_text() == whole["recipe"]
     assert all((folder / "mine.txt").read_text() == "keep\n"

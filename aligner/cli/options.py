@@ -26,10 +26,7 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 INPUT = click.Path(dir_okay=False, exists=False)
 
-#: align run and align demo take no --checkpoint-interval: they have no validation set, so a
-#: checkpoint serves only --resume, and one is written at the end of each training (round)
-#: anyway (align train's --checkpoint-interval: TrainConfig.checkpoint_interval)
-CHECKPOINT_AT_THE_END = 10 ** 9
+from aligner.config import CHECKPOINT_AT_THE_END  # noqa: F401  (align run's, align demo's)
 
 
 class FiniteFloat(click.FloatRange):

@@ -13,9 +13,10 @@ layer (stage 2, after its base: aligner/training/run.py) trains guided by those 
                                   (written once complete, through links.align.parts)
 
 --resume goes on where the stage stopped: in a round of the recipe, in its alignment of the
-bitext (from its last finished block), or, with links.align written, with the stages after it.
---overwrite trains the guide again (MODEL_DIR/guide is a run of ours; links.align is removed
-first, so that a run cut off after it never finds a guide of the run before).
+bitext (from its last finished block), or, with links.align written, with the stages after it;
+the recipe's run refuses another bitext or other settings, as `align run --resume` does.
+--overwrite trains the guide again (MODEL_DIR/guide is a run of ours; links.align and its parts
+are removed first, so that a run cut off after it never finds a guide of the run before).
 """
 from __future__ import annotations
 
@@ -37,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 #: MODEL_DIR/guide/links.align: the recipe's links of the bitext
 LINKS_NAME = "links.align"
-#: a checkpoint at the end of each round only (align run's CHECKPOINT_AT_THE_END)
-_AT_THE_END = 10 ** 9
 
 
 def guide_dir(model_dir: str) -> str:
@@ -49,8 +48,8 @@ def guide_dir(model_dir: str) -> str:
 
 
 def links_path(model_dir: str) -> str:
-    """MODEL_DIR/guide/links.align: the layer's guide."""
-    return os.path.join(guide_dir(model_dir), LINKS_NAME)
+    """MODEL_DIR/guide/links.align (absolute): the layer's guide."""
+    return os.path.abspath(os.path.join(guide_dir(model_dir), LINKS_NAME))
 
 
 def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]:
@@ -58,7 +57,7 @@ def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]
     output threshold) on ``request.bitext`` into MODEL_DIR/guide, both directions, on the
     request's device, precision and seed, with its tokenization and lowercasing (so that the
     links index the words the layer trains on). Returns (round 1's request, the plan)."""
-    from aligner.config import DataConfig, TrainConfig
+    from aligner.config import CHECKPOINT_AT_THE_END, DataConfig, TrainConfig
     from aligner.distributed import resolve_device
     from aligner.prep import PrepConfig
     from aligner.training.directions import default_parallel_directions
@@ -74,11 +73,15 @@ def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]
                                   **{key: by_device[key] for key in ("max_tokens", "lr",
                                                                      "warmup")}},
                                max_epochs=recipe.EPOCHS_PER_ROUND, max_updates=0,
-                               checkpoint_interval=_AT_THE_END, device=given.device,
+                               checkpoint_interval=CHECKPOINT_AT_THE_END, device=given.device,
                                precision=given.precision, deterministic=given.deterministic,
                                seed=given.seed, guide_weight=0.0,
                                agreement_weight=recipe.AGREEMENT_WEIGHT)
     prep = request.prep_config
+    if request.base_dir is not None:   # the words as the layer sees them: its base's
+        from aligner.model_dir import load_preprocessing
+
+        prep = load_preprocessing(request.base_dir)[0].config
     prep_config = PrepConfig(tokenize=prep.tokenize, src_lang=prep.src_lang,
                              tgt_lang=prep.tgt_lang, lowercase=prep.lowercase,
                              bpe_merges=recipe.bpe_merges(len(request.bitext)))
@@ -96,11 +99,50 @@ def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]
     return job, SelfTraining()
 
 
+def check_stages(request: "TrainRequest") -> None:
+    """Rank 0, before stage 0: refuse (one line, nothing written) what a later stage would
+    refuse only after hours of the recipe. A new run: the model directory and the stages'
+    own (MODEL_DIR/guide, MODEL_DIR/base) must be new, empty, or runs of ours given
+    --overwrite. --resume: some stage must hold a run, and a layer run already begun (its
+    config.json) must be one trained on the recipe's links."""
+    from aligner.config import RunConfig
+    from aligner.model_dir import (BASE_DIR, check_new_run, config_path, holds_run,
+                                   run_entries)
+    from aligner.training.run import request_inputs
+
+    model_dir = request.model_dir
+    check_condition(request.base_dir is None or os.path.isfile(config_path(request.base_dir)),
+                    f"{request.base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
+    stages = [guide_dir(model_dir)] + ([os.path.join(model_dir, BASE_DIR)]
+                                       if request.base_dir is None else [])
+    if not request.resume:
+        for folder in [model_dir] + stages:
+            check_new_run(folder, request.overwrite, request_inputs(request))
+        return
+    if not run_entries(model_dir):   # the layer (stage 2) has not begun
+        check_condition(any(os.path.isdir(folder) and holds_run(folder) for folder in stages),
+                        f"{model_dir}: nothing to resume (the directory is empty or missing)")
+        return
+    check_condition(os.path.isfile(config_path(model_dir)),
+                    f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing"
+                    + (" (its run stopped before training began: start it again with "
+                       "--overwrite)" if holds_run(model_dir) else ""))
+    saved = RunConfig.load(config_path(model_dir)).data.guide
+    check_condition(bool(saved) and os.path.abspath(saved) == links_path(model_dir),
+                    f"{model_dir}: cannot resume, its layer trains on "
+                    f"{saved or 'no guide'}, not on the recipe's links of the bitext "
+                    f"({links_path(model_dir)}): give the flags of its run, or --overwrite")
+
+
 def train_guide(request: "TrainRequest", context: "DistributedContext") -> "TrainRequest":
-    """Stage 0: train the recipe into MODEL_DIR/guide and write its links of the bitext to
-    MODEL_DIR/guide/links.align (see the module docstring), unless --resume finds them
-    written. Under torchrun every rank calls this (the rounds and the alignment are sharded,
-    rank 0 writes). Returns the request of the stages after it: guided by those links."""
+    """Stage 0: train the recipe into MODEL_DIR/guide (with --resume: go on with it; a
+    finished one is checked against the bitext and settings) and write its links of the
+    bitext to MODEL_DIR/guide/links.align unless they are written (see the module
+    docstring). Under torchrun every rank calls this (the rounds and the alignment are
+    sharded, rank 0 writes). Returns the request of the stages after it: guided by those
+    links."""
+    import shutil
+
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import resolve_device
     from aligner.model_dir import holds_run
@@ -108,32 +150,33 @@ def train_guide(request: "TrainRequest", context: "DistributedContext") -> "Trai
 
     links = links_path(request.model_dir)
     folder = guide_dir(request.model_dir)
-    if not (request.resume and os.path.isfile(links)):
-        job, plan = recipe_job(request)
-        resume = request.resume and os.path.isdir(folder) and holds_run(folder)
-        if context.is_main and request.overwrite and os.path.isdir(folder) and holds_run(folder):
-            # the guide of the run being replaced (its parts are discarded as stale by the
-            # alignment: they name another model)
-            check_condition(not os.path.islink(links),
-                            f"{links}: a symbolic link, which align never writes: --overwrite "
+    job, plan = recipe_job(request)
+    resume = request.resume and os.path.isdir(folder) and holds_run(folder)
+    if context.is_main and request.overwrite and os.path.isdir(folder) and holds_run(folder):
+        # the guide of the run being replaced, first: a run cut off before its own links
+        # are written must never find these
+        parts = links + C.PARTS_SUFFIX
+        for path in (links, parts):
+            check_condition(not os.path.islink(path),
+                            f"{path}: a symbolic link, which align never writes: --overwrite "
                             f"would remove what it points to (nothing was removed; remove the "
                             f"link yourself)")
-            if os.path.isfile(links):
-                os.unlink(links)
-        context.barrier()
-        logger.info("stage 0: training the recipe (%s, %d rounds) into %s: its links of the "
-                    "bitext guide the layer", recipe.MODEL_KIND, plan.rounds, folder)
-        train_rounds(dataclasses.replace(job, resume=resume, overwrite=request.overwrite),
-                     plan)
+        if os.path.isfile(links):
+            os.unlink(links)
+        if os.path.isdir(parts):
+            shutil.rmtree(parts)
+    context.barrier()
+    logger.info("stage 0: the recipe (%s, %d rounds) in %s: its links of the bitext guide "
+                "the layer", recipe.MODEL_KIND, plan.rounds, folder)
+    train_rounds(dataclasses.replace(job, resume=resume, overwrite=request.overwrite), plan)
+    if not os.path.isfile(links):
         device = resolve_device(request.train_config.device, context.local_rank,
                                 context.local_world_size)
         align_bitext(folder, request.bitext, device, recipe.METHOD, plan.shortlist,
                      plan.heuristic, plan.output_threshold, {plan.heuristic: links},
                      quiet=request.quiet or not context.is_main,
                      precision=request.train_config.precision, parts=links + C.PARTS_SUFFIX,
-                     resume=True, stale="discard", description="guide")
-        context.barrier()
-    else:
-        logger.info("stage 0: %s is written: the layer's guide", links)
+                     resume=True, description="guide")
+    context.barrier()
     return dataclasses.replace(request, recipe_guide=False,
                                data_config=dataclasses.replace(request.data_config, guide=links))

@@ -259,12 +259,17 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
                 logger.info("round %d trains on %s", round_number,
                             this_round.bitext.description)
             if os.path.isfile(done_path(model_dir, round_number)):
-                if round_number + 1 == first_undone:   # the run goes on from here: same
-                    _check_trained_round(this_round, context.is_main)   # data and settings
+                # the run goes on from here (or, every round done, its model aligns): the
+                # same data and settings
+                if round_number + 1 == first_undone:
+                    _check_trained_round(this_round, context.is_main)
+                elif first_undone is None and round_number == plan.rounds:
+                    _check_round_inputs(this_round)   # its log stays as it is
                     if record is not None:
                         record.set_inputs(run_inputs(this_round))
-                    logger.info("round %d is trained: its links guide round %d",
-                                round_number, round_number + 1)
+                    if round_number < plan.rounds:
+                        logger.info("round %d is trained: its links guide round %d",
+                                    round_number, round_number + 1)
             else:
                 result.summaries = _train_round(model_dir, this_round, plan, round_number,
                                                 record, context)
@@ -480,6 +485,16 @@ def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> N
     Attaches MODEL_DIR/train.log (the round's log) to the console logging (`log_to_file`:
     rank 0's; the other ranks of a torchrun job log nothing, as in training)."""
     from aligner.log import setup_logging
+
+    _check_round_inputs(request)
+    setup_logging(quiet=request.quiet, verbose=request.verbose, console=log_to_file,
+                  logfile=os.path.join(request.model_dir, C.LOG_NAME) if log_to_file
+                  else None)
+
+
+def _check_round_inputs(request: "TrainRequest") -> None:
+    """The checks of :func:`_check_trained_round`: the bitext and the settings are the done
+    round's (one line, naming what differs)."""
     from aligner.model_dir import config_path, load_preprocessing
     from aligner.training.corpus import check_inputs
     from aligner.training.run import run_config
@@ -496,8 +511,6 @@ def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> N
     check_condition(not differences,
                     f"{model_dir}: cannot resume, these settings differ from the saved run: "
                     f"{', '.join(differences)} (use --overwrite to start a new run)")
-    setup_logging(quiet=request.quiet, verbose=request.verbose, console=log_to_file,
-                  logfile=os.path.join(model_dir, C.LOG_NAME) if log_to_file else None)
 
 
 def _read_settings(path: str) -> Tuple[Optional[int], Dict[str, Any]]:

@@ -181,15 +181,13 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     with distributed(request.train_config.device) as context:
         if model_class(request.model_kind).BASE_KIND is not None:
             if request.recipe_guide:
-                from aligner.training.recipe_guide import train_guide
+                from aligner.training.recipe_guide import check_stages, train_guide
 
-                if context.is_main and not request.resume:   # refused before hours of stage 0
-                    from aligner.model_dir import check_new_run
-
-                    check_new_run(request.model_dir, request.overwrite,
-                                  request_inputs(request))
+                if context.is_main:   # refused now, not after hours of stage 0
+                    check_stages(request)
+                context.barrier()
                 request = train_guide(request, context)
-            request = _base_stage(request)
+            request = _base_stage(request, context)
         return _train_in_group(request, context)
 
 
@@ -513,11 +511,11 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
     return summaries
 
 
-def _base_stage(request: TrainRequest) -> TrainRequest:
+def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequest:
     """Stage 1 of a kind trained on a frozen base: train the base into MODEL_DIR/base (unless
     `base_dir` is given), check it. Returns the request of stage 2: the kind's own model
     options, the base directory (also recorded in config.json's ``extra``), and resume only
-    when stage 2 had started."""
+    when stage 2 had started. `context`: the run's process group (every rank calls this)."""
     import dataclasses
 
     from aligner.model_dir import BASE_DIR, config_path, holds_run
@@ -535,10 +533,12 @@ def _base_stage(request: TrainRequest) -> TrainRequest:
         if train_config.valid_method and train_config.valid_method not in base_methods:
             stage1 = dataclasses.replace(stage1, valid_method="")
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
-        # resumed where it had begun (a run cut off in stage 0 has none yet)
+        # resumed where it had begun (a run cut off in stage 0 has none yet): every rank
+        # decides before rank 0 can write there
+        resume_base = resume and os.path.isdir(base_dir) and holds_run(base_dir)
+        context.barrier()
         train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
-                                  resume=resume and os.path.isdir(base_dir)
-                                  and holds_run(base_dir),
+                                  resume=resume_base,
                                   model_options=base_options, train_config=stage1, extra=None,
                                   data_config=dataclasses.replace(request.data_config, guide=""),
                                   base_dir=None, record=None))
