@@ -193,6 +193,40 @@ def test_two_stages_share_one_process_group(tmp_path):
     assert (tmp_path / "model" / "fwd" / "params.best.pt").exists()
 
 
+def _three_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
+    """Train the alignment layer without a guide (stage 0: the recipe and its links of the
+    bitext, aligner/training/recipe_guide.py) with torch.distributed's public init/destroy
+    counted."""
+    _environment(rank, world_size, port)
+    calls = _count_group_calls()
+    # (the recipe's 1,200-token batches: 2+ per epoch for 2 ranks)
+    sources, targets, _ = monotone_corpus(400, seed=7)
+    train_model_dir(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
+                    "alignment-layer", dict(MODEL, layer_query="target"),
+                    PrepConfig(bpe_merges=10), DataConfig(),
+                    _config(max_updates=2, guide_weight=10.0), quiet=True, recipe_guide=True)
+    with open(os.path.join(workdir, f"calls{rank}.json"), "w") as out:
+        json.dump(calls, out)
+
+
+def test_the_layers_recipe_guide_runs_under_torchrun(tmp_path):
+    """Stage 0 under torchrun: both ranks train the recipe's rounds and align the bitext
+    (sharded, rank 0 writes the links) in the one process group of the three stages."""
+    mp.spawn(_three_stage_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"calls{rank}.json").read_text()) == {"init": 1,
+                                                                          "destroy": 1}
+    model = tmp_path / "model"
+    links = (model / "guide" / "links.align").read_text().splitlines()
+    assert len(links) == 400 and any(links)
+    record = json.loads((model / "guide" / "run.json").read_text())
+    assert {session["processes"] for session in record["sessions"]} == {2}
+    config = json.loads((model / "config.json").read_text())
+    assert config["data"]["guide"] == str(model / "guide" / "links.align")
+    assert (model / "base" / "fwd" / "params.best.pt").exists()
+    assert not [p for p in model.rglob("*.tmp")]
+
+
 # -- self-training rounds under torchrun ----------------------------------------------------------
 
 def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:

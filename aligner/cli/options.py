@@ -230,7 +230,8 @@ def guide_options(function):
                           "without --guide that layer learns the recipe's links of the "
                           "bitext, trained first into MODEL_DIR/guide)."),
         click.option("--guide-weight", default=None, type=FiniteFloat(min=0),
-                     help=f"Weight of the guide's cross-entropy term (with --guide).  "
+                     help=f"Weight of the guide's cross-entropy term (with --guide, or the "
+                          f"alignment layer's recipe guide).  "
                           f"[default: {recipe.GUIDE_WEIGHT:g}; {recipe.LAYER_GUIDE_WEIGHT:g} "
                           f"for alignment-layer]"),
     ])
