@@ -89,24 +89,31 @@ def _sessions(folder):
     return [session["resumed"] for session in record["sessions"]]
 
 
-#: where the run is cut off, and the stage's folder (which the resumed run goes on in):
-#: stage 0 in the recipe's round 2 (fwd's checkpoint written: one per direction and round),
-#: stage 0's alignment of the bitext (its one block finished, after the 3 guides' blocks, the
-#: links not written), stage 1 (the base's fwd checkpoint: the 8 of stage 0 came first),
-#: stage 2 (the layer's fwd checkpoint)
-STAGES = {"checkpoint:3": "guide", "alignment-block:4": "guide", "checkpoint:9": "base",
-          "checkpoint:11": "."}
+#: where the run is cut off: the stage's folder, and its run's sessions once resumed (a stage
+#: cut off before its training began starts again). Stage 0 in the recipe's round 2 (fwd's
+#: checkpoint written: one per direction and round), stage 0's alignment of the bitext (its
+#: one block finished, after the 3 guides' blocks, the links not written), stage 1 while it
+#: prepares (the recipe's 4 rounds prepared first) and after the base's fwd checkpoint (the 8
+#: of stage 0 came first), stage 2 while it prepares and after the layer's fwd checkpoint
+STAGES = {"checkpoint:3": ("guide", [False, True]),
+          "alignment-block:4": ("guide", [False, True]),
+          "preparation:5": ("base", [False]), "checkpoint:9": ("base", [False, True]),
+          "preparation:6": (".", [False]), "checkpoint:11": (".", [False, True])}
 
 
 @pytest.mark.parametrize("spec", STAGES)
 def test_a_layer_run_killed_in_any_stage_ends_as_an_uninterrupted_run(tmp_path, whole, spec):
+    folder, sessions = STAGES[spec]
     model = tmp_path / "model"
     _killed(model, whole["corpus"], spec)
     links = model / "guide" / "links.align"
-    assert links.exists() == (STAGES[spec] != "guide")
-    assert (model / "config.json").exists() == (STAGES[spec] == ".")
+    assert links.exists() == (folder != "guide")
+    assert not (model / "config.json").exists() or spec == "checkpoint:11"
+    if spec == "checkpoint:11":   # a directory moved before it is resumed goes on as well
+        model = model.rename(tmp_path / "moved")
+        links = model / "guide" / "links.align"
     run("train", *whole["corpus"], "-o", model, *TINY, "--resume")
-    assert _sessions(model / STAGES[spec]) == [False, True]    # went on, did not start again
+    assert _sessions(model / folder) == sessions
     assert links.read_text() == whole["recipe"]
     run("extract", model, *whole["corpus"], "-o", tmp_path / "layer.align", "-q")
     assert (tmp_path / "layer.align").read_text() == whole["layer"]
@@ -147,18 +154,26 @@ def test_overwrite_trains_the_guide_again_and_keeps_the_users_files(tmp_path, wh
     line = error_line(run("train", *whole["corpus"], "-o", foreign, *TINY, "--overwrite",
                           ok=False))
     assert "holds no run" in line and sorted(os.listdir(foreign)) == ["notes.txt"]
-    # a layer run of ours with a guide that is not its recipe's: --overwrite trains it anew
+    # a layer run of ours with a guide that is not its recipe's (and parts of another
+    # alignment): --overwrite trains it anew
     model = tmp_path / "model"
     shutil.copytree(whole["model"], model)
     (model / "guide" / "links.align").write_text("0-0\n" * whole["n"])
-    for folder in (model, model / "guide"):
+    (model / "guide" / "links.align.parts").mkdir()
+    for folder in (model, model / "guide", model / "base"):
         (folder / "mine.txt").write_text("keep\n")
-    # cut off in stage 0 of the new run: the old guide is gone, never to be resumed from
+    # cut off in stage 0 of the new run: the replaced run's guide, base and layer are gone,
+    # and --resume goes on with the new run alone
     _killed(model, whole["corpus"], "checkpoint:1", "--overwrite")
-    assert not (model / "guide" / "links.align").exists()
-    run("train", *whole["corpus"], "-o", model, *TINY, "--overwrite")
+    assert not [path for path in ("guide/links.align", "guide/links.align.parts",
+                                  "base/config.json", "base/fwd", "config.json", "fwd")
+                if (model / path).exists()]
+    run("train", *whole["corpus"], "-o", model, *TINY, "--resume")
     assert (model / "guide" / "links.align").read_text() == whole["recipe"]
     assert all((folder / "mine.txt").read_text() == "keep\n"
-               for folder in (model, model / "guide"))
+               for folder in (model, model / "guide", model / "base"))
     run("extract", model, *whole["corpus"], "-o", tmp_path / "layer.align", "-q")
     assert (tmp_path / "layer.align").read_text() == whole["layer"]
+    run("train", *whole["corpus"], "-o", model, *TINY, "--overwrite")   # done: anew
+    assert (model / "guide" / "links.align").read_text() == whole["recipe"]
+    assert _sessions(model / "guide") == [False]

@@ -196,6 +196,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     check_condition(model_dir is not None or torchrun_world_size() == 1,
                     "under torchrun give --model-dir (on a file system every rank reads): "
                     "each process would make a temporary directory of its own")
+    # the training length cap: the recipe's, within what the model takes (align train:
+    # --max-len); longer pairs are skipped in training, every line is aligned
+    train_max_len = resolve_max_len(max_len, recipe.TRAIN_MAX_LEN,
+                                    int(model_options["max_positions"]) - 1)
     temporary = None
     if model_dir is None:
         temporary = tempfile.mkdtemp(prefix="align-run-")
@@ -208,11 +212,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     request = TrainRequest(
         model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
-        # longer pairs, and those the model cannot take (subwords + EOS), are skipped in
-        # training (align train: --max-len)
-        DataConfig(max_len=resolve_max_len(max_len, recipe.TRAIN_MAX_LEN,
-                                           int(model_options["max_positions"]) - 1),
-                   guide=guide or ""),
+        DataConfig(max_len=train_max_len, guide=guide or ""),
         train_config, resume=resume, overwrite=overwrite, quiet=quiet,
         argv=["align"] + sys.argv[1:],
         parallel_directions=parallel,

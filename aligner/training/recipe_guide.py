@@ -91,6 +91,7 @@ def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]
         folder, request.bitext, recipe.MODEL_KIND, model_options, prep_config,
         DataConfig(max_len=max_len), train_config, directions=C.DIRECTIONS,
         quiet=request.quiet, verbose=request.verbose, argv=request.argv,
+        ignore_data_change=request.ignore_data_change,
         parallel_directions=default_parallel_directions(resolve_device(given.device),
                                                         C.DIRECTIONS, 0.0,
                                                         len(request.bitext)),
@@ -106,7 +107,7 @@ def check_stages(request: "TrainRequest") -> None:
     --overwrite. --resume: some stage must hold a run, and a layer run already begun (its
     config.json) must be one trained on the recipe's links."""
     from aligner.config import RunConfig
-    from aligner.model_dir import (BASE_DIR, check_new_run, config_path, holds_run,
+    from aligner.model_dir import (BASE_DIR, GUIDE_DIR, check_new_run, config_path, holds_run,
                                    run_entries)
     from aligner.training.run import request_inputs
 
@@ -123,12 +124,14 @@ def check_stages(request: "TrainRequest") -> None:
         check_condition(any(os.path.isdir(folder) and holds_run(folder) for folder in stages),
                         f"{model_dir}: nothing to resume (the directory is empty or missing)")
         return
-    check_condition(os.path.isfile(config_path(model_dir)),
-                    f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing"
-                    + (" (its run stopped before training began: start it again with "
-                       "--overwrite)" if holds_run(model_dir) else ""))
+    if not os.path.isfile(config_path(model_dir)):   # stage 2 cut off before it trained
+        check_condition(holds_run(model_dir),
+                        f"{model_dir}: cannot resume, {C.CONFIG_NAME} is missing")
+        return
+    # (by its place in the directory, which may have moved: stage 2 compares the content)
     saved = RunConfig.load(config_path(model_dir)).data.guide
-    check_condition(bool(saved) and os.path.abspath(saved) == links_path(model_dir),
+    check_condition(bool(saved) and os.path.normpath(saved).endswith(
+                        os.sep + os.path.join(GUIDE_DIR, LINKS_NAME)),
                     f"{model_dir}: cannot resume, its layer trains on "
                     f"{saved or 'no guide'}, not on the recipe's links of the bitext "
                     f"({links_path(model_dir)}): give the flags of its run, or --overwrite")
@@ -165,6 +168,15 @@ def train_guide(request: "TrainRequest", context: "DistributedContext") -> "Trai
             os.unlink(links)
         if os.path.isdir(parts):
             shutil.rmtree(parts)
+    if context.is_main and request.overwrite:
+        # likewise the later stages' files (check_stages found them ours): --resume after a
+        # cut-off never takes the replaced run's base or layer for this run's
+        from aligner.model_dir import BASE_DIR, remove_run_files
+
+        for stage in [request.model_dir] + ([os.path.join(request.model_dir, BASE_DIR)]
+                                            if request.base_dir is None else []):
+            if os.path.isdir(stage) and holds_run(stage):
+                remove_run_files(stage)
     context.barrier()
     logger.info("stage 0: the recipe (%s, %d rounds) in %s: its links of the bitext guide "
                 "the layer", recipe.MODEL_KIND, plan.rounds, folder)

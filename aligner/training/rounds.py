@@ -263,13 +263,12 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
                 # same data and settings
                 if round_number + 1 == first_undone:
                     _check_trained_round(this_round, context.is_main)
-                elif first_undone is None and round_number == plan.rounds:
-                    _check_round_inputs(this_round)   # its log stays as it is
                     if record is not None:
                         record.set_inputs(run_inputs(this_round))
-                    if round_number < plan.rounds:
-                        logger.info("round %d is trained: its links guide round %d",
-                                    round_number, round_number + 1)
+                    logger.info("round %d is trained: its links guide round %d",
+                                round_number, round_number + 1)
+                elif first_undone is None and round_number == plan.rounds:
+                    _check_round_inputs(this_round)   # its log stays as it is
             else:
                 result.summaries = _train_round(model_dir, this_round, plan, round_number,
                                                 record, context)

@@ -518,13 +518,13 @@ def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequ
     when stage 2 had started. `context`: the run's process group (every rank calls this)."""
     import dataclasses
 
-    from aligner.model_dir import BASE_DIR, config_path, holds_run
+    from aligner.model_dir import BASE_DIR, config_path, holds_run, run_entries
 
     model_kind, train_config = request.model_kind, request.train_config
     cls = model_class(model_kind)
     base_kind = cls.BASE_KIND
     base_options, own_options = cls.split_options(request.model_options)
-    base_dir, resume = request.base_dir, request.resume
+    base_dir, resume, overwrite = request.base_dir, request.resume, request.overwrite
     if base_dir is None:
         base_dir = os.path.join(request.model_dir, BASE_DIR)
         base_methods = model_class(base_kind).METHODS
@@ -533,17 +533,25 @@ def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequ
         if train_config.valid_method and train_config.valid_method not in base_methods:
             stage1 = dataclasses.replace(stage1, valid_method="")
         logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
-        # resumed where it had begun (a run cut off in stage 0 has none yet): every rank
-        # decides before rank 0 can write there
-        resume_base = resume and os.path.isdir(base_dir) and holds_run(base_dir)
+        # resumed where its training had begun (config.json written; a run cut off in stage
+        # 0 has no base yet), started again where a start was cut off: every rank decides
+        # before rank 0 can write there
+        resume_base = resume and os.path.isfile(config_path(base_dir))
+        restart_base = resume and not resume_base and os.path.isdir(base_dir) and holds_run(
+            base_dir)
         context.barrier()
         train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
                                   resume=resume_base,
+                                  overwrite=request.overwrite or restart_base,
                                   model_options=base_options, train_config=stage1, extra=None,
                                   data_config=dataclasses.replace(request.data_config, guide=""),
                                   base_dir=None, record=None))
-        # stage 2 resumes only when it had started (it writes config.json first)
-        resume = resume and os.path.isfile(config_path(request.model_dir))
+        # stage 2 resumes only when it had started (it writes config.json first); a start of
+        # it cut off starts again
+        started = os.path.isfile(config_path(request.model_dir))
+        overwrite = overwrite or (resume and not started and holds_run(request.model_dir)
+                                  and bool(run_entries(request.model_dir)))
+        resume = resume and started
     check_condition(os.path.isfile(config_path(base_dir)),
                     f"{base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
     base_config = RunConfig.load(config_path(base_dir))
@@ -553,5 +561,5 @@ def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequ
     missing = [d for d in request.directions if d not in base_config.directions]
     check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
     return dataclasses.replace(request, model_options=own_options, base_dir=base_dir,
-                               resume=resume,
+                               resume=resume, overwrite=overwrite,
                                extra={**(request.extra or {}), "base": os.path.abspath(base_dir)})
