@@ -15,8 +15,9 @@ layer (stage 2, after its base: aligner/training/run.py) trains guided by those 
 --resume goes on where the stage stopped: in a round of the recipe, in its alignment of the
 bitext (from its last finished block), or, with links.align written, with the stages after it;
 the recipe's run refuses another bitext or other settings, as `align run --resume` does.
---overwrite trains the guide again (MODEL_DIR/guide is a run of ours; links.align and its parts
-are removed first, so that a run cut off after it never finds a guide of the run before).
+--overwrite trains every stage again: the replaced run's links.align and its parts, and the
+files of its base and layer, are removed before stage 0 (each folder a run of ours), so that
+--resume after a cut-off never takes them for the new run's.
 """
 from __future__ import annotations
 

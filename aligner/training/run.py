@@ -515,7 +515,8 @@ def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequ
     """Stage 1 of a kind trained on a frozen base: train the base into MODEL_DIR/base (unless
     `base_dir` is given), check it. Returns the request of stage 2: the kind's own model
     options, the base directory (also recorded in config.json's ``extra``), and resume only
-    when stage 2 had started. `context`: the run's process group (every rank calls this)."""
+    when stage 2 had started (a start of it cut off, its config.json not written, starts
+    again). `context`: the run's process group (every rank calls this)."""
     import dataclasses
 
     from aligner.model_dir import BASE_DIR, config_path, holds_run, run_entries
