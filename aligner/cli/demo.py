@@ -16,8 +16,9 @@ from typing import List, Optional
 import click
 
 from aligner import constants as C
+from aligner.config import CHECKPOINT_AT_THE_END
 from aligner.training import recipe
-from aligner.cli.options import (CHECKPOINT_AT_THE_END, bpe_merges_option, device_option,
+from aligner.cli.options import (bpe_merges_option, device_option,
                                  max_epochs_option, quiet_option, seed_option, threads_option)
 from aligner.cli.train import set_threads
 from aligner.utils import check_condition

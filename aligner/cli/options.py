@@ -26,8 +26,6 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 INPUT = click.Path(dir_okay=False, exists=False)
 
-from aligner.config import CHECKPOINT_AT_THE_END  # noqa: F401  (align run's, align demo's)
-
 
 class FiniteFloat(click.FloatRange):
     """A float option that refuses inf and nan (a learning rate or loss weight of inf trains

@@ -19,8 +19,9 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from aligner import constants as C
+from aligner.config import CHECKPOINT_AT_THE_END
 from aligner.training import recipe
-from aligner.cli.options import (CHECKPOINT_AT_THE_END, INPUT, FiniteFloat,
+from aligner.cli.options import (INPUT, FiniteFloat,
                                  agreement_weight_option, bitext_options, block_lines_option,
                                  bpe_merges_option, deterministic_option, device_chunk_floats,
                                  device_defaults, device_option, guide_options, lr_option,
