@@ -18,7 +18,7 @@ from aligner.training.loop import _LossModule, guided_loss
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger
 from quality import Bar
-from cli_runner import run
+from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 from test_direct_hmm import LONG_PAIRS, _batch, _model
 
@@ -250,6 +250,24 @@ def test_bad_guide_files_are_one_error_line(tmp_path):
     assert result.exit_code == 1 and "guided alignment training is implemented for hmm0, " \
                                       "hmm1 and alignment-layer, not 'transformer'" in result.output
     assert not (tmp_path / "t").exists()
+
+
+def test_a_guide_weight_without_a_guide_is_refused(tmp_path):
+    """--guide-weight changes nothing without a guide: refused in one line, before anything is
+    written (align train of hmm0 and of the unguided 2019 layer, and align run, whose rounds
+    take --self-guide-weight)."""
+    sources, targets, _ = monotone_corpus(5, seed=2)
+    src, tgt, _ = write_corpus(tmp_path, "train", sources, targets, None)
+    commands = {"hmm0": ("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--model", "hmm0",
+                         *TINY),
+                "layer": ("train", "-s", src, "-t", tgt, "-o", tmp_path / "m", "--model",
+                          "alignment-layer", "--layer-query", "prefix"),
+                "run": ("run", "-s", src, "-t", tgt, "-o", tmp_path / "out.align",
+                        "--model-dir", tmp_path / "m")}
+    for name, command in commands.items():
+        line = error_line(run(*command, "--guide-weight", "5", ok=False))
+        assert "--guide-weight 5: this run has no guide" in line, (name, line)
+        assert not (tmp_path / "m").exists() and not (tmp_path / "out.align").exists(), name
 
 
 def test_damaged_guide_links_are_one_error_line(tmp_path):

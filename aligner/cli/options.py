@@ -253,10 +253,15 @@ def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind
                          ) -> float:
     """--guide-weight as given, else the kind's (recipe.GUIDE_WEIGHT; LAYER_GUIDE_WEIGHT for a
     kind trained on a frozen base, the alignment layer); 0 unless the run is `guided` (a
-    --guide, or the alignment layer's recipe guide)."""
+    --guide, or the alignment layer's recipe guide). A --guide-weight given to a run with no
+    guide is refused (it would change nothing; a self-training round's weight is
+    --self-guide-weight)."""
     from aligner.models import model_class
 
     if not guided:
+        check_condition(guide_weight is None,
+                        f"--guide-weight {guide_weight:g}: this run has no guide (give "
+                        f"--guide FILE; self-training rounds take --self-guide-weight)")
         return 0.0
     if guide_weight is not None:
         return guide_weight
