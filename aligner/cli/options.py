@@ -11,16 +11,14 @@ Options that only one command has stay in that command's module.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import click
 
 from aligner import constants as C
 from aligner.training import recipe
-from aligner.utils import check_condition
+from aligner.utils import AlignerError, check_condition
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -95,7 +93,8 @@ def model_option_option(function):
 
 
 #: the "[default: ...]" words of the options whose default depends on the device
-#: (recipe.device_defaults, resolved by :func:`device_defaults`)
+#: (recipe.device_defaults, resolved by
+#: :func:`aligner.training.recipe_request.device_defaults`)
 _CPU, _GPU = recipe.device_defaults("cpu"), recipe.device_defaults("cuda")
 
 
@@ -109,7 +108,7 @@ def _by_device(key: str, form: str) -> str:
 
 def max_tokens_option(function):
     """--max-tokens of training batches (aligner.config.TrainConfig.max_tokens); None:
-    :func:`device_defaults`."""
+    :func:`~aligner.training.recipe_request.device_defaults`."""
     return click.option(
         "--max-tokens", default=None, type=click.IntRange(min=1),
         help=_with_default("Padded tokens per training batch (max(source, target) length x "
@@ -119,7 +118,7 @@ def max_tokens_option(function):
 
 def lr_option(function):
     """--lr, the peak learning rate (aligner.config.TrainConfig.lr); None:
-    :func:`device_defaults`."""
+    :func:`~aligner.training.recipe_request.device_defaults`."""
     return click.option(
         "--lr", default=None, type=FiniteFloat(min=0),
         help=_with_default("Peak learning rate.",
@@ -129,60 +128,12 @@ def lr_option(function):
 
 def warmup_option(function):
     """--warmup, linear warm-up updates (aligner.config.TrainConfig.warmup); None: the device's
-    (:func:`device_defaults`), or TRAINING's with a --max-tokens of the user's."""
+    (:func:`~aligner.training.recipe_request.device_defaults`), or TRAINING's with a
+    --max-tokens of the user's."""
     return click.option(
         "--warmup", default=None, type=click.IntRange(min=0),
         help=_with_default("Linear warm-up updates (then --lr-schedule).",
                            _by_device("warmup", "{}")))(function)
-
-
-def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
-                    ) -> Dict[str, Any]:
-    """max_tokens, lr, warmup and chunk_floats for the options the user left out:
-    :func:`aligner.training.recipe.device_defaults` of the device type ("cpu", "cuda"); with
-    --resume
-    of a run whose config.json is there, the run's own values (a run resumed on another device
-    goes on with its batches: the batcher refuses another max_tokens, and the settings check
-    another lr), chunk_floats None when its models were given none. A config.json that cannot
-    be read leaves the device's values (the run's own checks report it)."""
-    values: Dict[str, Any] = recipe.device_defaults(device_type)
-    path = os.path.join(model_dir, C.CONFIG_NAME) if model_dir else ""
-    if not (resume and path and os.path.isfile(path)):
-        return values
-    try:
-        with open(path, encoding="utf-8") as handle:
-            saved = json.load(handle)
-        training, models = saved["training"], saved["models"]
-        values.update({key: training[key] for key in ("max_tokens", "lr", "warmup")
-                       if key in training})
-        chunks = [m["chunk_floats"] for m in models.values() if "chunk_floats" in m]
-        values["chunk_floats"] = chunks[0] if chunks else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return values
-
-
-def training_settings(by_device: Dict[str, Any], max_tokens: Optional[int], lr: Optional[float],
-                      warmup: Optional[int], resume: bool) -> Dict[str, Any]:
-    """max_tokens, lr and warmup of a training: each the user's where given, else the device's
-    (`by_device`: :func:`device_defaults`). The device's warm-up goes with its batches: a
-    --max-tokens of the user's without --warmup takes TRAINING's warm-up (not on --resume,
-    where `by_device` holds the run's own)."""
-    if warmup is None:
-        warmup = (by_device["warmup"] if max_tokens is None or resume
-                  else recipe.TRAINING["warmup"])
-    return dict(max_tokens=by_device["max_tokens"] if max_tokens is None else max_tokens,
-                lr=by_device["lr"] if lr is None else lr, warmup=warmup)
-
-
-def device_chunk_floats(model_options: Dict[str, Any], fields: Any,
-                        chunk_floats: Optional[int]) -> None:
-    """Give the direct HMM's chunk_floats (:func:`device_defaults`) to `model_options` when the
-    model kind has the setting (`fields`: its config's fields), -M did not give it and it is
-    not the model's own default (a CPU run's config.json stays as it was)."""
-    if ("chunk_floats" in fields and "chunk_floats" not in model_options
-            and chunk_floats is not None and chunk_floats != recipe.CPU_CHUNK_FLOATS):
-        model_options["chunk_floats"] = chunk_floats
 
 
 def max_updates_option(function):
@@ -259,9 +210,10 @@ def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind
     from aligner.models import model_class
 
     if not guided:
-        check_condition(guide_weight is None,
-                        f"--guide-weight {guide_weight:g}: this run has no guide (give "
-                        f"--guide FILE; self-training rounds take --self-guide-weight)")
+        if guide_weight is not None:
+            raise AlignerError(f"--guide-weight {guide_weight:g}: this run has no guide "
+                               f"(give --guide FILE; self-training rounds take "
+                               f"--self-guide-weight)")
         return 0.0
     if guide_weight is not None:
         return guide_weight

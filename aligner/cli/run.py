@@ -19,19 +19,17 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from aligner import constants as C
-from aligner.config import CHECKPOINT_AT_THE_END
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat,
                                  agreement_weight_option, bitext_options, block_lines_option,
-                                 bpe_merges_option, deterministic_option, device_chunk_floats,
-                                 device_defaults, device_option, guide_options, lr_option,
+                                 bpe_merges_option, deterministic_option, device_option,
+                                 guide_options, lr_option,
                                  max_tokens_option, max_updates_option, model_dir_option,
                                  model_option_option, overwrite_option, precision_option,
                                  quiet_option, resolve_final_agreement_weight,
                                  resolve_guide_weight, resolve_max_len, resume_option,
                                  rounds_option, seed_option,
-                                 self_training_options, threads_option, training_settings,
-                                 warmup_option)
+                                 self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
@@ -127,18 +125,15 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     with half of the threads.
     """
     from aligner.cli.extract import write_results
-    from aligner.config import DataConfig, TrainConfig
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
-    from aligner.models import model_class
     from aligner.prep import PrepConfig
     from aligner.training.rounds import SelfTraining, train_rounds
     from aligner.training.loop import use_deterministic_algorithms
-    from aligner.training.directions import default_parallel_directions
-    from aligner.training.run import TrainRequest
+    from aligner.training.recipe_request import recipe_request
 
     use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     logger = setup_logging(quiet=quiet)
@@ -154,6 +149,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                           "--guide": guide}, outputs)
     for option, path in outputs.items():
         check_writable(path, option)
+    # -M settings over the recipe's
     model_options: Dict[str, Any] = {**recipe.MODEL_OPTIONS,
                                      **parse_key_values(model_option, "--model-option")}
     # --soft keeps every matrix: the bitext in memory; otherwise it is read at every pass
@@ -177,23 +173,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     merges = recipe.bpe_merges(n_lines) if bpe_merges is None else bpe_merges
     if threshold is None:   # self-trained posteriors are sharper: the best threshold is higher
         threshold = recipe.THRESHOLD if rounds > 1 else DEFAULT_THRESHOLD
-    torch_device = resolve_device(device)
-    # the settings that depend on the device, where not given (aligner/training/recipe.py
-    # device_defaults; a resumed run's own)
-    by_device = device_defaults(torch_device.type, model_dir, resume)
-    device_chunk_floats(model_options, model_class(recipe.MODEL_KIND).config_class
-                        .__dataclass_fields__, by_device["chunk_floats"])
-    train_config = TrainConfig(**{**recipe.TRAINING,
-                                  **training_settings(by_device, max_tokens, lr, warmup,
-                                                      resume)},
-                               max_epochs=0 if max_updates else epochs,
-                               max_updates=max_updates,
-                               checkpoint_interval=CHECKPOINT_AT_THE_END,
-                               device=device, precision=precision,
-                               deterministic=deterministic, seed=seed,
-                               guide_weight=resolve_guide_weight(
-                                   guide_weight, guide is not None, recipe.MODEL_KIND),
-                               agreement_weight=agreement_weight)
     check_condition(model_dir is not None or torchrun_world_size() == 1,
                     "under torchrun give --model-dir (on a file system every rank reads): "
                     "each process would make a temporary directory of its own")
@@ -201,24 +180,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     # --max-len); longer pairs are skipped in training, every line is aligned
     train_max_len = resolve_max_len(max_len, recipe.TRAIN_MAX_LEN,
                                     int(model_options["max_positions"]) - 1)
-    temporary = None
-    if model_dir is None:
-        temporary = tempfile.mkdtemp(prefix="align-run-")
-        model_dir = os.path.join(temporary, "model")
-    # apart, the directions train faster side by side; agreement trains them in one loop
-    parallel = default_parallel_directions(torch_device, C.DIRECTIONS, agreement_weight,
-                                           n_lines)
-    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
-                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
-                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
-    request = TrainRequest(
-        model_dir, bitext, recipe.MODEL_KIND, model_options, PrepConfig(bpe_merges=merges),
-        DataConfig(max_len=train_max_len, guide=guide or ""),
-        train_config, resume=resume, overwrite=overwrite, quiet=quiet,
-        argv=["align"] + sys.argv[1:],
-        parallel_directions=parallel,
-        # the model's align extract defaults: the output's
-        extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": heuristic, "threshold": threshold}})
+    guide_weight = resolve_guide_weight(guide_weight, guide is not None, recipe.MODEL_KIND)
     plan = SelfTraining(rounds=rounds, guide_weight=self_guide_weight,
                         guide_threshold=self_guide_threshold, heuristic=heuristic,
                         output_threshold=threshold, fine_tune=fine_tune,
@@ -228,6 +190,23 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         block_lines=block_lines or 0,
                         final_agreement_weight=resolve_final_agreement_weight(
                             final_agreement_weight, rounds))
+    resolve_device(device)   # an unknown or missing device: refused before anything is made
+    temporary = None
+    if model_dir is None:
+        temporary = tempfile.mkdtemp(prefix="align-run-")
+        model_dir = os.path.join(temporary, "model")
+    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
+                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
+                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
+    # (the settings that depend on the device, where not given: the device's, or a resumed
+    # run's own)
+    request = recipe_request(
+        model_dir, bitext, PrepConfig(bpe_merges=merges), device=device, precision=precision,
+        deterministic=deterministic, seed=seed, resume=resume, overwrite=overwrite,
+        model_options=model_options, max_tokens=max_tokens, lr=lr, warmup=warmup,
+        epochs=epochs, max_updates=max_updates, max_len=train_max_len, guide=guide or "",
+        guide_weight=guide_weight, agreement_weight=agreement_weight, heuristic=heuristic,
+        threshold=threshold, quiet=quiet, argv=["align"] + sys.argv[1:])
     try:
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)

@@ -15,16 +15,17 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 bpe_merges_option, deterministic_option, device_chunk_floats,
-                                 device_defaults, device_option, guide_options, lr_option,
+                                 bpe_merges_option, deterministic_option, device_option,
+                                 guide_options, lr_option,
                                  max_epochs_option, max_tokens_option, max_updates_option,
                                  model_dir_option, model_option_option, overwrite_option,
                                  precision_option, quiet_option, resolve_final_agreement_weight,
                                  resolve_guide_weight, resolve_max_len, resume_option,
                                  rounds_option, seed_option,
-                                 self_training_options, threads_option, training_settings,
-                                 warmup_option)
+                                 self_training_options, threads_option, warmup_option)
 from aligner.config import DataConfig, TrainConfig
+from aligner.training.recipe_request import (device_chunk_floats, device_defaults,
+                                             training_settings)
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover

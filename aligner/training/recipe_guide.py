@@ -53,31 +53,18 @@ def links_path(model_dir: str) -> str:
     return os.path.abspath(os.path.join(guide_dir(model_dir), LINKS_NAME))
 
 
-def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]:
-    """The recipe's run (as `align run` with no flags: model, batches, rounds, length cap and
-    output threshold) on ``request.bitext`` into MODEL_DIR/guide, both directions, on the
-    request's device, precision and seed, with its tokenization and lowercasing (so that the
-    links index the words the layer trains on). Returns (round 1's request, the plan)."""
-    from aligner.config import CHECKPOINT_AT_THE_END, DataConfig, TrainConfig
-    from aligner.distributed import resolve_device
+def recipe_job(request: "TrainRequest", resume: bool = False
+               ) -> Tuple["TrainRequest", "SelfTraining"]:
+    """The recipe's run (as `align run` with no flags: aligner/training/recipe_request.py) on
+    ``request.bitext`` into MODEL_DIR/guide, both directions, on the request's device,
+    precision and seed, with its tokenization and lowercasing (so that the links index the
+    words the layer trains on); `resume`: the run in MODEL_DIR/guide goes on (its batches
+    then its own, as for `align run --resume`). Returns (round 1's request, the plan)."""
     from aligner.prep import PrepConfig
-    from aligner.training.directions import default_parallel_directions
+    from aligner.training.recipe_request import recipe_request
     from aligner.training.rounds import SelfTraining
-    from aligner.training.run import TrainRequest
 
     given = request.train_config
-    by_device = recipe.device_defaults(resolve_device(given.device))
-    model_options = dict(recipe.MODEL_OPTIONS)
-    if by_device["chunk_floats"] != recipe.CPU_CHUNK_FLOATS:   # as align run on a GPU
-        model_options["chunk_floats"] = by_device["chunk_floats"]
-    train_config = TrainConfig(**{**recipe.TRAINING,
-                                  **{key: by_device[key] for key in ("max_tokens", "lr",
-                                                                     "warmup")}},
-                               max_epochs=recipe.EPOCHS_PER_ROUND, max_updates=0,
-                               checkpoint_interval=CHECKPOINT_AT_THE_END, device=given.device,
-                               precision=given.precision, deterministic=given.deterministic,
-                               seed=given.seed, guide_weight=0.0,
-                               agreement_weight=recipe.AGREEMENT_WEIGHT)
     prep = request.prep_config
     if request.base_dir is not None:   # the words as the layer sees them: its base's
         from aligner.model_dir import load_preprocessing
@@ -86,18 +73,12 @@ def recipe_job(request: "TrainRequest") -> Tuple["TrainRequest", "SelfTraining"]
     prep_config = PrepConfig(tokenize=prep.tokenize, src_lang=prep.src_lang,
                              tgt_lang=prep.tgt_lang, lowercase=prep.lowercase,
                              bpe_merges=recipe.bpe_merges(len(request.bitext)))
-    max_len = min(recipe.TRAIN_MAX_LEN, int(model_options["max_positions"]) - 1)
-    folder = guide_dir(request.model_dir)
-    job = TrainRequest(
-        folder, request.bitext, recipe.MODEL_KIND, model_options, prep_config,
-        DataConfig(max_len=max_len), train_config, directions=C.DIRECTIONS,
-        quiet=request.quiet, verbose=request.verbose, argv=request.argv,
-        ignore_data_change=request.ignore_data_change,
-        parallel_directions=default_parallel_directions(resolve_device(given.device),
-                                                        C.DIRECTIONS, 0.0,
-                                                        len(request.bitext)),
-        extra={C.ALIGN_RUN_SETTINGS: {"symmetrize": recipe.HEURISTIC,
-                                      "threshold": recipe.THRESHOLD}})
+    job = recipe_request(guide_dir(request.model_dir), request.bitext, prep_config,
+                         device=given.device, precision=given.precision,
+                         deterministic=given.deterministic, seed=given.seed, resume=resume,
+                         overwrite=request.overwrite, quiet=request.quiet,
+                         verbose=request.verbose, argv=request.argv,
+                         ignore_data_change=request.ignore_data_change)
     return job, SelfTraining()
 
 
@@ -154,8 +135,8 @@ def train_guide(request: "TrainRequest", context: "DistributedContext") -> "Trai
 
     links = links_path(request.model_dir)
     folder = guide_dir(request.model_dir)
-    job, plan = recipe_job(request)
     resume = request.resume and os.path.isdir(folder) and holds_run(folder)
+    job, plan = recipe_job(request, resume)
     if context.is_main and request.overwrite and os.path.isdir(folder) and holds_run(folder):
         # the guide of the run being replaced, first: a run cut off before its own links
         # are written must never find these
@@ -181,7 +162,7 @@ def train_guide(request: "TrainRequest", context: "DistributedContext") -> "Trai
     context.barrier()
     logger.info("stage 0: the recipe (%s, %d rounds) in %s: its links of the bitext guide "
                 "the layer", recipe.MODEL_KIND, plan.rounds, folder)
-    train_rounds(dataclasses.replace(job, resume=resume, overwrite=request.overwrite), plan)
+    train_rounds(job, plan)
     if not os.path.isfile(links):
         device = resolve_device(request.train_config.device, context.local_rank,
                                 context.local_world_size)
