@@ -616,9 +616,12 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
     return recorded
 
 
-def list_incomplete(model_dir: str, directions: List[str]) -> List[str]:
-    """Files a complete model directory must have but `model_dir` lacks (for diagnostics)."""
+def list_incomplete(model_dir: str, directions: List[str], checkpoint: str = "best"
+                    ) -> List[str]:
+    """Files `model_dir` lacks that `align extract --checkpoint CHECKPOINT` loads (for
+    diagnostics). A self-training run's MODEL_DIR holds the best weights only (its last
+    round's, aligner/training/rounds.py), which are also its last."""
     needed = [C.CONFIG_NAME, PREP_CONFIG_NAME, C.VOCAB_SRC, C.VOCAB_TGT]
-    needed += [os.path.join(d, name) for d in directions for name in (C.PARAMS_BEST,
-                                                                       C.PARAMS_LAST)]
+    params = C.PARAMS_BEST if checkpoint == "best" else C.PARAMS_LAST
+    needed += [os.path.join(d, params) for d in directions]
     return [name for name in needed if not os.path.exists(os.path.join(model_dir, name))]

@@ -833,14 +833,15 @@ class PretrainedModel:
 
 def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
                     allow_other_text: bool = False,
-                    checked: Optional[Dict[str, Tuple[Optional[str], str]]] = None
-                    ) -> PretrainedModel:
+                    checked: Optional[Dict[str, Tuple[Optional[str], str]]] = None,
+                    checkpoint: str = "best") -> PretrainedModel:
     """Check an ``--aligner-model`` before anything runs (AlignerError: one line).
 
     The directory must hold a complete model of both directions whose kind (config.json
     ``model_kind``) has the method; its training text must be the benchmark corpus (see
     :func:`check_training_text`) unless `allow_other_text`, which keeps the mismatch for a
     loud note. ``checked`` caches text checks by real path (several methods of one model).
+    ``checkpoint``: the weights the extraction loads (`align extract --checkpoint`).
     """
     from aligner.config import RunConfig
     from aligner.model_dir import config_path, list_incomplete
@@ -857,7 +858,7 @@ def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
     check_condition(not missing, f"{what}: the model was trained for "
                                  f"{', '.join(config.directions)} only; the table needs fwd and "
                                  "rev (join two one-direction runs into one directory)")
-    incomplete = list_incomplete(model_dir, list(DIRECTIONS))
+    incomplete = list_incomplete(model_dir, list(DIRECTIONS), checkpoint)
     check_condition(not incomplete, f"{what}: the model directory is incomplete "
                                     f"({', '.join(incomplete)} missing)")
     check_condition(config.model_kind in METHODS_BY_KIND,
@@ -942,6 +943,17 @@ def _split_method(spec: str) -> Tuple[str, str]:
     return kind, method
 
 
+def extract_checkpoint(extract_args: Sequence[str]) -> str:
+    """The weights `align extract` loads with `extract_args`: the value of its --checkpoint
+    (``--checkpoint last`` or ``--checkpoint=last``), else "best", its default."""
+    for k, arg in enumerate(extract_args):
+        if arg == "--checkpoint" and k + 1 < len(extract_args):
+            return extract_args[k + 1]
+        if arg.startswith("--checkpoint="):
+            return arg.split("=", 1)[1]
+    return "best"
+
+
 def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str, str]],
             peer_names: Sequence[str], aligner_methods: Sequence[str], workdir: str,
             train_limit: Optional[int] = None, aligner_train_args: Sequence[str] = (),
@@ -963,8 +975,8 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
     os.makedirs(workdir, exist_ok=True)
     corpus = build_corpus(train, gold, workdir, train_limit)
     checked: Dict[str, Tuple[Optional[str], str]] = {}
-    pretrained = [load_pretrained(spec, corpus, workdir, allow_other_training_text, checked)
-                  for spec in specs]
+    pretrained = [load_pretrained(spec, corpus, workdir, allow_other_training_text, checked,
+                                  extract_checkpoint(aligner_extract_args)) for spec in specs]
     results: List[SystemResult] = []
     cache: Dict[Tuple[str, ...], Measurement] = {}
     for name in peer_names:

@@ -665,6 +665,28 @@ def test_cli_refuses_an_unusable_model_directory_in_one_line(small_files):
     assert "trained for fwd only; the table needs fwd and rev" in refused(f"{model}:hmm-posterior")
 
 
+def test_a_model_directory_needs_the_weights_its_extraction_loads(small_files):
+    """A self-training run's MODEL_DIR holds its last round's best weights only (no
+    params.last.pt): accepted for `align extract`'s default checkpoint; --checkpoint last
+    needs the last weights."""
+    tmp_path, train, g1, _ = small_files
+    corpus = ca.build_corpus([train], [("one", *g1)], str(tmp_path))
+    model = tmp_path / "model"
+    prepare_model_dir(model, corpus.source, corpus.target)
+    for direction in ("fwd", "rev"):
+        (model / direction).mkdir(exist_ok=True)
+        (model / direction / "params.best.pt").write_bytes(b"weights")
+    spec = ca.parse_model_spec(f"{model}:hmm-posterior")
+    loaded = ca.load_pretrained(spec, corpus, str(tmp_path))
+    assert loaded.spec.model_dir == str(model)
+    with pytest.raises(AlignerError, match=r"incomplete \(fwd/params.last.pt, "
+                                           r"rev/params.last.pt missing\)"):
+        ca.load_pretrained(spec, corpus, str(tmp_path),
+                           checkpoint=ca.extract_checkpoint(["-q", "--checkpoint", "last"]))
+    assert ca.extract_checkpoint(["--checkpoint=last"]) == "last"
+    assert ca.extract_checkpoint(["--device", "cpu"]) == "best"
+
+
 TINY_MODEL = ["--bpe-merges", "50", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
               "--decoder-layers", "1", "--ff-dim", "32", "--max-updates", "3", "--device", "cpu",
               "--threads", "1", "--rounds", "1", "-q"]
