@@ -619,8 +619,8 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
 def list_incomplete(model_dir: str, directions: List[str], checkpoint: str = "best"
                     ) -> List[str]:
     """Files `model_dir` lacks that `align extract --checkpoint CHECKPOINT` loads (for
-    diagnostics). A self-training run's MODEL_DIR holds the best weights only (its last
-    round's, aligner/training/rounds.py), which are also its last."""
+    diagnostics). A self-training run's MODEL_DIR holds its last round's best weights only
+    (aligner/training/rounds.py): it has no ``--checkpoint last``."""
     needed = [C.CONFIG_NAME, PREP_CONFIG_NAME, C.VOCAB_SRC, C.VOCAB_TGT]
     params = C.PARAMS_BEST if checkpoint == "best" else C.PARAMS_LAST
     needed += [os.path.join(d, params) for d in directions]

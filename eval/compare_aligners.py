@@ -944,14 +944,16 @@ def _split_method(spec: str) -> Tuple[str, str]:
 
 
 def extract_checkpoint(extract_args: Sequence[str]) -> str:
-    """The weights `align extract` loads with `extract_args`: the value of its --checkpoint
-    (``--checkpoint last`` or ``--checkpoint=last``), else "best", its default."""
+    """The weights `align extract` loads with `extract_args`: the value of its last
+    --checkpoint (``--checkpoint last`` or ``--checkpoint=last``; click takes the last), else
+    "best", its default."""
+    checkpoint = "best"
     for k, arg in enumerate(extract_args):
         if arg == "--checkpoint" and k + 1 < len(extract_args):
-            return extract_args[k + 1]
-        if arg.startswith("--checkpoint="):
-            return arg.split("=", 1)[1]
-    return "best"
+            checkpoint = extract_args[k + 1]
+        elif arg.startswith("--checkpoint="):
+            checkpoint = arg.split("=", 1)[1]
+    return checkpoint
 
 
 def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str, str]],

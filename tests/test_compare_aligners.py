@@ -684,6 +684,7 @@ def test_a_model_directory_needs_the_weights_its_extraction_loads(small_files):
         ca.load_pretrained(spec, corpus, str(tmp_path),
                            checkpoint=ca.extract_checkpoint(["-q", "--checkpoint", "last"]))
     assert ca.extract_checkpoint(["--checkpoint=last"]) == "last"
+    assert ca.extract_checkpoint(["--checkpoint", "last", "--checkpoint", "best"]) == "best"
     assert ca.extract_checkpoint(["--device", "cpu"]) == "best"
 
 

@@ -172,6 +172,28 @@ def test_a_run_resumed_on_another_device_keeps_its_own_settings(tmp_path, corpus
     assert all("chunk_floats" not in m for m in models.values())
 
 
+def test_a_self_training_run_cut_off_between_rounds_resumes_with_its_own_settings(
+        tmp_path, corpus, monkeypatch):
+    """align run cut off as round 2 begins (MODEL_DIR/config.json is written only after the
+    last round), resumed where the defaults are another device's: round 2 trains with round
+    1's batches, rate and warm-up."""
+    from aligner import faults
+
+    src, tgt = corpus
+    args = ["-s", src, "-t", tgt, "-o", tmp_path / "out", "--model-dir", tmp_path / "m",
+            *TINY_RUN_SIZES, "--max-updates", "1", "--rounds", "2"]
+    with restored_aligner_logger():
+        with faults.injected("round-start", 1):
+            run("run", *args, ok=False)
+        assert not (tmp_path / "m" / C.CONFIG_NAME).exists()
+        _gpu_defaults(monkeypatch)
+        run("run", *args, "--resume")
+    for folder in (tmp_path / "m" / "rounds" / "2", tmp_path / "m"):
+        training, models = _training(folder)
+        assert (training["max_tokens"], training["lr"], training["warmup"]) == (1200, 3e-3, 150)
+        assert all("chunk_floats" not in m for m in models.values())
+
+
 def test_run_takes_the_device_defaults_and_explicit_values_win(tmp_path, corpus, monkeypatch):
     src, tgt = corpus
     tiny = TINY_RUN_SIZES + ["--max-updates", "1"]

@@ -130,6 +130,25 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_refused_setting_leaves_no_temporary_model_directory(tmp_path, monkeypatch):
+    """Without --model-dir the model lives in a temporary directory: a setting refused in
+    one line (--lr 0, refused by the training settings; an unknown device) leaves none."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    sources, targets, _ = monotone_corpus(5, seed=1)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets)
+    for option, value, message in (("--lr", "0", "--lr must be positive"),
+                                   ("--device", "tpu", "tpu")):
+        line = error_line(run("run", "-s", src, "-t", tgt, "-o", tmp_path / "o", *TINY,
+                              option, value, ok=False))
+        assert message in line, line
+        assert list(scratch.iterdir()) == [], option
+    assert not (tmp_path / "o").exists()
+
+
 def test_run_passes_a_guide_to_training(tmp_path):
     sources, targets, golds = monotone_corpus(12, seed=3)
     src, tgt, gold = write_corpus(tmp_path, "c", sources, targets, golds)

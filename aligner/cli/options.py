@@ -204,13 +204,13 @@ def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind
                          ) -> float:
     """--guide-weight as given, else the kind's (recipe.GUIDE_WEIGHT; LAYER_GUIDE_WEIGHT for a
     kind trained on a frozen base, the alignment layer); 0 unless the run is `guided` (a
-    --guide, or the alignment layer's recipe guide). A --guide-weight given to a run with no
-    guide is refused (it would change nothing; a self-training round's weight is
+    --guide, or the alignment layer's recipe guide). A non-zero --guide-weight given to a run
+    with no guide is refused (it would change nothing; a self-training round's weight is
     --self-guide-weight)."""
     from aligner.models import model_class
 
     if not guided:
-        if guide_weight is not None:
+        if guide_weight:   # (0 changes nothing either way)
             raise AlignerError(f"--guide-weight {guide_weight:g}: this run has no guide "
                                f"(give --guide FILE; self-training rounds take "
                                f"--self-guide-weight)")

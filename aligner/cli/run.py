@@ -7,6 +7,7 @@ corpus, except with --soft). Only parses options and wires the two; torch is imp
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -190,23 +191,23 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         block_lines=block_lines or 0,
                         final_agreement_weight=resolve_final_agreement_weight(
                             final_agreement_weight, rounds))
-    resolve_device(device)   # an unknown or missing device: refused before anything is made
+    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
+                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
+                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
+    # everything is checked before a temporary model directory is made (the settings that
+    # depend on the device, where not given: the device's, or a resumed run's own)
+    request = recipe_request(
+        model_dir or "", bitext, PrepConfig(bpe_merges=merges), device=device,
+        precision=precision, deterministic=deterministic, seed=seed, resume=resume,
+        overwrite=overwrite, model_options=model_options, max_tokens=max_tokens, lr=lr,
+        warmup=warmup, epochs=epochs, max_updates=max_updates, max_len=train_max_len,
+        guide=guide or "", guide_weight=guide_weight, agreement_weight=agreement_weight,
+        heuristic=heuristic, threshold=threshold, quiet=quiet, argv=["align"] + sys.argv[1:])
     temporary = None
     if model_dir is None:
         temporary = tempfile.mkdtemp(prefix="align-run-")
         model_dir = os.path.join(temporary, "model")
-    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
-                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
-                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
-    # (the settings that depend on the device, where not given: the device's, or a resumed
-    # run's own)
-    request = recipe_request(
-        model_dir, bitext, PrepConfig(bpe_merges=merges), device=device, precision=precision,
-        deterministic=deterministic, seed=seed, resume=resume, overwrite=overwrite,
-        model_options=model_options, max_tokens=max_tokens, lr=lr, warmup=warmup,
-        epochs=epochs, max_updates=max_updates, max_len=train_max_len, guide=guide or "",
-        guide_weight=guide_weight, agreement_weight=agreement_weight, heuristic=heuristic,
-        threshold=threshold, quiet=quiet, argv=["align"] + sys.argv[1:])
+        request = dataclasses.replace(request, model_dir=model_dir)
     try:
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)

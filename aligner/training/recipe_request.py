@@ -1,15 +1,17 @@
 """The recipe's training request: what `align run` trains, and the alignment layer's stage 0.
 
 One builder, :func:`recipe_request`, turns the recipe of aligner/training/recipe.py (hmm1,
-its model options, batches, learning rate, length cap and BPE merges) plus the settings a user
-may change into a :class:`~aligner.training.run.TrainRequest` of both directions. `align run`
-calls it with its options (aligner/cli/run.py); the guided alignment layer's stage 0 with
-none but the device, seed, precision and tokenization of the layer's own run
-(aligner/training/recipe_guide.py), so both train the same recipe the same way.
+its model options, batches, learning rate, length cap) plus the settings a user may change
+into a :class:`~aligner.training.run.TrainRequest` of both directions; the caller gives the
+preprocessing (the recipe's BPE merges are ``recipe.bpe_merges(len(bitext))``). `align run`
+calls it with its options (aligner/cli/run.py); the guided alignment layer's stage 0 with no
+recipe setting of its own, only the layer run's device, precision, determinism, seed,
+tokenization, resume / overwrite and logging (aligner/training/recipe_guide.py), so both
+train the same recipe the same way.
 
 The settings that depend on the device (:func:`device_defaults`: batches, learning rate,
-warm-up, the direct HMM's chunk budget) are the device's, or, for a resumed run whose
-config.json is written, the run's own. `align train` resolves them with the same functions.
+warm-up, the direct HMM's chunk budget) are the device's, or, for a resumed run, the run's
+own. `align train` resolves them with the same functions.
 """
 from __future__ import annotations
 
@@ -30,14 +32,19 @@ def device_defaults(device_type: str, model_dir: Optional[str], resume: bool
                     ) -> Dict[str, Any]:
     """max_tokens, lr, warmup and chunk_floats for the options the user left out:
     :func:`aligner.training.recipe.device_defaults` of the device type ("cpu", "cuda"); with
-    `resume` of a run whose config.json is there, the run's own values (a run resumed on
-    another device goes on with its batches: the batcher refuses another max_tokens, and the
-    settings check another lr), chunk_floats None when its models were given none. A
-    config.json that cannot be read leaves the device's values (the run's own checks report
-    it)."""
+    `resume` of a run whose config.json is there (MODEL_DIR's, or, for a self-training run
+    cut off before its last round, round 1's: every round trains with its batches), the
+    run's own values (a run resumed on another device goes on with its batches: the batcher
+    refuses another max_tokens, and the settings check another lr), chunk_floats None when
+    its models were given none. A config.json that cannot be read leaves the device's values
+    (the run's own checks report it)."""
     values: Dict[str, Any] = recipe.device_defaults(device_type)
-    path = os.path.join(model_dir, C.CONFIG_NAME) if model_dir else ""
-    if not (resume and path and os.path.isfile(path)):
+    if not (resume and model_dir):
+        return values
+    path = next((path for path in (os.path.join(model_dir, C.CONFIG_NAME),
+                                   os.path.join(model_dir, C.ROUNDS_DIR, "1", C.CONFIG_NAME))
+                 if os.path.isfile(path)), None)
+    if path is None:
         return values
     try:
         with open(path, encoding="utf-8") as handle:
