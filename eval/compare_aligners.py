@@ -760,6 +760,29 @@ def _check_encoded_corpus(model_dir: str, folder: str, corpus: Corpus, scratch: 
                   f"training corpus ({folder}) line for line")
 
 
+def _round_one_sample(model_dir: str, n_lines: int) -> Optional[List[int]]:
+    """The 0-based lines of an `n_lines` corpus that round 1 of the self-training run in
+    `model_dir` trains on when its rounds train on samples (``--round-pairs`` below the
+    corpus: aligner/training/samples.py, with the run's seed and settings), else None."""
+    from aligner.config import RunConfig
+    from aligner.model_dir import config_path
+    from aligner.training.samples import sample_lines
+
+    settings = os.path.join(model_dir, C.ROUNDS_DIR, C.ROUND_SETTINGS)
+    if not (os.path.isfile(settings) and os.path.isfile(config_path(model_dir))):
+        return None
+    try:
+        with open(settings, encoding="utf-8") as handle:
+            plan = json.load(handle)["settings"]
+        round_pairs = int(plan["--round-pairs"])
+        share = float(plan.get("--fine-tune-share", 1.0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    seed = RunConfig.load(config_path(model_dir)).training.seed
+    lines = sample_lines(n_lines, round_pairs, seed, 1, share)
+    return None if lines is None else [int(k) for k in lines]
+
+
 def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str], str]:
     """Fallback for a directory without corpus/ (e.g. joined from two runs): the bitext its
     run record names (the first session's), by pair count and fingerprint (the sha256 of its
@@ -777,23 +800,34 @@ def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str
                    if s.get("inputs", {}).get("bitext")), None)
     if bitext is None:
         return None, f"training text not checked: {path} names no training text"
-    if bitext.get("pairs") != len(corpus):
+    lines = _round_one_sample(model_dir, len(corpus))
+    what = "the benchmark corpus's"
+    if lines is not None and bitext.get("pairs") == len(lines):
+        # a self-training run whose rounds train on samples: its record names round 1's
+        what = (f"round 1's sample of the benchmark corpus, drawn as the run draws it "
+                f"({len(lines)} of its lines)")
+    else:
+        lines = None
+    if bitext.get("pairs") != len(corpus) and lines is None:
         return (f"{path}: the model was trained on {bitext.get('pairs')} sentence pairs, the "
                 f"benchmark corpus has {_corpus_size(corpus)}"), ""
     if bitext.get("sha256") is None:
         return None, (f"training text not checked: {model_dir} has no corpus/ folder and {path} "
                       f"records no fingerprint; only the number of training pairs "
-                      f"({bitext['pairs']}) equals the benchmark corpus")
-    ours = bitext_fingerprint(Bitext(corpus.sources, corpus.targets, corpus.source,
-                                     corpus.target))
+                      f"({bitext['pairs']}) equals {what}")
+    sources, targets = corpus.sources, corpus.targets
+    if lines is not None:
+        sources, targets = [sources[k] for k in lines], [targets[k] for k in lines]
+    ours = bitext_fingerprint(Bitext(sources, targets, corpus.source, corpus.target))
     if bitext["sha256"] != ours:
         return (f"{path}: the training text ({bitext.get('source')}) is not the benchmark "
-                f"corpus: the sha256 of its words differs (same number of pairs)"), ""
+                f"corpus: the sha256 of its words differs from {what} (same number of "
+                f"pairs)"), ""
     trained = {d for s in run.sessions for d in s.get("directions", ())}
     others = [d for d in DIRECTIONS if d not in trained]
     return None, (f"training text checked: the sha256 of the words of the training text that "
-                  f"{path} records ({model_dir} has no corpus/ folder) equals the benchmark "
-                  f"corpus's ({_corpus_size(corpus)})"
+                  f"{path} records ({model_dir} has no corpus/ folder) equals {what} "
+                  f"({_corpus_size(corpus)})"
                   + (f"; {path} records no {' or '.join(others)} run, whose training text is "
                      "not checked" if others else ""))
 

@@ -688,6 +688,36 @@ def test_a_model_directory_needs_the_weights_its_extraction_loads(small_files):
     assert ca.extract_checkpoint(["--device", "cpu"]) == "best"
 
 
+def test_a_run_whose_rounds_train_on_samples_is_checked_against_its_sample(small_files):
+    """A self-training run with --round-pairs below the corpus records round 1's sample as
+    its training text, and its MODEL_DIR has no corpus/: the check draws that sample from the
+    benchmark corpus as the run does (its seed and settings) and compares fingerprints; a
+    run on another text is still refused."""
+    from cli_runner import run
+
+    tmp_path, train, g1, g2 = small_files
+    (tmp_path / "bench").mkdir()
+    corpus = ca.build_corpus([train], [("one", *g1), ("two", *g2)], str(tmp_path / "bench"))
+    tiny = ["--bpe-merges", "0", "-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1",
+            "-M", "dec_layers=1", "-M", "d_ff=32", "--max-updates", "1", "--threads", "1",
+            "-q", "--rounds", "2", "--round-pairs", "4", "--seed", "3"]
+    model, other = tmp_path / "model", tmp_path / "other"
+    run("train", "-s", corpus.source, "-t", corpus.target, "-o", model, *tiny)
+    assert not (model / "corpus").exists()
+    mismatch, note = ca.check_training_text(str(model), corpus, str(tmp_path))
+    assert mismatch is None, mismatch
+    assert "equals round 1's sample of the benchmark corpus, drawn as the run draws it (4 of " \
+           "its lines)" in note
+    # the same number of lines, one word changed: refused
+    lines = (tmp_path / "bench" / "corpus.src").read_text().splitlines()
+    changed = tmp_path / "changed.src"
+    changed.write_text("\n".join(["z " + line for line in lines]) + "\n")
+    run("train", "-s", changed, "-t", corpus.target, "-o", other, *tiny)
+    mismatch, _ = ca.check_training_text(str(other), corpus, str(tmp_path))
+    assert mismatch is not None and "the sha256 of its words differs from round 1's sample" \
+        in mismatch
+
+
 TINY_MODEL = ["--bpe-merges", "50", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
               "--decoder-layers", "1", "--ff-dim", "32", "--max-updates", "3", "--device", "cpu",
               "--threads", "1", "--rounds", "1", "-q"]
