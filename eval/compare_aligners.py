@@ -820,9 +820,9 @@ def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str
         sources, targets = [sources[k] for k in lines], [targets[k] for k in lines]
     ours = bitext_fingerprint(Bitext(sources, targets, corpus.source, corpus.target))
     if bitext["sha256"] != ours:
+        sample = "" if lines is None else f" from {what}"
         return (f"{path}: the training text ({bitext.get('source')}) is not the benchmark "
-                f"corpus: the sha256 of its words differs from {what} (same number of "
-                f"pairs)"), ""
+                f"corpus: the sha256 of its words differs{sample} (same number of pairs)"), ""
     trained = {d for s in run.sessions for d in s.get("directions", ())}
     others = [d for d in DIRECTIONS if d not in trained]
     return None, (f"training text checked: the sha256 of the words of the training text that "
