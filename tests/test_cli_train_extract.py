@@ -203,7 +203,8 @@ def test_pinned_train_defaults():
         "encoder_layers": 3, "decoder_layers": 3, "ff_dim": 512, "dropout": 0.0,
         # resolved by the device (recipe.device_defaults: the CPU's are below)
         "max_tokens": None, "update_freq": 1, "lr": None, "warmup": None,
-        "lr_schedule": "inverse-sqrt", "label_smoothing": 0.1, "clip_norm": 1.0,
+        # resolved: inverse-sqrt, linear in the guided alignment layer's own stage
+        "lr_schedule": None, "label_smoothing": 0.1, "clip_norm": 1.0,
         "max_updates": 0, "max_epochs": None,
         "checkpoint_interval": 1000, "device": "auto", "seed": C.DEFAULT_SEED,
         "rounds": None}

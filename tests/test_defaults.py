@@ -26,9 +26,12 @@ def test_train_defaults_are_the_recipe():
     # max_tokens, lr, warmup: None, resolved by the device (recipe.device_defaults: on the CPU
     # the recipe's; tests/test_gpu_settings.py)
     by_device = ("max_tokens", "lr", "warmup")
-    assert {key: defaults[key] for key in recipe.TRAINING if key not in by_device} == \
-        {key: value for key, value in recipe.TRAINING.items() if key not in by_device}
-    assert all(defaults[key] is None for key in by_device)
+    # lr_schedule: None, TRAINING's, or recipe.LAYER_LR_SCHEDULE in the guided layer's own
+    # stage (tests/test_recipe_guide.py)
+    resolved = by_device + ("lr_schedule",)
+    assert {key: defaults[key] for key in recipe.TRAINING if key not in resolved} == \
+        {key: value for key, value in recipe.TRAINING.items() if key not in resolved}
+    assert all(defaults[key] is None for key in resolved)
     assert {key: recipe.device_defaults("cpu")[key] for key in by_device} == \
         {key: recipe.TRAINING[key] for key in by_device}
     # None: recipe.EPOCHS_PER_ROUND a round with self-training rounds, recipe.EPOCHS with

@@ -70,14 +70,16 @@ def test_parallel_equals_sequential(tmp_path, corpus, kind):
 
 def test_parallel_resume_and_two_stage_kind(tmp_path, corpus):
     """alignment-layer (base, then layer, both stages in parallel), stopped after 4 updates
-    and resumed to 6, equals one sequential run of 6."""
+    and resumed to 6, equals one sequential run of 6 (the inverse-sqrt schedule in both
+    stages: the guided layer's default linear decay ends at its last update, which a resume
+    cannot move)."""
     sequential, parallel = tmp_path / "sequential", tmp_path / "parallel"
-    run("train", *corpus, "-o", sequential, "--model", "alignment-layer", "--max-updates", 6,
+    layer = ["--model", "alignment-layer", "--lr-schedule", "inverse-sqrt"]
+    run("train", *corpus, "-o", sequential, *layer, "--max-updates", 6, *TINY)
+    run("train", *corpus, "-o", parallel, *layer, "--max-updates", 4, "--parallel-directions",
         *TINY)
-    run("train", *corpus, "-o", parallel, "--model", "alignment-layer", "--max-updates", 4,
-        "--parallel-directions", *TINY)
-    run("train", *corpus, "-o", parallel, "--model", "alignment-layer", "--max-updates", 6,
-        "--parallel-directions", "--resume", *TINY)
+    run("train", *corpus, "-o", parallel, *layer, "--max-updates", 6, "--parallel-directions",
+        "--resume", *TINY)
     assert_same_runs(sequential / "base", parallel / "base")
     assert_same_runs(sequential, parallel)
 

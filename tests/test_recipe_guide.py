@@ -62,7 +62,42 @@ def test_without_guide_the_layer_learns_the_recipes_links_of_the_bitext(whole):
     assert config["models"]["fwd"]["layer_query"] == "target"
     base = json.loads((model / "base" / "config.json").read_text())
     assert base["data"]["guide"] == "" and base["training"]["guide_weight"] == 0
+    # the layer decays its rate linearly, the base as any other run (--max-updates given:
+    # both stop there)
+    assert config["training"]["lr_schedule"] == recipe.LAYER_LR_SCHEDULE == "linear"
+    assert base["training"]["lr_schedule"] == recipe.TRAINING["lr_schedule"]
     assert len(whole["layer"].splitlines()) == whole["n"]
+
+
+def test_the_guided_layer_trains_longer_than_its_base_unless_told(tmp_path, whole):
+    """No --max-epochs / --max-updates: the base trains recipe.EPOCHS epochs, the guided
+    layer recipe.LAYER_EPOCHS with the linear decay; a given limit or schedule holds for
+    both stages, and the 2019 layer (no guide) trains as any other run."""
+    guide = whole["model"] / "guide" / "links.align"
+    unlimited = [flag for k, flag in enumerate(TINY)
+                 if flag != "--max-updates" and (k == 0 or TINY[k - 1] != "--max-updates")]
+    runs = {"default": ["--guide", guide],
+            "given": ["--guide", guide, "--max-epochs", "1", "--lr-schedule", "inverse-sqrt"],
+            "prefix": ["--layer-query", "prefix"]}
+    for name, flags in runs.items():
+        run("train", *whole["corpus"], "-o", tmp_path / name, *unlimited, *flags)
+
+    def training(folder):
+        config = json.loads((folder / "config.json").read_text())["training"]
+        return config["max_epochs"], config["max_updates"], config["lr_schedule"]
+
+    assert recipe.LAYER_EPOCHS != recipe.EPOCHS
+    assert training(tmp_path / "default") == (recipe.LAYER_EPOCHS, 0, "linear")
+    assert training(tmp_path / "default" / "base") == (recipe.EPOCHS, 0, "inverse-sqrt")
+    updates = [int(line.split("\t")[0]) for line in (tmp_path / "default" / "fwd" /
+               "metrics.tsv").read_text().splitlines()[1:]]
+    base_updates = [int(line.split("\t")[0]) for line in (tmp_path / "default" / "base" / "fwd"
+                    / "metrics.tsv").read_text().splitlines()[1:]]
+    # the same batches per epoch: LAYER_EPOCHS / EPOCHS times the base's updates
+    assert max(updates) * recipe.EPOCHS == max(base_updates) * recipe.LAYER_EPOCHS
+    for folder in (tmp_path / "given", tmp_path / "given" / "base"):
+        assert training(folder) == (1, 0, "inverse-sqrt")
+    assert training(tmp_path / "prefix") == (recipe.EPOCHS, 0, "inverse-sqrt")
 
 
 def test_the_2019_layer_and_a_given_guide_train_no_recipe(tmp_path, whole):

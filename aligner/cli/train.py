@@ -159,18 +159,21 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="Batches per update (gradient accumulation).")
 @lr_option
 @warmup_option
-@click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES),
-              default=recipe.TRAINING["lr_schedule"], show_default=True,
+@click.option("--lr-schedule", type=click.Choice(C.LR_SCHEDULES), default=None,
               help="Decay after the warm-up: inverse square root, or linear to lr/(T-w+1) at "
                    "the run's last update T (--max-updates or --max-epochs, whichever limit "
-                   "comes first; --resume then needs the same limits).")
+                   "comes first; --resume then needs the same limits).  [default: "
+                   f"{recipe.TRAINING['lr_schedule']}; the guided alignment layer's own "
+                   f"stage: {recipe.LAYER_LR_SCHEDULE}]")
 @click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=FiniteFloat(0, 1))
 @click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=FiniteFloat(min=0),
               help="Gradient norm clipping (0 = off).")
 @max_updates_option
 @max_epochs_option(None, default_help=f"{recipe.EPOCHS_PER_ROUND} with self-training rounds "
                                       f"(no limit with --max-updates, as align run), "
-                                      f"{recipe.EPOCHS} with --rounds 1")
+                                      f"{recipe.EPOCHS} with --rounds 1 (the guided alignment "
+                                      f"layer: {recipe.EPOCHS} for its base, "
+                                      f"{recipe.LAYER_EPOCHS} for the layer)")
 @click.option("--checkpoint-interval", default=TrainConfig.checkpoint_interval,
               show_default=True, type=click.IntRange(min=1),
               help="Updates between checkpoints.")
@@ -262,6 +265,12 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if rounds is None:
         rounds = default_rounds(model_kind, direction_list)
     check_rounds(model_kind, direction_list, rounds)
+    # the guided layer's own stage trains longer, with the linear decay, unless these are given
+    layer_training = {key: value for key, value in (
+        ("max_epochs", recipe.LAYER_EPOCHS if max_epochs is None and not max_updates else None),
+        ("lr_schedule", recipe.LAYER_LR_SCHEDULE if lr_schedule is None else None))
+        if value is not None}
+    lr_schedule = lr_schedule or recipe.TRAINING["lr_schedule"]
     if max_epochs is None:   # with rounds as align run: --max-updates alone decides
         max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
                       else recipe.EPOCHS_PER_ROUND)
@@ -362,7 +371,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
             argv=["align"] + sys.argv[1:], base_dir=base_dir,
             parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
-            init_dir=init_dir, recipe_guide=recipe_guide), plan).summaries
+            init_dir=init_dir, recipe_guide=recipe_guide,
+            layer_training=(layer_training if model_kind in layer_kinds
+                            and (guide is not None or recipe_guide) else None)),
+            plan).summaries
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None

@@ -104,6 +104,9 @@ class TrainRequest:
     recipe_guide: a kind trained on a frozen base, guided by the recipe's links of `bitext`
     (stage 0, aligner/training/recipe_guide.py: `align train --model alignment-layer` with no
     --guide); `data_config.guide` is then empty until that stage has written them.
+    layer_training: TrainConfig fields that the kind's own stage (stage 2, on its frozen base)
+    trains with instead of `train_config`'s, which its base (stage 1) keeps (the guided
+    layer's epochs and schedule where not given: recipe.LAYER_EPOCHS, LAYER_LR_SCHEDULE).
     """
 
     model_dir: str
@@ -128,6 +131,7 @@ class TrainRequest:
     init_dir: Optional[str] = None
     record: Optional["RunRecord"] = None
     recipe_guide: bool = False
+    layer_training: Optional[Dict[str, Any]] = None
 
     @property
     def agreement(self) -> bool:
@@ -514,7 +518,8 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
 def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequest:
     """Stage 1 of a kind trained on a frozen base: train the base into MODEL_DIR/base (unless
     `base_dir` is given), check it. Returns the request of stage 2: the kind's own model
-    options, the base directory (also recorded in config.json's ``extra``), and resume only
+    options, its own training settings (``layer_training`` over `train_config`), the base
+    directory (also recorded in config.json's ``extra``), and resume only
     when stage 2 had started (a start of it cut off, its config.json not written, starts
     again). `context`: the run's process group (every rank calls this)."""
     import dataclasses
@@ -563,4 +568,6 @@ def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequ
     check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
     return dataclasses.replace(request, model_options=own_options, base_dir=base_dir,
                                resume=resume, overwrite=overwrite,
+                               train_config=dataclasses.replace(
+                                   train_config, **(request.layer_training or {})),
                                extra={**(request.extra or {}), "base": os.path.abspath(base_dir)})
