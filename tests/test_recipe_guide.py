@@ -66,6 +66,11 @@ def test_without_guide_the_layer_learns_the_recipes_links_of_the_bitext(whole):
     # both stop there)
     assert config["training"]["lr_schedule"] == recipe.LAYER_LR_SCHEDULE == "linear"
     assert base["training"]["lr_schedule"] == recipe.TRAINING["lr_schedule"]
+    # --max-updates alone: each stage stops at it or at its own epochs, whichever comes first
+    assert (config["training"]["max_epochs"], config["training"]["max_updates"]) == \
+        (recipe.LAYER_EPOCHS, 3)
+    assert (base["training"]["max_epochs"], base["training"]["max_updates"]) == \
+        (recipe.EPOCHS, 3)
     assert len(whole["layer"].splitlines()) == whole["n"]
 
 

@@ -219,7 +219,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
             layer_keys: Optional[str], layer_query: Optional[str],
             max_tokens: Optional[int], update_freq: int, lr: Optional[float],
-            warmup: Optional[int], lr_schedule: str,
+            warmup: Optional[int], lr_schedule: Optional[str],
             label_smoothing: float,
             clip_norm: float, max_updates: int, max_epochs: int, checkpoint_interval: int,
             valid_src: Optional[str], valid_tgt: Optional[str], valid_gold: Optional[str],
@@ -265,9 +265,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     if rounds is None:
         rounds = default_rounds(model_kind, direction_list)
     check_rounds(model_kind, direction_list, rounds)
-    # the guided layer's own stage trains longer, with the linear decay, unless these are given
+    # the guided layer's own stage: LAYER_EPOCHS where --max-epochs is not given (with
+    # --max-updates, whichever limit comes first, as for its base's EPOCHS), the linear
+    # decay where --lr-schedule is not given
     layer_training = {key: value for key, value in (
-        ("max_epochs", recipe.LAYER_EPOCHS if max_epochs is None and not max_updates else None),
+        ("max_epochs", recipe.LAYER_EPOCHS if max_epochs is None else None),
         ("lr_schedule", recipe.LAYER_LR_SCHEDULE if lr_schedule is None else None))
         if value is not None}
     lr_schedule = lr_schedule or recipe.TRAINING["lr_schedule"]

@@ -57,10 +57,10 @@ FINE_TUNE_ROUNDS = True
 #: alignment_layer.md)
 GUIDE_WEIGHT = 1.0
 LAYER_GUIDE_WEIGHT = 10.0
-#: the guided alignment layer's own stage (stage 2, on its frozen base) when neither
-#: --max-epochs / --max-updates nor --lr-schedule is given: 5 epochs (3,010 updates per
-#: direction on en-fr 25k) with the linear decay, where its base (stage 1) keeps EPOCHS and
-#: TRAINING's schedule. On en-fr 25k dev (seed 2, the default run's base and guide): 2
+#: the guided alignment layer's own stage (stage 2, on its frozen base): 5 epochs (3,010
+#: updates per direction on en-fr 25k) where --max-epochs is not given, with the linear decay
+#: where --lr-schedule is not given, while its base (stage 1) keeps EPOCHS and TRAINING's
+#: schedule (`align train` only: TrainRequest.layer_training). On en-fr 25k dev (seed 2, the default run's base and guide): 2
 #: epochs 10.6, 2 linear 10.4, 5 epochs 9.0, 5 linear 8.5 (eval/results/alignment_layer.md)
 LAYER_EPOCHS = 5
 LAYER_LR_SCHEDULE = "linear"

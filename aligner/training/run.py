@@ -106,7 +106,8 @@ class TrainRequest:
     --guide); `data_config.guide` is then empty until that stage has written them.
     layer_training: TrainConfig fields that the kind's own stage (stage 2, on its frozen base)
     trains with instead of `train_config`'s, which its base (stage 1) keeps (the guided
-    layer's epochs and schedule where not given: recipe.LAYER_EPOCHS, LAYER_LR_SCHEDULE).
+    layer's epochs and schedule where not given: recipe.LAYER_EPOCHS, LAYER_LR_SCHEDULE,
+    filled in by `align train`; None: both stages train with `train_config`).
     """
 
     model_dir: str
