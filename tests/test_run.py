@@ -34,7 +34,7 @@ def test_the_recipe_is_pinned():
     assert recipe.ROUND_PAIRS == 30000 and recipe.TRAIN_MAX_LEN == 200
     # the guided alignment layer's own stage (stage 2)
     assert (recipe.LAYER_GUIDE_WEIGHT, recipe.LAYER_EPOCHS, recipe.LAYER_LR_SCHEDULE) == \
-        (10.0, 5, "linear")
+        (10.0, 8, "linear")
     assert [recipe.bpe_merges(n) for n in (300, 3000, 25237, 60000, 407000)] == \
         [1000, 1000, 5000, 10000, 10000]
 
