@@ -800,14 +800,13 @@ def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str
                    if s.get("inputs", {}).get("bitext")), None)
     if bitext is None:
         return None, f"training text not checked: {path} names no training text"
+    # a self-training run whose rounds train on samples records round 1's
     lines = _round_one_sample(model_dir, len(corpus))
-    what = "the benchmark corpus's"
-    if lines is not None and bitext.get("pairs") == len(lines):
-        # a self-training run whose rounds train on samples: its record names round 1's
-        what = (f"round 1's sample of the benchmark corpus, drawn as the run draws it "
-                f"({len(lines)} of its lines)")
-    else:
+    if lines is not None and bitext.get("pairs") != len(lines):
         lines = None
+    what = ("the benchmark corpus's" if lines is None else
+            f"round 1's sample of the benchmark corpus, drawn as the run draws it "
+            f"({len(lines)} of its lines)")
     if bitext.get("pairs") != len(corpus) and lines is None:
         return (f"{path}: the model was trained on {bitext.get('pairs')} sentence pairs, the "
                 f"benchmark corpus has {_corpus_size(corpus)}"), ""

@@ -315,7 +315,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     # the unguided layer of 2019
     recipe_guide = (model_kind in layer_kinds and guide is None
                     and model_options.get("layer_query") != "prefix")
-    if model_kind in layer_kinds and (guide is not None or recipe_guide):
+    guided_layer = model_kind in layer_kinds and (guide is not None or recipe_guide)
+    if guided_layer:
         # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
         model_options.setdefault("layer_query", "target")
     # the training length cap: the recipe's for its kind, within what the model takes
@@ -374,8 +375,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             argv=["align"] + sys.argv[1:], base_dir=base_dir,
             parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
             init_dir=init_dir, recipe_guide=recipe_guide,
-            layer_training=(layer_training if model_kind in layer_kinds
-                            and (guide is not None or recipe_guide) else None)),
+            layer_training=layer_training if guided_layer else None),
             plan).summaries
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
