@@ -33,7 +33,10 @@ final state, over the whole output); alignment-layer ``layer-sgd``, and ``layer`
 guided layer (``--layer-query target``: :func:`default_alignment_method` reads the loaded
 model's own methods). Links are between input
 words and output words (BPE undone; words are linked if any of their subwords are), as
-(input word, output word), 0-based; links to EOS are never output.
+(input word, output word), 0-based; links to EOS are never output. With a Moses
+``heuristic`` (``align translate -H``) the other direction's model force-decodes the input
+given the output and the two alignments are symmetrized as ``align extract -H`` does
+(:func:`symmetrize_translations`).
 """
 from __future__ import annotations
 
@@ -335,17 +338,73 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
     return results
 
 
+def _flip(links: Set[Link]) -> Set[Link]:
+    return {(b, a) for a, b in links}
+
+
+def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInput],
+                            results: Sequence[Translation], direction: str, method: str,
+                            heuristic: str, device: Optional[torch.device] = None,
+                            max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    """Replace each translation's links by the symmetrization of both directions' alignments.
+
+    The translating model's links (``results[k].links``, input word → output word) are combined
+    by `heuristic` (aligner.symmetrize) with those of the other direction's model, which
+    force-decodes the input given the output (its source = the output's subwords as generated,
+    its target = the input's). As in ``align extract``, the forward alignment is the one of
+    p(target language | source language): for ``direction`` fwd that is the translating model,
+    for rev the other one. The result is what ``align extract -m METHOD -H HEURISTIC`` prints
+    for (input, output) — for rev, for (output, input), flipped — when the output re-encodes to
+    the generated subwords. Translations with no words keep no links.
+    """
+    from aligner.symmetrize import symmetrize
+
+    other = "rev" if direction == "fwd" else "fwd"
+    check_condition(other in loaded.models,
+                    f"{loaded.path}: symmetrizing a translation's alignment needs the "
+                    f"'{other}' model too (have {', '.join(loaded.models)})")
+    model = loaded.models[other]
+    model.eval()
+    check_condition(method in model.METHODS,
+                    f"unknown alignment method '{method}' for the '{other}' model "
+                    f"(choose from {', '.join(model.METHODS)})")
+    device = device or next(model.parameters()).device
+    rows = [k for k, result in enumerate(results) if result.subwords]
+    vocab = loaded.tgt_vocab if direction == "fwd" else loaded.src_vocab   # the output's
+    outputs = []
+    for k in rows:
+        ids = np.asarray(vocab.encode(results[k].subwords), dtype=np.int64)
+        outputs.append(EncodedInput(results[k].words, ids, join_subwords(results[k].subwords)[1]))
+    widths = [max(len(item.ids), len(inputs[k].ids)) + 1 for item, k in zip(outputs, rows)]
+    order = list(range(len(rows)))
+    for indices, _ in batched(outputs, order, widths, max_tokens, lambda items: None):
+        other_links = align_outputs(model, [outputs[n] for n in indices],
+                                    [inputs[rows[n]].ids.tolist() for n in indices],
+                                    [inputs[rows[n]].word_index for n in indices], method,
+                                    device)
+        for n, links in zip(indices, other_links):
+            result = results[rows[n]]
+            own, theirs = result.links or set(), _flip(links)      # both (input, output)
+            if direction == "fwd":
+                result.links = symmetrize(own, theirs, heuristic)
+            else:
+                result.links = _flip(symmetrize(_flip(theirs), _flip(own), heuristic))
+
+
 def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fwd",
               beam: int = DEFAULT_BEAM, max_len_a: float = DEFAULT_MAX_LEN_A,
               max_len_b: int = DEFAULT_MAX_LEN_B, len_penalty: float = DEFAULT_LEN_PENALTY,
               max_tokens: int = DEFAULT_MAX_TOKENS, print_alignment: bool = False,
               alignment_method: Optional[str] = None, device: Optional[torch.device] = None,
-              input_name: str = "-") -> List[Translation]:
+              input_name: str = "-", heuristic: Optional[str] = None) -> List[Translation]:
     """Translate lines of plain (tokenized) text with a model directory's `direction` model.
 
     fwd translates source-language lines into the target language, rev the other way round.
     With ``print_alignment`` each translation carries its word links (alignment_method, or
-    the model's default, :func:`default_alignment_method`). One result per line, in order.
+    the model's default, :func:`default_alignment_method`); with a ``heuristic`` too, the
+    links combine both directions' alignments of (input, output)
+    (:func:`symmetrize_translations`; `loaded` must hold both models). One result per line,
+    in order.
     """
     check_condition(direction in loaded.models,
                     f"{loaded.path}: no '{direction}' model loaded (have "
@@ -360,6 +419,9 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
                                len_penalty, max_tokens,
                                alignment_method if print_alignment else None, device,
                                input_name)
+    if print_alignment and heuristic is not None:
+        symmetrize_translations(loaded, inputs, results, direction, alignment_method, heuristic,
+                                device, max_tokens)
     seconds = time.time() - start
     n_subwords = sum(len(t.subwords) for t in results)
     device_type = (device or next(model.parameters()).device).type

@@ -205,8 +205,9 @@ TGT_TEXT = ["la maison est petite", "la maison", "une petite maison est une mais
 
 
 def make_model_dir(path, kind: str = "transformer", markov_order: int = 0,
-                   bpe_merges: int = 6) -> str:
-    """A complete model directory with random weights and a few BPE merges (no training)."""
+                   bpe_merges: int = 6, **options) -> str:
+    """A complete model directory with random weights and a few BPE merges (no training);
+    `options`: model config fields (e.g. the guided layer's layer_query="target")."""
     path.mkdir()
     prep_config = PrepConfig(bpe_merges=bpe_merges, bpe_min_frequency=1)
     pre = Preprocessor.learn(prep_config, [s.split() for s in SRC_TEXT],
@@ -223,7 +224,7 @@ def make_model_dir(path, kind: str = "transformer", markov_order: int = 0,
         if direction == "rev":
             sizes = sizes[::-1]
         model = tiny(kind, markov_order, seed=len(models), src_vocab=sizes[0],
-                     tgt_vocab=sizes[1])
+                     tgt_vocab=sizes[1], **options)
         models[direction] = model.config.to_dict()
         (path / direction).mkdir()
         for checkpoint in ("best", "last"):
@@ -268,13 +269,27 @@ def test_cli_translations_with_alignments_keep_line_order(tmp_path, kind):
     assert got[len(SRC_TEXT)] == " ||| "          # the empty line stays, empty
 
 
-@pytest.mark.parametrize("kind", ["transformer", "hmm0", "hmm1"])
+PRINTED_METHOD = {"transformer": "attention", "hmm0": "hmm-posterior", "hmm1": "hmm-viterbi",
+                  "guided-layer": "layer"}
+
+
+def printed_alignment_model(tmp_path, kind: str) -> str:
+    """A model directory with whole words as units (no BPE, so a translation re-encodes to
+    the ids it was generated as); "guided-layer" = the alignment layer with the target query."""
+    if kind == "guided-layer":
+        return make_model_dir(tmp_path / "model", "alignment-layer", bpe_merges=0,
+                              layer_query="target")
+    return make_model_dir(tmp_path / "model", kind, bpe_merges=0)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "hmm0", "hmm1", "guided-layer"])
 def test_printed_alignment_equals_align_extract_on_the_output(tmp_path, kind):
     """The alignment printed with a translation is what `align extract --direction fwd`
-    finds for (input, translation) with the same method: force-decoding a causal model
-    reproduces what it computed while generating. (Whole words as units, no BPE, so the
-    output re-encodes to the same ids.)"""
-    model_dir = make_model_dir(tmp_path / "model", kind, bpe_merges=0)
+    finds for (input, translation) with the same method (the translation default for each
+    kind): force-decoding the output reproduces what a causal model computed while
+    generating, and the guided layer (which also reads the words after i) aligns the whole
+    output as extraction does."""
+    model_dir = printed_alignment_model(tmp_path, kind)
     (tmp_path / "in.txt").write_text("\n".join(SRC_TEXT) + "\n", encoding="utf-8")
     code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam",
                                 2, "--print-alignment", "--max-len-a", 1, "--max-len-b", 3,
@@ -283,13 +298,68 @@ def test_printed_alignment_equals_align_extract_on_the_output(tmp_path, kind):
     translations = [line.split(" ||| ") for line in output.splitlines()]
     (tmp_path / "out.txt").write_text("".join(t + "\n" for t, _ in translations),
                                       encoding="utf-8")
-    method = {"transformer": "attention", "hmm0": "hmm-posterior", "hmm1": "hmm-viterbi"}[kind]
     code, extracted, errors = run(["extract", model_dir, "-s", tmp_path / "in.txt", "-t",
                                    tmp_path / "out.txt", "--direction", "fwd", "--method",
-                                   method, "-q"])
+                                   PRINTED_METHOD[kind], "-q"])
     assert code == 0, errors
     assert [links for _, links in translations] == extracted.splitlines()
     assert any(links for _, links in translations)
+
+
+def flip_links(line: str) -> str:
+    """'i-j ...' -> the same links as 'j-i', in sorted order (as the CLIs print them)."""
+    links = sorted((int(j), int(i)) for i, j in (link.split("-") for link in line.split()))
+    return " ".join(f"{i}-{j}" for i, j in links)
+
+
+@pytest.mark.parametrize("kind,heuristic,direction", [
+    ("guided-layer", "grow-diag", "fwd"), ("guided-layer", "grow-diag-final-and", "rev"),
+    ("transformer", "intersect", "fwd"), ("hmm1", "union", "rev")])
+def test_symmetrized_printed_alignment_equals_align_extract_both_directions(
+        tmp_path, kind, heuristic, direction):
+    """`--print-alignment -H HEURISTIC` prints what `align extract -H HEURISTIC` (both
+    directions, same method) finds for the (source language, target language) pair of the
+    input and its translation: fwd translates source -> target, so extraction reads (input,
+    output); rev translates target -> source, so it reads (output, input), flipped back."""
+    model_dir = printed_alignment_model(tmp_path, kind)
+    lines = SRC_TEXT if direction == "fwd" else TGT_TEXT
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam",
+                                2, "--direction", direction, "--print-alignment", "-H",
+                                heuristic, "--max-len-a", 1, "--max-len-b", 3, "-q"])
+    assert code == 0, errors
+    translations = [line.split(" ||| ") for line in output.splitlines()]
+    (tmp_path / "out.txt").write_text("".join(t + "\n" for t, _ in translations),
+                                      encoding="utf-8")
+    src, tgt = ((tmp_path / "in.txt", tmp_path / "out.txt") if direction == "fwd"
+                else (tmp_path / "out.txt", tmp_path / "in.txt"))
+    code, extracted, errors = run(["extract", model_dir, "-s", src, "-t", tgt, "--method",
+                                   PRINTED_METHOD[kind], "-H", heuristic, "-q"])
+    assert code == 0, errors
+    expected = extracted.splitlines()
+    if direction == "rev":
+        expected = [flip_links(line) for line in expected]
+    assert [links for _, links in translations] == expected
+    # the other direction changed something: one direction alone prints other links
+    code, alone, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam", 2,
+                               "--direction", direction, "--print-alignment", "--max-len-a", 1,
+                               "--max-len-b", 3, "-q"])
+    assert code == 0, errors
+    assert [line.split(" ||| ")[0] for line in alone.splitlines()] == [
+        text for text, _ in translations]
+    assert [line.split(" ||| ")[1] for line in alone.splitlines()] != expected
+
+
+def test_symmetrize_needs_print_alignment_and_a_moses_heuristic(tmp_path):
+    model_dir = make_model_dir(tmp_path / "model", "transformer", bpe_merges=0)
+    (tmp_path / "in.txt").write_text("the house\n", encoding="utf-8")
+    code, _, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "-H",
+                           "grow-diag", "-q"])
+    assert code == 1 and errors.strip().splitlines() == [
+        "align: error: --symmetrize combines the alignments of --print-alignment: give both"]
+    code, _, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt",
+                           "--print-alignment", "-H", "soft-average", "-q"])
+    assert code == 2 and "soft-average" in errors
 
 
 def test_cli_plain_output_and_reverse_direction(tmp_path):

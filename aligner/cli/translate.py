@@ -8,6 +8,7 @@ from typing import Optional
 
 import click
 
+from aligner import constants as C
 from aligner.cli.train import FiniteFloat
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
@@ -32,6 +33,12 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
               help="Extraction method for --print-alignment [default: transformer attention "
                    "(penultimate layer), hmm0 hmm-posterior, hmm1 hmm-viterbi, "
                    "alignment-layer layer-sgd, the guided layer layer].")
+@click.option("-H", "--symmetrize", "heuristic", type=click.Choice(C.HEURISTICS),
+              default=None,
+              help="With --print-alignment: combine the translating model's alignment with "
+                   "the other direction's alignment of (input, translation) by this Moses "
+                   "heuristic, as `align extract -H` does (the model directory must hold both "
+                   "directions) [default: the translating direction's alignment alone].")
 @click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True,
               help="Longest output = a * input subwords + b.")
 @click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True,
@@ -53,7 +60,8 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
               help="CPU threads for torch (0 = torch's default).")
 @click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
 def command(model_dir: str, input_path: str, output: str, direction: str, beam: int,
-            print_alignment: bool, alignment_method: Optional[str], max_len_a: float,
+            print_alignment: bool, alignment_method: Optional[str], heuristic: Optional[str],
+            max_len_a: float,
             max_len_b: int, len_penalty: float, max_tokens: int, checkpoint: str, device: str,
             precision: str, threads: int, quiet: bool) -> None:
     """Translate the lines of -i with the model in MODEL_DIR (any model kind).
@@ -63,7 +71,7 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     its tokenizer when trained with --tokenize); the output has BPE undone and is not
     detokenized. Score it with: align score-aer --translations OUT --references REF.
 
-    Example: align translate runs/enfr -i test.en --beam 5 --print-alignment
+    Example: align translate runs/enfr -i test.en --beam 5 --print-alignment -H grow-diag
     """
     from aligner.cli.train import set_threads
     from aligner.distributed import resolve_device
@@ -78,19 +86,23 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     set_threads(threads)
     check_condition(alignment_method is None or print_alignment,
                     "--alignment-method chooses the alignment of --print-alignment: give both")
+    check_condition(heuristic is None or print_alignment,
+                    "--symmetrize combines the alignments of --print-alignment: give both")
     lines = read_lines(input_path)
     torch_device = resolve_device(device)
     precision = resolve_precision(precision, torch_device)
-    loaded = LoadedModelDir.load(model_dir, (direction,), checkpoint, torch_device)
+    directions = C.DIRECTIONS if heuristic is not None else (direction,)
+    loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
     if alignment_method is not None:
-        methods = loaded.models[direction].METHODS
-        check_condition(alignment_method in methods,
-                        f"unknown --alignment-method '{alignment_method}' for model kind "
-                        f"'{loaded.config.model_kind}' (choose from {', '.join(methods)})")
+        for name in directions:
+            methods = loaded.models[name].METHODS
+            check_condition(alignment_method in methods,
+                            f"unknown --alignment-method '{alignment_method}' for model kind "
+                            f"'{loaded.config.model_kind}' (choose from {', '.join(methods)})")
     with autocast_context(precision, torch_device):
         results = translate(loaded, lines, direction, beam, max_len_a, max_len_b, len_penalty,
                             max_tokens, print_alignment, alignment_method, torch_device,
-                            input_path)
+                            input_path, heuristic)
     with atomic_output(output) as out:
         for result in results:
             if print_alignment:
