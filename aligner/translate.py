@@ -369,15 +369,28 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
                     f"unknown alignment method '{method}' for the '{other}' model "
                     f"(choose from {', '.join(model.METHODS)})")
     device = device or next(model.parameters()).device
-    rows = [k for k, result in enumerate(results) if result.subwords]
+    limit = model_max_positions(model)
+    rows, too_long = [], []
+    for k, result in enumerate(results):
+        if not result.subwords:
+            continue
+        width = max(len(result.subwords), len(inputs[k].ids)) + 1
+        (rows if limit is None or width <= limit else too_long).append(k)
+    for k in too_long:      # as align extract leaves a pair out that a model cannot take
+        results[k].links = set()
+    if too_long:
+        logger.warning("%d translations (first: line %d) are too long for the '%s' model "
+                       "(max_positions %d): printed without links", len(too_long),
+                       too_long[0] + 1, other, limit)
     vocab = loaded.tgt_vocab if direction == "fwd" else loaded.src_vocab   # the output's
     outputs = []
     for k in rows:
         ids = np.asarray(vocab.encode(results[k].subwords), dtype=np.int64)
         outputs.append(EncodedInput(results[k].words, ids, join_subwords(results[k].subwords)[1]))
     widths = [max(len(item.ids), len(inputs[k].ids)) + 1 for item, k in zip(outputs, rows)]
-    order = list(range(len(rows)))
-    for indices, _ in batched(outputs, order, widths, max_tokens, lambda items: None):
+    # one row per sentence here (the search's batches hold beam rows per sentence)
+    for indices, _ in batched(outputs, list(range(len(rows))), widths, max_tokens,
+                              lambda items: None):
         other_links = align_outputs(model, [outputs[n] for n in indices],
                                     [inputs[rows[n]].ids.tolist() for n in indices],
                                     [inputs[rows[n]].word_index for n in indices], method,
@@ -385,7 +398,7 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
         for n, links in zip(indices, other_links):
             result = results[rows[n]]
             own, theirs = result.links or set(), _flip(links)      # both (input, output)
-            if direction == "fwd":
+            if direction == "fwd":      # forward = p(target language | source language)
                 result.links = symmetrize(own, theirs, heuristic)
             else:
                 result.links = _flip(symmetrize(_flip(theirs), _flip(own), heuristic))

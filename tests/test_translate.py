@@ -19,7 +19,8 @@ from aligner.model_dir import LoadedModelDir, config_path, params_path, save_par
 from aligner.models import build_model
 from aligner.prep import PrepConfig, Preprocessor
 from aligner.models.base import select_rows
-from aligner.translate import (EncodedInput, beam_search, join_subwords, max_output_length,
+from aligner.translate import (EncodedInput, Translation, beam_search, encode_inputs,
+                               join_subwords, max_output_length, symmetrize_translations,
                                translate, translate_inputs)
 from aligner.vocab import Vocabulary
 from quality import Bar
@@ -322,7 +323,7 @@ def test_symmetrized_printed_alignment_equals_align_extract_both_directions(
     input and its translation: fwd translates source -> target, so extraction reads (input,
     output); rev translates target -> source, so it reads (output, input), flipped back."""
     model_dir = printed_alignment_model(tmp_path, kind)
-    lines = SRC_TEXT if direction == "fwd" else TGT_TEXT
+    lines = (SRC_TEXT if direction == "fwd" else TGT_TEXT) + [""]    # an empty line stays empty
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt", "--beam",
                                 2, "--direction", direction, "--print-alignment", "-H",
@@ -348,6 +349,66 @@ def test_symmetrized_printed_alignment_equals_align_extract_both_directions(
     assert [line.split(" ||| ")[0] for line in alone.splitlines()] == [
         text for text, _ in translations]
     assert [line.split(" ||| ")[1] for line in alone.splitlines()] != expected
+
+
+class FixedPathModel(torch.nn.Module):
+    """Stands in for the other direction's model: its hard alignment of every pair is `path`
+    (aligned encoder position per decoder position, -1 = none; EOS included)."""
+
+    METHODS = ("fixed",)
+
+    def __init__(self, path: List[int], max_positions: int = 40):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.path = path
+        self.config = type("Config", (), {"max_positions": max_positions})()
+
+    def alignment_path(self, src, tgt_in, tgt_out, method):
+        return torch.tensor([self.path] * src.size(0))
+
+
+@pytest.mark.parametrize("direction,own,other_path,expected", [
+    # fwd: forward = the translating model's links {(0, 0)}, reverse = the rev model's,
+    # (input 0, output 1); grow-diag-final-and's final passes take forward first
+    ("fwd", {(0, 0)}, [1, -1, -1], {(0, 0)}),
+    # rev: the input is target-language text; forward = the fwd model's links (source word =
+    # output 0, target word = input 1), reverse = the translating model's (output 0, input 0)
+    # -> forward's (0, 1) wins, printed as (input 1, output 0)
+    ("rev", {(0, 0)}, [-1, 0, -1], {(1, 0)})])
+def test_symmetrized_translation_puts_the_forward_model_first(tmp_path, direction, own,
+                                                              other_path, expected):
+    """A hand-made case where the order matters: forward F and reverse R share a word, no
+    link is in both, so grow-diag-final-and keeps the link of the set it visits first (F)."""
+    loaded = LoadedModelDir.load(make_model_dir(tmp_path / "model", bpe_merges=0))
+    other = "rev" if direction == "fwd" else "fwd"
+    loaded.models[other] = FixedPathModel(other_path)
+    line = "the house" if direction == "fwd" else "la maison"
+    output = ["la", "maison"] if direction == "fwd" else ["the", "house"]
+    inputs = encode_inputs(loaded, [line], direction)
+    results = [Translation(output, output, links=set(own))]
+    symmetrize_translations(loaded, inputs, results, direction, "fixed", "grow-diag-final-and")
+    assert results[0].links == expected
+    # too long for the other model: no links (align extract leaves such a pair out)
+    loaded.models[other] = FixedPathModel(other_path, max_positions=2)
+    results = [Translation(output, output, links=set(own)), Translation([], links=set())]
+    symmetrize_translations(loaded, inputs + inputs, results, direction, "fixed", "union")
+    assert results[0].links == set() and results[1].links == set()
+
+
+def test_symmetrize_needs_both_directions(tmp_path):
+    model_dir = make_model_dir(tmp_path / "model", "transformer", bpe_merges=0)
+    config = RunConfig.load(config_path(model_dir))
+    RunConfig(config.model_kind, ["fwd"], {"fwd": config.models["fwd"]},
+              config.prep).save(config_path(model_dir))
+    (tmp_path / "in.txt").write_text("the house\n\nsmall\n", encoding="utf-8")
+    code, output, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt",
+                                "--print-alignment", "-q"])
+    assert code == 0 and len(output.splitlines()) == 3, errors
+    code, _, errors = run(["translate", model_dir, "-i", tmp_path / "in.txt",
+                           "--print-alignment", "-H", "grow-diag", "-q"])
+    assert code == 1 and errors.strip().splitlines() == [
+        f"align: error: {model_dir}: --symmetrize combines both directions' alignments, and "
+        f"this model directory holds fwd only"]
 
 
 def test_symmetrize_needs_print_alignment_and_a_moses_heuristic(tmp_path):

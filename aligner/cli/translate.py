@@ -91,7 +91,14 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     lines = read_lines(input_path)
     torch_device = resolve_device(device)
     precision = resolve_precision(precision, torch_device)
-    directions = C.DIRECTIONS if heuristic is not None else (direction,)
+    directions = (direction,)
+    if heuristic is not None:
+        other = "rev" if direction == "fwd" else "fwd"
+        trained = LoadedModelDir.load(model_dir, (), checkpoint, torch_device).config.directions
+        check_condition(other in trained,
+                        f"{model_dir}: --symmetrize combines both directions' alignments, and "
+                        f"this model directory holds {', '.join(trained)} only")
+        directions = C.DIRECTIONS
     loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
     if alignment_method is not None:
         for name in directions:
