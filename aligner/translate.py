@@ -345,7 +345,7 @@ def _flip(links: Set[Link]) -> Set[Link]:
 def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInput],
                             results: Sequence[Translation], direction: str, method: str,
                             heuristic: str, device: Optional[torch.device] = None,
-                            max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                            max_tokens: int = DEFAULT_MAX_TOKENS, input_name: str = "-") -> None:
     """Replace each translation's links by the symmetrization of both directions' alignments.
 
     The translating model's links (``results[k].links``, input word → output word) are combined
@@ -379,9 +379,9 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
     for k in too_long:      # as align extract leaves a pair out that a model cannot take
         results[k].links = set()
     if too_long:
-        logger.warning("%d translations (first: line %d) are too long for the '%s' model "
-                       "(max_positions %d): printed without links", len(too_long),
-                       too_long[0] + 1, other, limit)
+        logger.warning("%s:%d: the translation is too long for the '%s' model (max_positions "
+                       "%d): printed without links (%d such lines in all)", input_name,
+                       too_long[0] + 1, other, limit, len(too_long))
     vocab = loaded.tgt_vocab if direction == "fwd" else loaded.src_vocab   # the output's
     outputs = []
     for k in rows:
@@ -434,7 +434,7 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
                                input_name)
     if print_alignment and heuristic is not None:
         symmetrize_translations(loaded, inputs, results, direction, alignment_method, heuristic,
-                                device, max_tokens)
+                                device, max_tokens, input_name)
     seconds = time.time() - start
     n_subwords = sum(len(t.subwords) for t in results)
     device_type = (device or next(model.parameters()).device).type
