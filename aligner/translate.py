@@ -370,12 +370,16 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
                     f"(choose from {', '.join(model.METHODS)})")
     device = device or next(model.parameters()).device
     limit = model_max_positions(model)
-    rows, too_long = [], []
+    rows, widths, too_long = [], [], []     # widths[n]: positions of the pair of rows[n]
     for k, result in enumerate(results):
         if not result.subwords:
             continue
         width = max(len(result.subwords), len(inputs[k].ids)) + 1
-        (rows if limit is None or width <= limit else too_long).append(k)
+        if limit is None or width <= limit:
+            rows.append(k)
+            widths.append(width)
+        else:
+            too_long.append(k)
     for k in too_long:      # as align extract leaves a pair out that a model cannot take
         results[k].links = set()
     if too_long:
@@ -387,7 +391,6 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
     for k in rows:
         ids = np.asarray(vocab.encode(results[k].subwords), dtype=np.int64)
         outputs.append(EncodedInput(results[k].words, ids, join_subwords(results[k].subwords)[1]))
-    widths = [max(len(item.ids), len(inputs[k].ids)) + 1 for item, k in zip(outputs, rows)]
     # one row per sentence here (the search's batches hold beam rows per sentence)
     for indices, _ in batched(outputs, list(range(len(rows))), widths, max_tokens,
                               lambda items: None):

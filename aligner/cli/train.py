@@ -268,10 +268,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     # the guided layer's own stage: LAYER_EPOCHS where --max-epochs is not given (with
     # --max-updates, whichever limit comes first, as for its base's EPOCHS), the linear
     # decay where --lr-schedule is not given
-    layer_training = {key: value for key, value in (
-        ("max_epochs", recipe.LAYER_EPOCHS if max_epochs is None else None),
-        ("lr_schedule", recipe.LAYER_LR_SCHEDULE if lr_schedule is None else None))
-        if value is not None}
+    layer_training: Dict[str, Any] = {}
+    if max_epochs is None:
+        layer_training["max_epochs"] = recipe.LAYER_EPOCHS
+    if lr_schedule is None:
+        layer_training["lr_schedule"] = recipe.LAYER_LR_SCHEDULE
     lr_schedule = lr_schedule or recipe.TRAINING["lr_schedule"]
     if max_epochs is None:   # with rounds as align run: --max-updates alone decides
         max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
