@@ -31,7 +31,7 @@ def test_the_recipe_is_pinned():
             recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_LR_SCHEDULE) == \
         (4, 1, True, 0.5, 1, 0.5, "linear")
     assert recipe.AGREEMENT_WEIGHT == recipe.FINAL_AGREEMENT_WEIGHT == 0.0
-    assert recipe.ROUND_PAIRS == 30000 and recipe.TRAIN_MAX_LEN == 200
+    assert recipe.ROUND_PAIRS == 40000 and recipe.TRAIN_MAX_LEN == 200
     # the guided alignment layer's own stage (stage 2)
     assert (recipe.LAYER_GUIDE_WEIGHT, recipe.LAYER_EPOCHS, recipe.LAYER_LR_SCHEDULE) == \
         (10.0, 8, "linear")

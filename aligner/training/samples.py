@@ -17,7 +17,7 @@ run's seed), taken cyclically::
 so the rounds see distinct lines until the corpus is used up (min(s(1) + ... + s(R), N)
 distinct lines in R rounds) and a sample never holds a line twice. A sample keeps the
 bitext's order. A round whose size is N trains on the whole bitext (round 1 of the 25k
-benchmark with S = 30,000).
+benchmark with S = 40,000).
 
 :class:`SampledBitext` is the sample as a bitext (iterating reads the underlying bitext and
 keeps the sample's lines): training, its resume checks and the guides' alignment take it as
