@@ -91,7 +91,7 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 #: 40,000: the largest budget whose whole job on the 407k en-fr Hansards fits 90 minutes on 2
 #: cores with a margin. Measured there (eval/results/scale_enfr.md), against eflomal's best in
 #: the same run, dev / trial: 5.1 / 6.0 against 7.3 / 8.3 and 5.6 / 5.0 against 7.4 / 7.4 (seeds
-#: 1, 2); align train 51 min (a round 10-11 min, its guide 2.5 min) + align extract 24.5 min.
+#: 1, 2); align train 51 min (a round 10-11 min, its guide 2.5 min) + align extract 24 min.
 #: With 30,000 (chosen first; 62 min): 5.0 / 6.1 and 6.2 / 7.5, seed 2 only 14 % / 0.3 % below
 #: eflomal; 12,500: 6.7 / 9.2 (seed 1). 40,000 was chosen on en-fr dev (mean of seeds 1 and 2:
 #: 5.3 against 5.6). The de-en benchmark now trains every round on its whole text: bicici100
