@@ -84,19 +84,19 @@ FINE_TUNE_EPOCHS = 1
 #: 6.2 / 7.2, de-en 24.4 against inverse-sqrt's 6.5 / 7.2, 23.8 (eval/results/rounds4_enfr.md:
 #: the choice is made on en-fr dev)
 FINE_TUNE_LR_SCHEDULE = "linear"
-#: lines each self-training round trains on, a sample drawn anew per round (round r+1's is
-#: aligned by round r's model to guide it; aligner/training/samples.py): the training budget that
-#: stops growing with the corpus. A bitext of at most this many lines trains on all of it in
-#: every round (the 25,237-line en-fr benchmark, unchanged, and the 39,178-line de-en one).
-#: 40,000: the largest budget whose whole job on the 407k en-fr Hansards fits 90 minutes on 2
-#: cores with a margin. Measured there (eval/results/scale_enfr.md), against eflomal's best in
-#: the same run, dev / trial: 5.1 / 6.0 against 7.3 / 8.3 and 5.6 / 5.0 against 7.4 / 7.4 (seeds
-#: 1, 2); align train 51 min (a round 10-11 min, its guide 2.5 min) + align extract 24 min.
-#: With 30,000 (chosen first; 62 min): 5.0 / 6.1 and 6.2 / 7.5, seed 2 only 14 % / 0.3 % below
-#: eflomal; 12,500: 6.7 / 9.2 (seed 1). 40,000 was chosen on en-fr dev (mean of seeds 1 and 2:
-#: 5.3 against 5.6). The de-en benchmark now trains every round on its whole text: bicici100
-#: 19.2 / 18.5 against 18.7 / 20.4 with 30,000-line samples, held-out test 25.4 / 24.8 against
-#: 26.5 / 26.2 (eval/results/round_pairs_deen.md)
+#: lines each self-training round trains on, a sample drawn anew per round (round r+1's is aligned
+#: by round r's model to guide it; aligner/training/samples.py): the training budget that stops
+#: growing with the corpus. A bitext of at most this many lines trains on all of it in every round
+#: (the 25,237-line en-fr benchmark, unchanged, and the 39,178-line de-en one). 40,000: the whole
+#: job on the 407k en-fr Hansards in 75 minutes on 2 cores, within 90 (larger budgets not
+#: measured). Measured there (eval/results/scale_enfr.md), against eflomal's best in the same run,
+#: dev / trial: 5.1 / 6.0 against 7.3 / 8.3 and 5.6 / 5.0 against 7.4 / 7.4 (seeds 1, 2); align
+#: train 51 min (a round 10-11 min, its guide 2.5 min) + align extract 24 min. With 30,000 (chosen
+#: first; 62 min): 5.0 / 6.1 and 6.2 / 7.5, seed 2 only 14 % / 0.3 % below eflomal; 12,500: 6.7 /
+#: 9.2 (seed 1). 40,000 was chosen on en-fr dev (mean of seeds 1 and 2: 5.3 against 5.6). The de-en
+#: benchmark now trains every round on its whole text: bicici100 19.2 / 18.5 against 18.7 / 20.4
+#: with 30,000-line samples, held-out test 25.4 / 24.8 against 26.5 / 26.2
+#: (eval/results/round_pairs_deen.md)
 ROUND_PAIRS = 40000
 #: training pairs of the recipe's kind with a side longer than this many subwords are skipped
 #: (align run, align train --model hmm1: --max-len; every line is still aligned). A long pair
