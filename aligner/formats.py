@@ -28,7 +28,7 @@ import re
 import stat
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -66,6 +66,11 @@ class Bitext:
     def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
         """(source words, target words) of every line, in order (as :class:`BitextFiles`)."""
         return zip(self.source, self.target)
+
+    def pairs_at(self, lines: Sequence[int]) -> Iterator[Tuple[List[str], List[str]]]:
+        """(source words, target words) of the 0-based `lines`, in order (as
+        :meth:`BitextFiles.pairs_at`)."""
+        return ((self.source[k], self.target[k]) for k in lines)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -213,9 +218,30 @@ class BitextFiles:
         self._length: Optional[int] = None
 
     def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
+        for line_no, raw in self._raw_lines():
+            yield self._words(raw, line_no)
+
+    def pairs_at(self, lines: Sequence[int]) -> Iterator[Tuple[List[str], List[str]]]:
+        """(source words, target words) of the 0-based `lines` (increasing), in order, from one
+        pass over the files that stops after the last of them. Only these lines are split
+        into words; the lines before them are read and decoded as a full pass reads them
+        (the same errors, file:line)."""
+        wanted = iter(lines)
+        following = next(wanted, None)
+        if following is None:
+            return
+        for index, (line_no, raw) in enumerate(self._raw_lines()):
+            if index == following:
+                yield self._words(raw, line_no)
+                following = next(wanted, None)
+                if following is None:
+                    return
+
+    def _raw_lines(self) -> Iterator[Tuple[int, Any]]:
+        """(1-based line number, the raw line: the joint file's, or (source, target)) of every
+        line, checking that the two files have as many lines."""
         if self.joint is not None:
-            for line_no, line in enumerate(iter_lines(self.joint), start=1):
-                yield joint_sides(line, self.joint, line_no)
+            yield from enumerate(iter_lines(self.joint), start=1)
             return
         missing = object()
         src_lines, tgt_lines = iter_lines(self.source_name), iter_lines(self.target_name)
@@ -226,7 +252,12 @@ class BitextFiles:
                 n_tgt = count + (tgt is not missing) + sum(1 for _ in tgt_lines)
                 check_same_length(self.source_name, n_src, self.target_name, n_tgt)
             count += 1
-            yield tokenize_line(src), tokenize_line(tgt)  # type: ignore[arg-type]
+            yield count, (src, tgt)
+
+    def _words(self, raw: Any, line_no: int) -> Tuple[List[str], List[str]]:
+        if self.joint is not None:
+            return joint_sides(raw, self.joint, line_no)
+        return tokenize_line(raw[0]), tokenize_line(raw[1])
 
     def check(self) -> int:
         """Read the whole bitext once (raising AlignerError at the first bad line); returns

@@ -61,6 +61,36 @@ def test_bitext_files_iterate_like_read_bitext(tmp_path):
         assert bitext_fingerprint(files) == bitext_fingerprint(memory)
 
 
+def test_pairs_at_gives_the_lines_asked_for_and_splits_only_them(tmp_path, monkeypatch):
+    """pairs_at (a round's sample, aligner/training/samples.py) gives the pairs a full pass gives
+    at those lines, for files, a joint file and a bitext in memory; of the files it splits only
+    the lines asked for into words, and it stops after the last one."""
+    from aligner import formats
+
+    sources = [f"s{k} " * (k % 3) for k in range(12)]
+    targets = [f"t{k} u" for k in range(12)]
+    src, tgt = _write(tmp_path / "s", sources), _write(tmp_path / "t", targets)
+    joint = _write(tmp_path / "j", [f"{s}||| {t}" for s, t in zip(sources, targets)])
+    lines = [0, 4, 5, 11]
+    for bitext in (BitextFiles(src, tgt), BitextFiles(joint=joint), read_bitext(src, tgt)):
+        every = list(bitext)
+        assert list(bitext.pairs_at(lines)) == [every[k] for k in lines]
+        assert list(bitext.pairs_at([])) == []
+    split = []
+    monkeypatch.setattr(formats, "tokenize_line",
+                        lambda line: split.append(line) or line.split())
+    assert len(list(BitextFiles(src, tgt).pairs_at([3, 7]))) == 2
+    assert split == [sources[3], targets[3], sources[7], targets[7]]
+    # a bad line before a line asked for is the error a full pass gives; one after it is
+    # never read
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"x\n\xffy\nz\n")
+    with pytest.raises(AlignerError, match=r"bad:2: not valid UTF-8"):
+        list(BitextFiles(_write(tmp_path / "s3", ["a", "b", "c"]), str(bad)).pairs_at([2]))
+    assert list(BitextFiles(_write(tmp_path / "s3", ["a", "b", "c"]), str(bad)).pairs_at([0])) \
+        == [(["a"], ["x"])]
+
+
 @pytest.mark.parametrize("src_lines, tgt_lines", [(["a", "b", "c"], ["x"]),
                                                   (["a"], ["x", "y", "z", "w"])])
 def test_bitext_files_refuse_different_line_counts_as_read_bitext(tmp_path, src_lines,

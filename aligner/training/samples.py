@@ -57,8 +57,9 @@ def sample_lines(n_lines: int, round_pairs: int, seed: int, round_number: int,
 class SampledBitext:
     """The lines `lines` (sorted 0-based indices) of `bitext` (a Bitext or BitextFiles), as a
     bitext: iterating gives their (source words, target words) in order, reading `bitext` once
-    per pass; ``len()`` is the number of lines kept. ``source_name`` / ``target_name`` are the
-    underlying files (what the run record names); ``description`` says which lines."""
+    per pass (its ``pairs_at``, which splits only these lines into words); ``len()`` is the
+    number of lines kept. ``source_name`` / ``target_name`` are the underlying files (what the
+    run record names); ``description`` says which lines."""
 
     def __init__(self, bitext, lines: np.ndarray, description: str = ""):
         self.bitext = bitext
@@ -67,14 +68,10 @@ class SampledBitext:
         self.description = description
 
     def __iter__(self) -> Iterator[Tuple[List[str], List[str]]]:
-        wanted = iter(self.lines.tolist())
-        following = next(wanted, None)
-        for index, pair in enumerate(self.bitext):
-            if following is None:
-                return
-            if index == following:
-                yield pair
-                following = next(wanted, None)
+        # pairs_at splits only the sample's lines into words: a pass over the files still
+        # reads every line before the last one, but no longer tokenizes them (a 40,000-line
+        # sample of the 407k en-fr text: 2.9 s a pass before, eval/results/gpu_407k_enfr.md)
+        return self.bitext.pairs_at(self.lines.tolist())
 
     def __len__(self) -> int:
         return len(self.lines)
