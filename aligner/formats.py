@@ -22,13 +22,15 @@ This module does not import torch.
 """
 from __future__ import annotations
 
+import gzip
 import itertools
 import os
 import re
 import stat
 import sys
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import IO, Any, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from aligner.utils import AlignerError, atomic_output, check_condition
 
@@ -113,9 +115,15 @@ def read_lines(path: str) -> List[str]:
 _BOM = b"\xef\xbb\xbf"
 
 
+#: the first two bytes of a gzip file (never the start of UTF-8 text: 0x8b cannot follow 0x1f)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def iter_lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 text file, one at a time, exactly as :func:`read_lines` gives them
-    (the same errors; a file, not ``"-"``): memory does not grow with the file."""
+    (the same errors; a file, not ``"-"``): memory does not grow with the file. A gzip file
+    (known by its first bytes, whatever its name) is read decompressed, as its text would be;
+    damaged compressed data raises AlignerError naming the file and the line being read."""
     check_condition(os.path.exists(path), f"{path}: no such file")
     check_condition(not os.path.isdir(path), f"{path}: is a directory, expected a file")
     try:
@@ -123,11 +131,40 @@ def iter_lines(path: str) -> Iterator[str]:
     except OSError as error:
         raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
     with handle:
-        first = handle.readline()
+        raw_lines: Iterator[bytes] = iter(handle)
+        if _starts_with(handle, _GZIP_MAGIC):
+            raw_lines = _gzip_lines(handle, path)
+        first = next(raw_lines, b"")
         if first.startswith(_BOM):  # a UTF-8 byte-order mark is not part of the text
             first = first[len(_BOM):]
         check_condition(len(first) > 0, f"{path}: empty file")
-        yield from _decoded(_chained(first, handle), path)
+        yield from _decoded(_chained(first, raw_lines), path)
+
+
+def _starts_with(handle: IO[bytes], prefix: bytes) -> bool:
+    """Whether the file of `handle` starts with `prefix` (read, then rewound if seekable;
+    a file that cannot seek, a pipe, is taken as plain text)."""
+    if not handle.seekable():
+        return False
+    start = handle.read(len(prefix))
+    handle.seek(0)
+    return start == prefix
+
+
+def _gzip_lines(handle: IO[bytes], path: str) -> Iterator[bytes]:
+    """The decompressed lines (with their ``\n``) of the gzip file open as `handle` (one
+    member or several, as ``cat a.gz b.gz`` makes)."""
+    stream = gzip.GzipFile(fileobj=handle, mode="rb")
+    line_no = 0
+    while True:
+        try:
+            raw = stream.readline()
+        except (OSError, EOFError, zlib.error) as error:
+            raise AlignerError(f"{path}:{line_no + 1}: damaged gzip data ({error})") from None
+        if not raw:
+            return
+        line_no += 1
+        yield raw
 
 
 def _chained(first: bytes, rest: Iterable[bytes]) -> Iterator[bytes]:
