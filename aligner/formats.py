@@ -71,7 +71,7 @@ class Bitext:
 
     def pairs_at(self, lines: Sequence[int]) -> Iterator[Tuple[List[str], List[str]]]:
         """(source words, target words) of the 0-based `lines`, in order (as
-        :meth:`BitextFiles.pairs_at`)."""
+        :meth:`BitextFiles.pairs_at`, here by indexing)."""
         return ((self.source[k], self.target[k]) for k in lines)
 
     def __len__(self) -> int:
@@ -105,6 +105,7 @@ def read_lines(path: str) -> List[str]:
     if path == "-":
         data = sys.stdin.buffer.read()
         check_condition(len(data) > 0 and data != _BOM, f"{path}: empty file")
+        check_condition(not data.startswith(GZIP_MAGIC), gzip_on_a_pipe(path))
         raw_lines = data.split(b"\n")
         if data.endswith(b"\n"):
             raw_lines.pop()
@@ -116,14 +117,15 @@ _BOM = b"\xef\xbb\xbf"
 
 
 #: the first two bytes of a gzip file (never the start of UTF-8 text: 0x8b cannot follow 0x1f)
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def iter_lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 text file, one at a time, exactly as :func:`read_lines` gives them
     (the same errors; a file, not ``"-"``): memory does not grow with the file. A gzip file
     (known by its first bytes, whatever its name) is read decompressed, as its text would be;
-    damaged compressed data raises AlignerError naming the file and the line being read."""
+    damaged compressed data raises AlignerError naming the file and the line being read.
+    gzip data on a pipe or FIFO is refused in one line (decompressing it needs the file)."""
     check_condition(os.path.exists(path), f"{path}: no such file")
     check_condition(not os.path.isdir(path), f"{path}: is a directory, expected a file")
     try:
@@ -132,7 +134,8 @@ def iter_lines(path: str) -> Iterator[str]:
         raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
     with handle:
         raw_lines: Iterator[bytes] = iter(handle)
-        if _starts_with(handle, _GZIP_MAGIC):
+        if handle.peek(len(GZIP_MAGIC)).startswith(GZIP_MAGIC):   # (peek reads nothing away)
+            check_condition(handle.seekable(), gzip_on_a_pipe(path))
             raw_lines = _gzip_lines(handle, path)
         first = next(raw_lines, b"")
         if first.startswith(_BOM):  # a UTF-8 byte-order mark is not part of the text
@@ -141,30 +144,30 @@ def iter_lines(path: str) -> Iterator[str]:
         yield from _decoded(_chained(first, raw_lines), path)
 
 
-def _starts_with(handle: IO[bytes], prefix: bytes) -> bool:
-    """Whether the file of `handle` starts with `prefix` (read, then rewound if seekable;
-    a file that cannot seek, a pipe, is taken as plain text)."""
-    if not handle.seekable():
-        return False
-    start = handle.read(len(prefix))
-    handle.seek(0)
-    return start == prefix
+def gzip_on_a_pipe(path: str) -> str:
+    """The error line for gzip data read from a pipe, a FIFO or standard input."""
+    return (f"{path}: gzip-compressed data on a pipe: give the .gz file itself, or decompress "
+            f"into the pipe (zcat)")
 
 
 def _gzip_lines(handle: IO[bytes], path: str) -> Iterator[bytes]:
     """The decompressed lines (with their ``\n``) of the gzip file open as `handle` (one
     member or several, as ``cat a.gz b.gz`` makes)."""
-    stream = gzip.GzipFile(fileobj=handle, mode="rb")
-    line_no = 0
-    while True:
-        try:
-            raw = stream.readline()
-        except (OSError, EOFError, zlib.error) as error:
-            raise AlignerError(f"{path}:{line_no + 1}: damaged gzip data ({error})") from None
-        if not raw:
-            return
-        line_no += 1
-        yield raw
+    with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
+        line_no = 0
+        while True:
+            try:
+                raw = stream.readline()
+            except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+                # (a member's CRC is checked at its end: the damage may lie before this line)
+                raise AlignerError(f"{path}: damaged gzip data, found while reading line "
+                                   f"{line_no + 1} ({error})") from None
+            except OSError as error:
+                raise AlignerError(f"{path}: cannot read: {error.strerror}") from None
+            if not raw:
+                return
+            line_no += 1
+            yield raw
 
 
 def _chained(first: bytes, rest: Iterable[bytes]) -> Iterator[bytes]:
@@ -259,20 +262,26 @@ class BitextFiles:
             yield self._words(raw, line_no)
 
     def pairs_at(self, lines: Sequence[int]) -> Iterator[Tuple[List[str], List[str]]]:
-        """(source words, target words) of the 0-based `lines` (increasing), in order, from one
-        pass over the files that stops after the last of them. Only these lines are split
-        into words; the lines before them are read and decoded as a full pass reads them
-        (the same errors, file:line)."""
+        """(source words, target words) of the 0-based `lines` (strictly increasing, each below
+        ``len(self)``: ValueError otherwise), in order, from one pass over the files that stops
+        after the last of them. Only these lines are split into words (and a joint file's
+        ``|||`` checked); every line up to the last is read and decoded as a full pass reads
+        it (the same UTF-8, gzip and line-count errors, file:line), none after it: the full
+        pass of :meth:`check`, which :func:`open_bitext` makes, finds those."""
         wanted = iter(lines)
-        following = next(wanted, None)
+        previous, following = -1, next(wanted, None)
         if following is None:
             return
-        for index, (line_no, raw) in enumerate(self._raw_lines()):
-            if index == following:
+        for line_no, raw in self._raw_lines():
+            if following <= previous:
+                raise ValueError(f"pairs_at: lines must increase from 0 ({previous}, "
+                                 f"{following})")
+            if line_no - 1 == following:
                 yield self._words(raw, line_no)
-                following = next(wanted, None)
+                previous, following = following, next(wanted, None)
                 if following is None:
                     return
+        raise ValueError(f"pairs_at: line {following} is past the end")
 
     def _raw_lines(self) -> Iterator[Tuple[int, Any]]:
         """(1-based line number, the raw line: the joint file's, or (source, target)) of every

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO, Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from aligner.formats import Bitext, joint_sides, tokenize_line
+from aligner.formats import GZIP_MAGIC, Bitext, gzip_on_a_pipe, joint_sides, tokenize_line
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 #: longest wait, after the first pair of a batch has arrived, for more pairs to join it
@@ -100,6 +100,9 @@ class LineSource:
                 return
 
     def _queue(self, raw: bytes) -> None:
+        if self.read_lines == 0 and raw.startswith(GZIP_MAGIC):
+            self.error = AlignerError(gzip_on_a_pipe(self.name))
+            return
         if self.read_lines == 0 and raw.startswith(_BOM):
             raw = raw[len(_BOM):]
         if raw.endswith(b"\r"):

@@ -37,12 +37,11 @@ def test_a_gzip_file_reads_as_its_text(tmp_path, content):
     try:
         expected = read_lines(str(plain))
     except AlignerError as error:   # the same error, naming the compressed file
-        for read in (read_lines, lambda path: list(iter_lines(path))):
-            with pytest.raises(AlignerError) as raised:
-                read(packed)
-            assert str(raised.value) == str(error).replace(str(plain), packed)
+        with pytest.raises(AlignerError) as raised:
+            read_lines(packed)
+        assert str(raised.value) == str(error).replace(str(plain), packed)
         return
-    assert read_lines(packed) == list(iter_lines(packed)) == expected
+    assert read_lines(packed) == expected
 
 
 def test_gzip_is_known_by_content_and_members_are_concatenated(tmp_path):
@@ -61,16 +60,54 @@ def test_damaged_gzip_data_is_one_line_naming_file_and_line(tmp_path):
     data = gzip.compress(text)
     truncated = tmp_path / "cut.gz"
     truncated.write_bytes(data[:len(data) // 2])
-    with pytest.raises(AlignerError, match=r"cut\.gz:\d+: damaged gzip data \("):
+    with pytest.raises(AlignerError, match=r"cut\.gz: damaged gzip data, found while reading "
+                                           r"line \d+ \("):
         list(iter_lines(str(truncated)))
     bad_crc = tmp_path / "crc.gz"
     bad_crc.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:])
-    with pytest.raises(AlignerError, match=r"crc\.gz:20001: damaged gzip data \("):
+    with pytest.raises(AlignerError, match=r"crc\.gz: damaged gzip data, found while reading "
+                                           r"line 20001 \(CRC check failed"):
         list(iter_lines(str(bad_crc)))
+    middle = bytearray(data)            # deflate data broken in the middle of the member
+    middle[len(data) // 2: len(data) // 2 + 64] = bytes(64)
+    (tmp_path / "mid.gz").write_bytes(bytes(middle))
+    with pytest.raises(AlignerError, match=r"mid\.gz: damaged gzip data, found while reading"):
+        list(iter_lines(str(tmp_path / "mid.gz")))
     gold = tmp_path / "gold.talp"
     gold.write_text("0-0\n")
     assert error_line(run("score-aer", "-g", gold, "-a", truncated, ok=False)).startswith(
         f"align: error: {truncated}:")
+
+
+def test_gzip_data_on_a_pipe_or_standard_input_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Decompressing needs the file: a FIFO (bash's <(cat x.gz)), standard input and the
+    streaming path of `align extract` refuse gzip data instead of reporting bad UTF-8."""
+    import io
+    import os
+    import threading
+
+    from aligner.streaming import LineSource
+
+    packed = gzip.compress(b"a b\nc\n")
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: open(fifo, "wb").write(packed))
+    writer.start()
+    with pytest.raises(AlignerError, match=r"fifo: gzip-compressed data on a pipe: give the "
+                                           r"\.gz file itself, or decompress into the pipe"):
+        read_lines(fifo)
+    writer.join()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(packed)))
+    with pytest.raises(AlignerError, match=r"^-: gzip-compressed data on a pipe"):
+        read_lines("-")
+    read_end, write_end = os.pipe()
+    os.write(write_end, packed)
+    os.close(write_end)
+    source = LineSource("piped", read_end)
+    while not source.eof:
+        source.fill()
+    os.close(read_end)
+    assert str(source.error).startswith("piped: gzip-compressed data on a pipe")
 
 
 def test_train_and_extract_read_gzip_files_as_their_text(tmp_path):

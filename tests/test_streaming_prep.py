@@ -89,6 +89,10 @@ def test_pairs_at_gives_the_lines_asked_for_and_splits_only_them(tmp_path, monke
         list(BitextFiles(_write(tmp_path / "s3", ["a", "b", "c"]), str(bad)).pairs_at([2]))
     assert list(BitextFiles(_write(tmp_path / "s3", ["a", "b", "c"]), str(bad)).pairs_at([0])) \
         == [(["a"], ["x"])]
+    for lines, message in (([3, 3], "must increase"), ([5, 2], "must increase"),
+                           ([-1], "must increase"), ([4, 12], "line 12 is past the end")):
+        with pytest.raises(ValueError, match=message):
+            list(BitextFiles(src, tgt).pairs_at(lines))
 
 
 @pytest.mark.parametrize("src_lines, tgt_lines", [(["a", "b", "c"], ["x"]),
