@@ -10,6 +10,7 @@ Conventions, shared by the whole package:
   lines that follow. Tokens are separated by ASCII spaces and tabs only: a non-breaking space
   or another Unicode space stays inside its token (Python's ``str.split()`` would split there
   and shift every later word index; fast_align, a C++ tool, does not split there either).
+  An input file may be gzip-compressed (known by its first bytes): it is read decompressed.
 * A user error raises :class:`aligner.utils.AlignerError` with one line ``"file:line: message"``.
 
 Pharaoh format: one line per sentence pair, links ``i-j`` separated by spaces, an empty line
@@ -151,7 +152,7 @@ def gzip_on_a_pipe(path: str) -> str:
 
 
 def _gzip_lines(handle: IO[bytes], path: str) -> Iterator[bytes]:
-    """The decompressed lines (with their ``\n``) of the gzip file open as `handle` (one
+    """The decompressed lines (with their ``\\n``) of the gzip file open as `handle` (one
     member or several, as ``cat a.gz b.gz`` makes)."""
     with gzip.GzipFile(fileobj=handle, mode="rb") as stream:
         line_no = 0
