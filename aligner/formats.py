@@ -269,17 +269,23 @@ class BitextFiles:
         ``|||`` checked); every line up to the last is read and decoded as a full pass reads
         it (the same UTF-8, gzip and line-count errors, file:line), none after it: the full
         pass of :meth:`check`, which :func:`open_bitext` makes, finds those."""
-        wanted = iter(lines)
-        previous, following = -1, next(wanted, None)
+        def increasing() -> Iterator[int]:
+            previous = -1
+            for line in lines:
+                if line <= previous:
+                    raise ValueError(f"pairs_at: lines must increase from 0 ({previous}, "
+                                     f"{line})")
+                previous = line
+                yield line
+
+        wanted = increasing()
+        following = next(wanted, None)
         if following is None:
             return
         for line_no, raw in self._raw_lines():
-            if following <= previous:
-                raise ValueError(f"pairs_at: lines must increase from 0 ({previous}, "
-                                 f"{following})")
             if line_no - 1 == following:
                 yield self._words(raw, line_no)
-                previous, following = following, next(wanted, None)
+                following = next(wanted, None)
                 if following is None:
                     return
         raise ValueError(f"pairs_at: line {following} is past the end")
