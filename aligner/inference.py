@@ -36,6 +36,7 @@ from aligner.combine import combine, needs_soft
 from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, make_batch,
                           subword_to_word_links)
 from aligner.formats import Bitext
+from aligner.malloc import keep_freed_memory
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
@@ -274,7 +275,9 @@ class DirectionWorkers:
     def pool(self) -> Any:
         """The multiprocessing Pool of the two workers (started by the first call)."""
         if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(len(C.DIRECTIONS))
+            # a spawned worker starts with the C library's defaults (aligner/malloc.py)
+            self._pool = multiprocessing.get_context("spawn").Pool(
+                len(C.DIRECTIONS), initializer=keep_freed_memory)
         return self._pool
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:

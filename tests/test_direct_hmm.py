@@ -676,6 +676,15 @@ def test_first_order_scores_equal_the_key_side_formula(dim):
     want = torch.log_softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1)
     assert got.shape == (2, 4, 6, 5)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # and the same gradients (training takes the product keys-first, for the keys' layout)
+    weights = torch.randn(got.shape).masked_fill(mask[:, None, None, :], 0.0)
+    parameters = list(layer.parameters())
+    got_grads = torch.autograd.grad((got.masked_fill(got.isinf(), 0) * weights).sum(),
+                                    parameters)
+    want_grads = torch.autograd.grad((want.masked_fill(want.isinf(), 0) * weights).sum(),
+                                     parameters)
+    for name, got_grad, want_grad in zip(dict(layer.named_parameters()), got_grads, want_grads):
+        torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-4, msg=name)
     # without autograd the bias term q_i·b_o, constant over j, is left out: the same log α;
     # and log=False gives α itself
     layer.w_o.bias.data.normal_(std=3.0)

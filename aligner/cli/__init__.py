@@ -14,6 +14,7 @@ import sys
 import click
 
 from aligner import __version__
+from aligner.malloc import keep_freed_memory
 from aligner.utils import AlignerError, os_error_message
 
 
@@ -39,6 +40,7 @@ class _AlignGroup(click.Group):
 @click.version_option(__version__, prog_name="align")
 def main() -> None:
     """Neural word alignment: train, extract, symmetrize, score."""
+    keep_freed_memory()   # large tensors reuse freed memory (aligner/malloc.py)
 
 
 def _register() -> None:

@@ -99,7 +99,9 @@ def _direction_process(connection: Any, run: DirectionRun, threads: int, quiet: 
     import traceback
 
     from aligner.log import setup_logging
+    from aligner.malloc import keep_freed_memory
 
+    keep_freed_memory()   # a spawned process starts with the C library's defaults
     training = True
 
     def stop(signum: int, frame: Any) -> None:

@@ -1,0 +1,64 @@
+"""The C library's allocator settings for large tensors: freed memory is kept and reused.
+
+PyTorch allocates CPU tensors with ``malloc``. glibc serves every request above its mmap
+threshold (at most 32 MiB, 128 KiB at first) with fresh pages from ``mmap`` and gives them back
+with ``munmap`` when the tensor is freed, so every large tensor of a training step — the direct
+HMM's (B, I, H, J, d/H) context features and (B, J+1, J, a) alignment features, 10–40 MiB each
+on batches of 1,200 tokens — is new memory that the kernel faults in and zeroes page by page
+on first touch. On the 2-core benchmark machine that made copying a 40 MiB tensor 8x slower
+than into reused memory, and a training step of the recipe's hmm1 1.13x slower
+(eval/results/malloc_enfr.md).
+
+:func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation comes from the heap) and
+``M_TRIM_THRESHOLD`` to 1 GiB (free memory at the top of the heap is kept up to that), so the
+next tensor of a size reuses the memory of the last one. The process's resident memory then
+stays near its peak instead of shrinking between batches; the peak itself is what the work
+needs (eval/results/malloc_enfr.md measures both). The commands call it once per process (the
+``align`` group, each direction's training process, each extraction worker).
+
+Only glibc is changed (``mallopt``); elsewhere, and with the environment variable
+``ALIGNER_MALLOC=system``, nothing is done.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+#: glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+
+#: free memory kept at the top of the heap before it is given back
+TRIM_THRESHOLD_BYTES = 1 << 30
+
+#: environment variable: "system" leaves the C library's allocator as it is
+ENVIRONMENT = "ALIGNER_MALLOC"
+
+_applied = False
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc reuse freed memory for large allocations (see the module docstring).
+
+    Returns True when the settings are in effect in this process (also on a repeated call),
+    False where they do not apply (not glibc, ``ALIGNER_MALLOC=system``, mallopt refused).
+    """
+    global _applied
+    if _applied:
+        return True
+    if os.environ.get(ENVIRONMENT, "").strip().lower() == "system":
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success, 0 on error
+    _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD,
+                                                               TRIM_THRESHOLD_BYTES))
+    return _applied

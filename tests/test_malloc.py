@@ -1,0 +1,82 @@
+"""aligner/malloc.py: with keep_freed_memory(), glibc serves a large tensor from its heap (and
+reuses it) instead of fresh mmap()ed pages; ALIGNER_MALLOC=system leaves glibc as it is; the
+`align` command applies it. Each case runs in a fresh interpreter, because the settings last
+for the life of a process."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the settings are glibc's (elsewhere keep_freed_memory does nothing)")
+
+# prints {"applied": ..., "mapped_while_alive": bytes in mmap()ed chunks while a 64 MiB tensor
+# lives, "kept_after_free": how much larger the heap is once it is freed than before it}
+PROBE = r"""
+import ctypes, json, sys
+import torch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+applied = None
+if sys.argv[1] == "function":
+    from aligner.malloc import keep_freed_memory
+    applied = keep_freed_memory()
+elif sys.argv[1] == "cli":
+    from aligner.cli import main
+    try:
+        main(["score-aer", "-g", sys.argv[2], "-a", sys.argv[3]], standalone_mode=False)
+    except SystemExit:
+        pass
+heap_before = libc.mallinfo2().arena
+tensor = torch.ones(16 << 20)                      # 64 MiB, above any mmap threshold
+mapped = libc.mallinfo2().hblkhd
+del tensor
+print(json.dumps({"applied": applied, "mapped_while_alive": mapped,
+                  "kept_after_free": libc.mallinfo2().arena - heap_before}))
+"""
+
+
+def _probe(*args: str, env_extra=None) -> dict:
+    env = dict(os.environ)
+    env.pop("ALIGNER_MALLOC", None)
+    env.update(env_extra or {})
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                          env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_glibc_alone_maps_a_large_tensor_and_keep_freed_memory_puts_it_on_the_heap():
+    plain = _probe("none")
+    assert plain["mapped_while_alive"] >= 64 << 20           # glibc's default: its own mmap
+    kept = _probe("function")
+    assert kept["applied"] is True
+    assert kept["mapped_while_alive"] < 64 << 20             # from the heap
+    assert kept["kept_after_free"] >= 64 << 20              # and kept when freed
+
+
+def test_aligner_malloc_system_leaves_the_allocator_as_it_is():
+    probe = _probe("function", env_extra={"ALIGNER_MALLOC": "system"})
+    assert probe["applied"] is False
+    assert probe["mapped_while_alive"] >= 64 << 20
+    assert probe["kept_after_free"] < 64 << 20
+
+
+def test_the_align_command_applies_it(tmp_path):
+    gold, links = tmp_path / "gold.talp", tmp_path / "links.align"
+    gold.write_text("1 1 S\n")
+    links.write_text("0-0\n")
+    assert _probe("cli", str(gold), str(links))["mapped_while_alive"] < 64 << 20
+    system = _probe("cli", str(gold), str(links), env_extra={"ALIGNER_MALLOC": "system"})
+    assert system["mapped_while_alive"] >= 64 << 20
