@@ -11,10 +11,12 @@ than into reused memory, and a training step of the recipe's hmm1 1.13x slower
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation comes from the heap) and
 ``M_TRIM_THRESHOLD`` to 1 GiB (free memory at the top of the heap is kept up to that), so the
-next tensor of a size reuses the memory of the last one. The process's resident memory then
-stays near its peak instead of shrinking between batches; the peak itself is what the work
-needs (eval/results/malloc_enfr.md measures both). The commands call it once per process (the
-``align`` group, each direction's training process, each extraction worker).
+next tensor of a size reuses the memory of the last one. The cost is memory: the process's
+resident memory stays near its peak instead of shrinking between batches, and the peak grows by
+what the heap cannot reuse (PyTorch asks for 64-byte aligned blocks, and a freed block without
+room for the alignment waits for a neighbour to be freed too): about 160–200 MB more on the
+recipe's training processes (eval/results/malloc_enfr.md). The commands call it once per
+process (the ``align`` group, each direction's training process, each extraction worker).
 
 Only glibc is changed (``mallopt``); elsewhere, and with the environment variable
 ``ALIGNER_MALLOC=system``, nothing is done.

@@ -56,6 +56,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--guide-weight", type=float, default=0.0,
+                        help="> 0: time the guided loss of the recipe's later rounds instead "
+                             "(NLL + weight x cross-entropy of the posterior against a guide; "
+                             "here a diagonal guide, one link per target word), for the "
+                             "kinds that train their posterior (hmm0, hmm1)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave glibc's allocator as it is (by default the benchmark keeps "
+                             "freed memory for reuse, as the align command does: "
+                             "aligner/malloc.py)")
     parser.add_argument("--profile", type=int, default=0,
                         help="afterwards, torch-profile this many steps of the first variant and "
                              "print its operators by self CPU time, grouped by input shape "
@@ -65,9 +74,14 @@ def main() -> None:
     import torch
 
     from aligner.data import EncodedCorpus, TokenBatcher, make_batch
+    from aligner.constants import PAD_ID
     from aligner.models import build_model
+    from aligner.training.loop import guided_loss
     from aligner.utils import atomic_output
 
+    if not args.system_malloc:
+        from aligner.malloc import keep_freed_memory
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     with open(os.path.join(args.model_dir, "config.json"), encoding="utf-8") as handle:
@@ -82,6 +96,17 @@ def main() -> None:
                 d_model=args.d_model, n_heads=args.heads, enc_layers=args.layers,
                 dec_layers=args.layers, d_ff=args.ff_dim, dropout=0.1)
 
+    def diagonal_guide(batch) -> "torch.Tensor":
+        """(B, I+1, J+1): target word i linked to source word round(i·J/I), EOS to EOS."""
+        guide = torch.zeros(batch.tgt_out.shape + (batch.src.size(1),), device=device)
+        for row in range(batch.size):
+            target = int(batch.tgt_out[row].ne(PAD_ID).sum()) - 1    # words, EOS excluded
+            source = int(batch.src[row].ne(PAD_ID).sum()) - 1
+            for i in range(target):
+                guide[row, i, min(source - 1, round(i * source / max(target, 1)))] = 1.0
+            guide[row, target, source] = 1.0
+        return guide
+
     runs: List[Dict[str, Any]] = []
     for text in args.variants:
         kind, options = parse_variant(text)
@@ -90,11 +115,17 @@ def main() -> None:
         runs.append({"name": text, "model": model, "seconds": 0.0, "tokens": 0,
                      "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4)})
 
-    def step(run: Dict[str, Any], batch) -> Tuple[float, int]:
+    guides = [diagonal_guide(batch) if args.guide_weight > 0 else None for batch in batches]
+
+    def step(run: Dict[str, Any], batch, guide) -> Tuple[float, int]:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        loss, n_tokens = run["model"].loss(batch.src, batch.tgt_in, batch.tgt_out, 0.1)
+        if guide is not None:
+            loss, n_tokens = guided_loss(run["model"], batch.src, batch.tgt_in, batch.tgt_out,
+                                         0.1, guide, args.guide_weight)
+        else:
+            loss, n_tokens = run["model"].loss(batch.src, batch.tgt_in, batch.tgt_out, 0.1)
         run["optimizer"].zero_grad()
         (loss / n_tokens).backward()
         run["optimizer"].step()
@@ -102,10 +133,10 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start, int(n_tokens)
 
-    for number, batch in enumerate(batches):
+    for number, (batch, guide) in enumerate(zip(batches, guides)):
         shift = number % len(runs)
         for run in runs[shift:] + runs[:shift]:
-            seconds, tokens = step(run, batch)
+            seconds, tokens = step(run, batch, guide)
             if number >= args.warmup:
                 run["seconds"] += seconds
                 run["tokens"] += tokens
@@ -117,8 +148,8 @@ def main() -> None:
     if args.profile:
         from torch.profiler import profile
         with profile(record_shapes=True) as profiler:
-            for batch in batches[args.warmup:args.warmup + args.profile]:
-                step(runs[0], batch)
+            for number in range(args.warmup, min(len(batches), args.warmup + args.profile)):
+                step(runs[0], batches[number], guides[number])
         print(profiler.key_averages(group_by_input_shape=True).table(
             sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15),
