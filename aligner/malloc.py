@@ -7,15 +7,16 @@ HMM's (B, I, H, J, d/H) context features and (B, J+1, J, a) alignment features, 
 on batches of 1,200 tokens — is new memory that the kernel faults in and zeroes page by page
 on first touch. On the 2-core benchmark machine that made copying a 40 MiB tensor 8x slower
 than into reused memory, and a training step of the recipe's hmm1 1.13x slower
-(eval/results/malloc_enfr.md).
+(eval/results/train_speed_cpu.md).
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation comes from the heap) and
 ``M_TRIM_THRESHOLD`` to 1 GiB (free memory at the top of the heap is kept up to that), so the
 next tensor of a size reuses the memory of the last one. The cost is memory: the process's
 resident memory stays near its peak instead of shrinking between batches, and the peak grows by
 what the heap cannot reuse (PyTorch asks for 64-byte aligned blocks, and a freed block without
-room for the alignment waits for a neighbour to be freed too): about 160–200 MB more on the
-recipe's training processes (eval/results/malloc_enfr.md). The commands call it once per
+room for the alignment waits for a neighbour to be freed too): about 160 MiB more per
+training process over an epoch of the recipe, 309 MiB more at the 25k en-fr job's peak
+(eval/results/train_speed_cpu.md). The commands call it once per
 process (the ``align`` group, each direction's training process, each extraction worker).
 
 Only glibc is changed (``mallopt``); elsewhere, and with the environment variable

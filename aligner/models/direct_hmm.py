@@ -733,23 +733,12 @@ class FirstOrderAlignment(nn.Module):
         batch, steps, dim = queries.shape
         previous, states = keys.size(1), keys.size(2)
         scale = 1.0 / math.sqrt(dim)
-        flat_keys = keys.reshape(batch, previous * states, dim)
-        if keys.requires_grad and torch.is_grad_enabled():
-            # keys first: the product's backward then gives the keys' gradient in their own
-            # (B, (J+1)·J, a) layout, so the relu's backward runs on contiguous tensors; with
-            # the keys as the transposed second factor it came as (B, a, (J+1)·J), which cost
-            # a copy and a strided relu backward (1.5x the module's time on long batches)
-            # (the scale on the small queries: as the product's alpha, its backward would
-            # scale the keys' whole gradient once more)
-            scaled = (queries * scale).transpose(1, 2)
-            scores = (torch.bmm(flat_keys, scaled) if offsets is None else
-                      torch.baddbmm((offsets * scale).unsqueeze(1), flat_keys, scaled))
-            scores = scores.transpose(1, 2).contiguous()
-        elif offsets is None:
-            scores = torch.bmm(queries, flat_keys.transpose(1, 2)).mul_(scale)
+        flat_keys = keys.reshape(batch, previous * states, dim).transpose(1, 2)
+        if offsets is None:
+            scores = torch.bmm(queries, flat_keys).mul_(scale)
         else:
-            scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries,
-                                   flat_keys.transpose(1, 2), alpha=scale)
+            scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries, flat_keys,
+                                   alpha=scale)
         scores = scores.view(batch, steps, previous, states).float()   # a new tensor: in place
         scores.masked_fill_(src_pad_mask[:, None, None, :], float("-inf"))
         return torch.log_softmax(scores, dim=-1) if log else torch.softmax(scores, dim=-1)
