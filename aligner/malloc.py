@@ -6,8 +6,9 @@ with ``munmap`` when the tensor is freed, so every large tensor of a training st
 HMM's (B, I, H, J, d/H) context features and (B, J+1, J, a) alignment features, 10–40 MiB each
 on batches of 1,200 tokens — is new memory that the kernel faults in and zeroes page by page
 on first touch. On the 2-core benchmark machine that made copying a 40 MiB tensor 8x slower
-than into reused memory, and a training step of the recipe's hmm1 1.13x slower
-(eval/results/train_speed_cpu.md).
+than into reused memory, and the recipe's 25k en-fr job spend about 270 s in the kernel
+(18 s with this module) and 1,084 s in training (1,014 s with it;
+eval/results/train_speed_cpu.md).
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation comes from the heap) and
 ``M_TRIM_THRESHOLD`` to 1 GiB (free memory at the top of the heap is kept up to that), so the
@@ -15,7 +16,7 @@ next tensor of a size reuses the memory of the last one. The cost is memory: the
 resident memory stays near its peak instead of shrinking between batches, and the peak grows by
 what the heap cannot reuse (PyTorch asks for 64-byte aligned blocks, and a freed block without
 room for the alignment waits for a neighbour to be freed too): about 160 MiB more per
-training process over an epoch of the recipe, 309 MiB more at the 25k en-fr job's peak
+training process over an epoch of the recipe, 290 MiB more at the 25k en-fr job's peak
 (eval/results/train_speed_cpu.md). The commands call it once per
 process (the ``align`` group, each direction's training process, each extraction worker).
 
