@@ -5,9 +5,8 @@ threshold (at most 32 MiB, 128 KiB at first) with fresh pages from ``mmap`` and 
 with ``munmap`` when the tensor is freed, so every large tensor of a training step — the direct
 HMM's (B, I, H, J, d/H) context features and (B, J+1, J, a) alignment features, 10–40 MiB each
 on batches of 1,200 tokens — is new memory that the kernel faults in and zeroes page by page
-on first touch. On the 2-core benchmark machine that made copying a 40 MiB tensor 8x slower
-than into reused memory, and the recipe's 25k en-fr job spend about 270 s in the kernel
-(18 s with this module) and 1,084 s in training (1,014 s with it;
+on first touch. On the 2-core benchmark machine the recipe's 25k en-fr job spent about 270 s
+in the kernel (18 s with this module) and 1,084 s in training (1,014 s with it;
 eval/results/train_speed_cpu.md).
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation comes from the heap) and
@@ -17,8 +16,8 @@ resident memory stays near its peak instead of shrinking between batches, and th
 what the heap cannot reuse (PyTorch asks for 64-byte aligned blocks, and a freed block without
 room for the alignment waits for a neighbour to be freed too): about 160 MiB more per
 training process over an epoch of the recipe, 290 MiB more at the 25k en-fr job's peak
-(eval/results/train_speed_cpu.md). The commands call it once per
-process (the ``align`` group, each direction's training process, each extraction worker).
+(eval/results/train_speed_cpu.md). The commands call it once per process (the ``align``
+group, each direction's training process, each extraction worker).
 
 Only glibc is changed (``mallopt``); elsewhere, and with the environment variable
 ``ALIGNER_MALLOC=system``, nothing is done.

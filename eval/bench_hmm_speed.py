@@ -73,9 +73,10 @@ def main() -> None:
 
     import torch
 
-    from aligner.data import EncodedCorpus, TokenBatcher, make_batch
     from aligner.constants import PAD_ID
+    from aligner.data import EncodedCorpus, TokenBatcher, make_batch
     from aligner.models import build_model
+    from aligner.training.guidance import guide_matrix
     from aligner.training.loop import guided_loss
     from aligner.utils import atomic_output
 
@@ -98,14 +99,13 @@ def main() -> None:
 
     def diagonal_guide(batch) -> "torch.Tensor":
         """(B, I+1, J+1): target word i linked to source word round(i·J/I), EOS to EOS."""
-        guide = torch.zeros(batch.tgt_out.shape + (batch.src.size(1),), device=device)
+        links = []
         for row in range(batch.size):
             target = int(batch.tgt_out[row].ne(PAD_ID).sum()) - 1    # words, EOS excluded
             source = int(batch.src[row].ne(PAD_ID).sum()) - 1
-            for i in range(target):
-                guide[row, i, min(source - 1, round(i * source / max(target, 1)))] = 1.0
-            guide[row, target, source] = 1.0
-        return guide
+            links.append([(min(source - 1, round(i * source / max(target, 1))), i)
+                          for i in range(target)] + [(source, target)])
+        return guide_matrix(links, "fwd", batch.tgt_out.size(1), batch.src.size(1)).to(device)
 
     runs: List[Dict[str, Any]] = []
     for text in args.variants:

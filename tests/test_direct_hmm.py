@@ -676,7 +676,7 @@ def test_first_order_scores_equal_the_key_side_formula(dim):
     want = torch.log_softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1)
     assert got.shape == (2, 4, 6, 5)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # and the same gradients (training takes the product keys-first, for the keys' layout)
+    # and the same gradients
     weights = torch.randn(got.shape).masked_fill(mask[:, None, None, :], 0.0)
     parameters = list(layer.parameters())
     got_grads = torch.autograd.grad((got.masked_fill(got.isinf(), 0) * weights).sum(),
