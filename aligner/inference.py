@@ -251,11 +251,22 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
 def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair],
                              direction: str, method: str, max_tokens: Optional[int],
                              options: Optional[Dict[str, Any]], threads: int,
-                             progress: bool) -> List[np.ndarray]:
-    """Body of one worker of :func:`soft_alignments_by_direction` (a "spawn" process)."""
+                             progress: bool, autocast: Optional[torch.dtype] = None
+                             ) -> List[np.ndarray]:
+    """Body of one worker of :func:`soft_alignments_by_direction` (a "spawn" process);
+    `autocast`: the caller's CPU autocast dtype (None: none), entered here."""
     torch.set_num_threads(threads)
-    return soft_alignments(model, pairs, direction, method, max_tokens, torch.device("cpu"),
-                           options, progress)
+    with (torch.autocast("cpu", dtype=autocast) if autocast is not None
+          else contextlib.nullcontext()):
+        return soft_alignments(model, pairs, direction, method, max_tokens,
+                               torch.device("cpu"), options, progress)
+
+
+def cpu_autocast_dtype() -> Optional[torch.dtype]:
+    """The dtype of the CPU autocast this thread runs under, or None outside one."""
+    if not torch.is_autocast_enabled("cpu"):
+        return None
+    return torch.get_autocast_dtype("cpu")
 
 
 class DirectionWorkers:
@@ -308,20 +319,21 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
     trains them (small batched ops scale better over processes than over threads): in the
     workers of a :class:`DirectionWorkers` given as `parallel`, else in two started for this
     call. The model and the pairs are sent to the workers and the matrices come back in input
-    order; values equal the in-process ones to float rounding. Off in the Python API by
-    default, where a "spawn" process would re-run a script that has no ``if __name__ ==
-    "__main__"`` guard; off under CPU autocast, which the workers would not inherit.
+    order; values equal the in-process ones to float rounding. Under CPU autocast
+    (``--precision bf16``) each worker enters the same bfloat16 autocast itself (a "spawn"
+    process inherits no autocast state). Off in the Python API by default, where a "spawn"
+    process would re-run a script that has no ``if __name__ == "__main__"`` guard.
     """
     device = device or next(models[directions[0]].parameters()).device
     if (parallel and device.type == "cpu" and len(directions) == 2
-            and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS
-            and not torch.is_autocast_enabled("cpu")):
+            and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS):
+        autocast = cpu_autocast_dtype()
         with contextlib.ExitStack() as stack:
             workers = (parallel if isinstance(parallel, DirectionWorkers)
                        else stack.enter_context(DirectionWorkers()))
             threads = max(1, torch.get_num_threads() // 2)
             results = workers.pool().starmap(_soft_alignments_process, [
-                (models[d], pairs, d, method, max_tokens, options, threads, progress)
+                (models[d], pairs, d, method, max_tokens, options, threads, progress, autocast)
                 for d in directions])
         return dict(zip(directions, results))
     return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,

@@ -421,6 +421,35 @@ def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch)
         assert not apart[direction][-1].any()
 
 
+def test_two_processes_keep_the_callers_cpu_autocast(monkeypatch):
+    """Under bf16 CPU autocast (``--precision bf16``) the spawn workers run under it too: their
+    matrices are the in-process bf16 ones, not the float32 ones a worker without autocast
+    would give."""
+    from aligner import inference
+
+    models = tiny_models_in_two_processes(monkeypatch)
+    generator = np.random.default_rng(2)
+    pairs = [pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
+             for n, m in [(3, 4), (5, 2), (6, 6), (7, 5)]]
+    fp32 = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                  "hmm-posterior")
+    contexts = []
+    get_context = inference.multiprocessing.get_context
+    monkeypatch.setattr(inference.multiprocessing, "get_context",
+                        lambda method: contexts.append(method) or get_context(method))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        alone = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                       "hmm-posterior")
+        apart = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
+                                                       "hmm-posterior", parallel=True)
+    assert contexts == ["spawn"]                      # the workers ran
+    for direction in C.DIRECTIONS:
+        bf16_change = max(np.abs(a - b).max() for a, b in zip(alone[direction], fp32[direction]))
+        worker_error = max(np.abs(a - b).max() for a, b in zip(alone[direction], apart[direction]))
+        assert bf16_change > 1e-3, bf16_change        # bf16 changes the matrices visibly ...
+        assert worker_error < bf16_change / 20, (worker_error, bf16_change)   # ... the workers'
+
+
 def test_direction_workers_are_started_once_for_every_call_and_stopped_after(monkeypatch):
     """DirectionWorkers (align extract / align run: one pair for all blocks): the same two
     worker processes serve every call in the block, give the in-process matrices, and are
