@@ -2,8 +2,9 @@
 
 Same batches, same run: the models are built side by side with the same transformer sizes and
 take turns on every batch (the order rotates per batch, so drifting machine load hits all
-alike). A step is loss + backward + Adam update, label smoothing 0.1, dropout 0.1, as in
-`align train`. The first --warmup batches are not timed. Batches come from an encoded corpus
+alike). A step is loss + backward + Adam update, label smoothing 0.1, as in `align train`;
+dropout is the recipe's (0: aligner/training/recipe.py MODEL_OPTIONS) unless --dropout says
+otherwise (results files before 2026-11-28 were measured with 0.1, then the fixed value). The first --warmup batches are not timed. Batches come from an encoded corpus
 that `align train` wrote into a model directory (its ``corpus`` folder and ``config.json``).
 
     align train -s train.src -t train.tgt -o /tmp/prep --directions fwd --max-updates 1
@@ -54,6 +55,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
     parser.add_argument("--ff-dim", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="dropout of every variant (default: the recipe's, "
+                             "aligner/training/recipe.py MODEL_OPTIONS)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default=None)
     parser.add_argument("--guide-weight", type=float, default=0.0,
@@ -77,6 +81,7 @@ def main() -> None:
     from aligner.data import EncodedCorpus, TokenBatcher, make_batch
     from aligner.models import build_model
     from aligner.training.guidance import guide_matrix
+    from aligner.training import recipe
     from aligner.training.loop import guided_loss
     from aligner.utils import atomic_output
 
@@ -95,7 +100,9 @@ def main() -> None:
                           "fwd").to(device) for b in indices]
     base = dict(src_vocab_size=sizes["src_vocab_size"], tgt_vocab_size=sizes["tgt_vocab_size"],
                 d_model=args.d_model, n_heads=args.heads, enc_layers=args.layers,
-                dec_layers=args.layers, d_ff=args.ff_dim, dropout=0.1)
+                dec_layers=args.layers, d_ff=args.ff_dim,
+                dropout=(recipe.MODEL_OPTIONS["dropout"] if args.dropout is None
+                         else args.dropout))
 
     def diagonal_guide(batch) -> "torch.Tensor":
         """(B, I+1, J+1): target word i linked to source word round(i·J/I), EOS to EOS."""
@@ -165,6 +172,7 @@ def main() -> None:
         out.write(f"Device: {device.type} ({platform.machine()}), torch {torch.__version__}, "
                   f"{torch.get_num_threads()} thread(s). Sizes: d_model {args.d_model}, "
                   f"{args.heads} heads, {args.layers}+{args.layers} layers, ff {args.ff_dim}, "
+                  f"dropout {base['dropout']}, "
                   f"vocabularies {sizes['src_vocab_size']}/{sizes['tgt_vocab_size']}. "
                   f"{len(timed)} timed batches of <= {args.max_tokens} padded tokens "
                   f"({pairs} pairs, {src_tokens / pairs:.1f} source subwords + EOS per pair on "
