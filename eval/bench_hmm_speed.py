@@ -2,9 +2,10 @@
 
 Same batches, same run: the models are built side by side with the same transformer sizes and
 take turns on every batch (the order rotates per batch, so drifting machine load hits all
-alike). A step is loss + backward + Adam update, label smoothing 0.1, as in `align train`;
-dropout is the recipe's (0: aligner/training/recipe.py MODEL_OPTIONS) unless --dropout says
-otherwise (results files before 2026-11-28 were measured with 0.1, then the fixed value). The first --warmup batches are not timed. Batches come from an encoded corpus
+alike). A step is loss + backward + Adam update, label smoothing 0.1, as in `align train`,
+with the recipe's dropout (0: aligner/training/recipe.py MODEL_OPTIONS) unless --dropout is
+given (the script used 0.1 for every result made before 2026-11-28; `--dropout 0.1` repeats
+those). The first --warmup batches are not timed. Batches come from an encoded corpus
 that `align train` wrote into a model directory (its ``corpus`` folder and ``config.json``).
 
     align train -s train.src -t train.tgt -o /tmp/prep --directions fwd --max-updates 1
@@ -80,8 +81,8 @@ def main() -> None:
     from aligner.constants import PAD_ID
     from aligner.data import EncodedCorpus, TokenBatcher, make_batch
     from aligner.models import build_model
-    from aligner.training.guidance import guide_matrix
     from aligner.training import recipe
+    from aligner.training.guidance import guide_matrix
     from aligner.training.loop import guided_loss
     from aligner.utils import atomic_output
 
