@@ -38,6 +38,7 @@ from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, ma
 from aligner.formats import Bitext
 from aligner.malloc import keep_freed_memory
 from aligner.model_dir import LoadedModelDir
+from aligner.precision import active_autocast_dtype
 from aligner.models.base import AlignmentModel
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, sigterm_raises
@@ -262,13 +263,6 @@ def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair]
                                torch.device("cpu"), options, progress)
 
 
-def cpu_autocast_dtype() -> Optional[torch.dtype]:
-    """The dtype of the CPU autocast this thread runs under, or None outside one."""
-    if not torch.is_autocast_enabled("cpu"):
-        return None
-    return torch.get_autocast_dtype("cpu")
-
-
 class DirectionWorkers:
     """The two "spawn" worker processes of :func:`soft_alignments_by_direction` (one per
     direction), started at first use and kept for every later call inside the ``with`` block:
@@ -327,7 +321,7 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
     device = device or next(models[directions[0]].parameters()).device
     if (parallel and device.type == "cpu" and len(directions) == 2
             and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS):
-        autocast = cpu_autocast_dtype()
+        autocast = active_autocast_dtype("cpu")
         with contextlib.ExitStack() as stack:
             workers = (parallel if isinstance(parallel, DirectionWorkers)
                        else stack.enter_context(DirectionWorkers()))

@@ -32,7 +32,7 @@ Usage (the whole decoding or extraction call goes inside the context)::
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import ContextManager, Optional
 
 import torch
 
@@ -84,6 +84,14 @@ def cuda_supports_bf16(device: torch.device, emulation: bool) -> bool:
         return bool(torch.version.hip) or torch.cuda.get_device_capability(device) >= (8, 0)
     with torch.cuda.device(device):
         return torch.cuda.is_bf16_supported()
+
+
+def active_autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype of the autocast this thread runs under on `device_type` ("cpu", "cuda"), or
+    None outside one."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
 
 
 def autocast_context(precision: str, device: torch.device) -> ContextManager:

@@ -54,6 +54,7 @@ from aligner.data import make_batch, subword_to_word_links
 from aligner.inference import batched, hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
+from aligner.precision import active_autocast_dtype
 from aligner.prep import split_words
 from aligner.utils import check_condition
 
@@ -441,10 +442,9 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
     seconds = time.time() - start
     n_subwords = sum(len(t.subwords) for t in results)
     device_type = (device or next(model.parameters()).device).type
-    precision = "fp32"                       # or autocast's (aligner.precision: bf16)
-    if torch.is_autocast_enabled(device_type):
-        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
-            torch.get_autocast_dtype(device_type), "autocast")
+    autocast = active_autocast_dtype(device_type)   # aligner.precision: bf16, or none
+    precision = ("fp32" if autocast is None else
+                 {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "autocast"))
     logger.info("translated %d lines (%s, beam %d, %s) into %d subwords in %.1fs (%.1f "
                 "lines/s, %.0f subwords/s)", len(lines), direction, beam, precision, n_subwords,
                 seconds, len(lines) / max(seconds, 1e-9), n_subwords / max(seconds, 1e-9))

@@ -394,6 +394,18 @@ def tiny_models_in_two_processes(monkeypatch):
     return {"fwd": FirstOrderHMM(config).eval(), "rev": FirstOrderHMM(config).eval()}
 
 
+def recorded_process_contexts(monkeypatch):
+    """The list that each multiprocessing context aligner.inference asks for is appended to
+    (its start method: "spawn" when the direction workers start)."""
+    from aligner import inference
+
+    contexts = []
+    get_context = inference.multiprocessing.get_context
+    monkeypatch.setattr(inference.multiprocessing, "get_context",
+                        lambda method: contexts.append(method) or get_context(method))
+    return contexts
+
+
 def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch):
     """parallel=True: each direction in its own spawn process; same matrices, input order,
     and a zero matrix for the pair that cannot be aligned."""
@@ -403,10 +415,7 @@ def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch)
     generator = np.random.default_rng(0)
     pairs = [pair(generator.integers(4, 13, n).tolist(), generator.integers(4, 13, m).tolist())
              for n, m in [(3, 4), (5, 2), (1, 1), (6, 6), (2, 5)]] + [pair([], [5, 6])]
-    contexts = []
-    get_context = inference.multiprocessing.get_context
-    monkeypatch.setattr(inference.multiprocessing, "get_context",
-                        lambda method: contexts.append(method) or get_context(method))
+    contexts = recorded_process_contexts(monkeypatch)
     alone = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
                                                    "hmm-posterior")
     assert contexts == []
@@ -433,10 +442,7 @@ def test_two_processes_keep_the_callers_cpu_autocast(monkeypatch):
              for n, m in [(3, 4), (5, 2), (6, 6), (7, 5)]]
     fp32 = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
                                                   "hmm-posterior")
-    contexts = []
-    get_context = inference.multiprocessing.get_context
-    monkeypatch.setattr(inference.multiprocessing, "get_context",
-                        lambda method: contexts.append(method) or get_context(method))
+    contexts = recorded_process_contexts(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         alone = inference.soft_alignments_by_direction(models, pairs, C.DIRECTIONS,
                                                        "hmm-posterior")

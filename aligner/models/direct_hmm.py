@@ -102,6 +102,7 @@ from aligner.models.transformer import (Embedding, Encoder, FeedForward, MultiHe
                                         TransformerConfig, decoder_self_attention,
                                         init_decoder_history, layer_history, next_decode_state,
                                         static_history)
+from aligner.precision import active_autocast_dtype
 from aligner.utils import check_condition
 
 
@@ -256,10 +257,7 @@ def _lexicon_chunk(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
 
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype of the lexicon matmuls: autocast's when it is on (bf16 on CUDA), else W4's."""
-    device_type = weight.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return weight.dtype
+    return active_autocast_dtype(weight.device.type) or weight.dtype
 
 
 class _ChunkedLexicon(torch.autograd.Function):
