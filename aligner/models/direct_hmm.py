@@ -661,6 +661,17 @@ class HMMDecoderLayer(nn.Module):
         return x + self.dropout(self.ff(self.norm_ff(x)))
 
 
+def _contiguous_gradient(gradient: torch.Tensor) -> torch.Tensor:
+    """The keys' gradient in the keys' own layout. :meth:`FirstOrderAlignment.log_probs`
+    multiplies by the keys transposed, (B, a, (J+1)·J), so autograd hands the keys a
+    transposed view of a (B, a, (J+1)·J) tensor; the relu's backward over that view and the
+    contiguous keys reads one of the two a stride of (J+1)·J floats apart (each element a new
+    cache line): 4-5x the time of a transposing copy followed by the contiguous backward.
+    The values are the same (a copy, then an elementwise select; the relu backward's output
+    is contiguous either way), so training gives the same weights bit for bit."""
+    return gradient.contiguous()
+
+
 class FirstOrderAlignment(nn.Module):
     """log α(j | i, j') for j' in {start, 0..J-1}: (B, I, J+1, J) with the start state at j'=0.
 
@@ -702,7 +713,10 @@ class FirstOrderAlignment(nn.Module):
             -self.max_jump, self.max_jump) + self.max_jump                       # (J+1, J)
         hidden = self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
         hidden += self.jump(jump).to(memory.dtype)                               # (B, J+1, J, a)
-        return F.relu(hidden, inplace=True)                 # in place: one (B, J+1, J, a) buffer
+        keys = F.relu(hidden, inplace=True)                 # in place: one (B, J+1, J, a) buffer
+        if keys.requires_grad:
+            keys.register_hook(_contiguous_gradient)
+        return keys
 
     def queries(self, s_prev: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """s_prev (B, I, d) -> (W_oᵀ·W_q·s (B, I, a), bias term (W_q·s)·b_o (B, I)); the bias
