@@ -666,7 +666,8 @@ def _contiguous_gradient(gradient: torch.Tensor) -> torch.Tensor:
     multiplies by the keys transposed, (B, a, (J+1)·J), so autograd hands the keys a
     transposed view of a (B, a, (J+1)·J) tensor; the relu's backward over that view and the
     contiguous keys reads one of the two a stride of (J+1)·J floats apart (each element a new
-    cache line): 4-5x the time of a transposing copy followed by the contiguous backward.
+    cache line): over twice the time of a transposing copy followed by the contiguous
+    backward.
     The values are the same (a copy, then an elementwise select; the relu backward's output
     is contiguous either way), so training gives the same weights bit for bit."""
     return gradient.contiguous()
