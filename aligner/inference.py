@@ -38,8 +38,8 @@ from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, ma
 from aligner.formats import Bitext
 from aligner.malloc import keep_freed_memory
 from aligner.model_dir import LoadedModelDir
-from aligner.precision import active_autocast_dtype
 from aligner.models.base import AlignmentModel
+from aligner.precision import active_autocast_dtype
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, sigterm_raises
 

@@ -801,8 +801,8 @@ def test_hmm1_viterbi_leaves_words_the_empty_word_emitted_unaligned():
 
 def test_first_order_keys_take_their_gradient_contiguous_with_the_same_values(monkeypatch):
     """The keys' gradient arrives from the scores' product as a transposed view; a hook
-    makes it contiguous before the relu's backward (a speed matter: the strided backward is
-    several times slower). The gradient of every parameter, of the guided loss too (double
+    makes it contiguous before the relu's backward (a speed matter: the strided backward takes
+    over twice as long). The gradient of every parameter, of the guided loss too (double
     backward through the posterior), is the same bit for bit with and without the hook."""
     from aligner.models import direct_hmm
 

@@ -667,9 +667,9 @@ def _contiguous_gradient(gradient: torch.Tensor) -> torch.Tensor:
     transposed view of a (B, a, (J+1)·J) tensor; the relu's backward over that view and the
     contiguous keys reads one of the two a stride of (J+1)·J floats apart (each element a new
     cache line): over twice the time of a transposing copy followed by the contiguous
-    backward.
-    The values are the same (a copy, then an elementwise select; the relu backward's output
-    is contiguous either way), so training gives the same weights bit for bit."""
+    backward. The values are the same (a copy, then an elementwise select; the relu
+    backward's output is contiguous either way), so training gives the same weights bit for
+    bit."""
     return gradient.contiguous()
 
 
