@@ -74,10 +74,11 @@ def uninterrupted(tmp_path_factory):
 
 
 #: each stage of `align run` (2 rounds of 4 updates, one checkpoint per direction and round,
-#: fwd's then rev's): round 2's preparation (round 1's is the first pass), round 2's training
-#: after fwd's checkpoint (rev not trained), the start of round 2 (round 1's links written), the
-#: alignment between the rounds, the final alignment (the guide's block is the first pass)
-STAGES = ["preparation:2", "checkpoint:3", "round-start:1", "guide-alignment:1",
+#: fwd's then rev's): the teacher (round 1's guide) as it begins, round 2's preparation (round
+#: 1's is the first pass), round 2's training after fwd's checkpoint (rev not trained), the
+#: start of round 2 (round 1's links written), the alignment between the rounds, the final
+#: alignment (the guide's block is the first pass)
+STAGES = ["teacher:1", "preparation:2", "checkpoint:3", "round-start:1", "guide-alignment:1",
           "alignment-block:2"]
 
 

@@ -116,6 +116,53 @@ def test_self_training_options_reach_the_rounds(tmp_path, corpus):
     assert config["training"]["lr_schedule"] == "inverse-sqrt"
 
 
+def test_round_1_is_guided_by_the_teachers_links_of_its_lines(tmp_path, corpus):
+    """With rounds (and no --guide) round 1 trains guided by MODEL_DIR/rounds/0/links.align:
+    the classical teacher's soft-average links of round 1's lines (aligner/teacher.py), one
+    line per line, at recipe.TEACHER_GUIDE_WEIGHT; --no-teacher trains round 1 unguided; a
+    user's --guide replaces the teacher."""
+    from aligner.combine import combine
+    from aligner.formats import format_links
+    from aligner.teacher import soft_alignments
+
+    src, tgt = corpus
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--rounds", "2", "--max-updates", "2",
+            *TRAIN_TINY)
+    round1 = _config(model / "rounds" / "1")
+    assert round1["data"]["guide"] == str(_links(model, 0))
+    assert round1["training"]["guide_weight"] == recipe.TEACHER_GUIDE_WEIGHT
+    sources = [line.split() for line in open(src, encoding="utf-8").read().splitlines()]
+    targets = [line.split() for line in open(tgt, encoding="utf-8").read().splitlines()]
+    expected = combine("soft-average", recipe.TEACHER_THRESHOLD,
+                       soft=soft_alignments(sources, targets))
+    assert _links(model, 0).read_text() == "".join(format_links(links) + "\n"
+                                                    for links in expected)
+    assert _links(model, 0).read_text().splitlines()[5] == ""    # the empty line
+    stages = [s["stage"] for s in RunRecord.load(str(model)).stages]
+    assert stages[0] == "teacher"
+
+    unguided = tmp_path / "u"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", unguided, "--rounds", "2", "--max-updates",
+            "2", "--no-teacher", *TRAIN_TINY)
+    assert not (unguided / "rounds" / "0").exists()
+    round1 = _config(unguided / "rounds" / "1")
+    assert not round1["data"]["guide"] and round1["training"]["guide_weight"] == 0
+    # resuming with the other choice is refused: round 1's guide would differ
+    assert "--teacher/--no-teacher" in error_line(run(
+        "train", "-s", src, "-t", tgt, "-o", unguided, "--rounds", "2", "--max-updates", "2",
+        "--resume", *TRAIN_TINY, ok=False))
+
+    guided = tmp_path / "g"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", guided, "--rounds", "2", "--max-updates",
+            "2", "--guide", _links(model, 0), *TRAIN_TINY)
+    assert not (guided / "rounds" / "0").exists()
+    assert _config(guided / "rounds" / "1")["data"]["guide"] == str(_links(model, 0))
+
+
 def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus):
     """--final-agreement-weight: rounds 1..N-1 train each direction on its own, round N both
     together with the agreement term (its joint/ state, config), fine-tuning round N-1 and
@@ -199,8 +246,9 @@ def test_no_rounds_flag_trains_the_recipes_rounds_for_the_hmms_only(tmp_path, co
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", model, "--max-updates", "1", *TRAIN_TINY)
     assert _config(model)["extra"]["self_training"] == {"round": recipe.ROUNDS}
+    # round 0: the teacher's links, round 1's guide (recipe.TEACHER)
     assert sorted(p.parent.name for p in model.glob("rounds/*/links.align")) == [
-        str(r) for r in range(1, recipe.ROUNDS)]
+        str(r) for r in range(0 if recipe.TEACHER else 1, recipe.ROUNDS)]
     with restored_aligner_logger():
         run("train", "-s", src, "-t", tgt, "-o", tmp_path / "one", "--rounds", "1",
             "--max-updates", "1", *TRAIN_TINY)
@@ -307,9 +355,9 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
     record = RunRecord.load(str(model))
     assert record.stages[:len(first.stages)] == first.stages   # appended, nothing lost
     assert [(s["session"], s["round"], s["stage"], s.get("direction")) for s in record.stages] \
-        == [(0, 1, "preparation", None), (0, 1, "training", "fwd"), (0, 1, "training", "rev"),
-            (0, 1, "guide", None), (0, 2, "preparation", None), (1, 2, "training", "fwd"),
-            (1, 2, "training", "rev")]
+        == [(0, 1, "teacher", None), (0, 1, "preparation", None), (0, 1, "training", "fwd"),
+            (0, 1, "training", "rev"), (0, 1, "guide", None), (0, 2, "preparation", None),
+            (1, 2, "training", "fwd"), (1, 2, "training", "rev")]
     first_session, resumed = record.sessions
     assert not first_session["resumed"] and resumed["resumed"]
     assert resumed["argv"][0] == "align"   # the command line (here pytest's argv)

@@ -248,6 +248,11 @@ def self_training_options(function):
                      default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
                      help="Threshold of -H soft-average for the alignments that guide the "
                           "next self-training round."),
+        click.option("--teacher/--no-teacher", default=recipe.TEACHER, show_default=True,
+                     help="Self-training: round 1 is guided by the links of a classical "
+                          "aligner trained by EM on the words of its lines (IBM-1, then HMMs "
+                          "of both directions in agreement; aligner/teacher.py), unless "
+                          "--guide is given; --no-teacher: round 1 trains unguided."),
         click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
                      show_default=True,
                      help="Self-training: each round after the first starts from the "

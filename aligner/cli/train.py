@@ -227,7 +227,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             guide_weight: Optional[float], rounds: Optional[int], self_guide_weight: float,
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
-            fine_tune_share: float, final_agreement_weight: Optional[float],
+            fine_tune_share: float, final_agreement_weight: Optional[float], teacher: bool,
             agreement_weight: float,
             device: str,
             precision: str, deterministic: bool, seed: int, threads: int,
@@ -363,7 +363,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         guide_threshold=self_guide_threshold, fine_tune=fine_tune,
                         fine_tune_epochs=fine_tune_epochs,
                         fine_tune_lr_schedule=fine_tune_lr_schedule, round_pairs=round_pairs,
-                        fine_tune_share=fine_tune_share,
+                        fine_tune_share=fine_tune_share, teacher=teacher,
                         final_agreement_weight=final_agreement_weight)
     setup_logging(quiet=quiet, verbose=verbose)   # the messages between rounds
     try:

@@ -45,7 +45,10 @@ EPOCHS = 2
 #: epoch gave dev 7.9 in 16 min 48 s, 1 x 2 epochs 8.4 in 15 min 1 s; three rounds with dropout
 #: 0.1, 6.9 / 8.3 in 16 min 24 s (whole_job_enfr.md, selftrain_rounds_enfr.md); without
 #: dropout 6.8 / 7.2, and a fourth round with inverse-sqrt fine-tuning 6.5 / 7.2 (dropout_enfr.md)
-ROUNDS = 4
+#: Since round 1 is guided by the teacher (TEACHER below), two rounds: en-fr 25k dev / trial
+#: 5.1 / 6.4 (seed 2) against the four unguided rounds' 6.2 / 7.4, in about half the time
+#: (eval/results/teacher_enfr.md)
+ROUNDS = 2
 EPOCHS_PER_ROUND = 1
 #: a self-training round after the first fine-tunes the previous round's model (align train
 #: --init-from) instead of training new weights: on en-fr 25k dev 8.0 against 8.4 (fwd / rev
@@ -122,6 +125,16 @@ FINE_TUNE_SHARE = 1.0
 #: 1.6 GiB, above the 2 GB bound of the 407k job: not the default
 #: (eval/results/final_agreement_enfr.md)
 FINAL_AGREEMENT_WEIGHT = 0.0
+#: round 1 of self-training is guided by a classical aligner's links of its lines
+#: (aligner/teacher.py: IBM-1, then HMMs of both directions trained in agreement, on words;
+#: about half a minute on 25k lines), unless the user gives --guide (--no-teacher: round 1
+#: trains unguided, as before 2026-11-28). Its soft-average at TEACHER_THRESHOLD is the guide,
+#: at TEACHER_GUIDE_WEIGHT (--guide's default weight). The threshold was chosen on en-fr dev
+#: (25k text): 0.45 / 0.5 / 0.55 give the teacher's links 8.9 / 8.5 / 8.6 AER
+#: (eval/results/teacher_enfr.md)
+TEACHER = True
+TEACHER_THRESHOLD = 0.5
+TEACHER_GUIDE_WEIGHT = GUIDE_WEIGHT
 METHOD = "hmm-posterior"
 HEURISTIC = "soft-average"
 #: -H soft-average threshold of the output after self-training rounds (`align run`'s, and

@@ -5,6 +5,7 @@ aligner/training/recipe.py). Each round is a complete model directory of its own
 
     MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
                                      refuses other ones
+    MODEL_DIR/rounds/0/links.align   the teacher's links of round 1's lines: its guide
     MODEL_DIR/rounds/N/              round N's model directory, as `align train` writes one
       links.align                    round N's links of round N+1's lines: its guide (written
                                      through links.align.parts, block by block)
@@ -13,7 +14,9 @@ aligner/training/recipe.py). Each round is a complete model directory of its own
                                      (what `align extract MODEL_DIR` reads)
     MODEL_DIR/run.json               the run record of every round (aligner/run_record.py)
 
-Round 1 is the request as given (with its --guide, if any). After each round but the last,
+Round 1 is the request as given, guided by the user's --guide if any, else (``teacher``) by
+the links of a classical aligner trained by EM on round 1's lines (aligner/teacher.py), which
+rank 0 writes before round 1 trains: "round 0". After each round but the last,
 the round's model aligns the lines the next round trains on (the kind's first extraction
 method, both directions combined by the plan's heuristic at ``guide_threshold``), and round
 r+1 trains guided by them at ``guide_weight``, fine-tuning round r's weights (``align train
@@ -103,6 +106,7 @@ class SelfTraining:
     fine_tune_share: float = recipe.FINE_TUNE_SHARE
     block_lines: int = 0
     final_agreement_weight: float = recipe.FINAL_AGREEMENT_WEIGHT
+    teacher: bool = recipe.TEACHER
 
 
 @dataclass
@@ -121,7 +125,8 @@ def round_dir(model_dir: str, round_number: int) -> str:
 
 
 def guide_path(model_dir: str, round_number: int) -> str:
-    """MODEL_DIR/rounds/N/links.align: round N's links of round N+1's lines, its guide."""
+    """MODEL_DIR/rounds/N/links.align: round N's links of round N+1's lines, its guide (N = 0:
+    the teacher's)."""
     return os.path.join(round_dir(model_dir, round_number), C.ROUND_LINKS)
 
 
@@ -150,6 +155,12 @@ def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
     return recipe.ROUNDS if _why_not_self_training(model_kind, directions) is None else 1
 
 
+def teacher_guides(request: "TrainRequest", plan: SelfTraining) -> bool:
+    """Whether round 1 of `plan` is guided by the teacher's links: rounds follow it, and the
+    user gave no --guide."""
+    return plan.teacher and plan.rounds > 1 and not request.data_config.guide
+
+
 def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> None:
     """Refuse (one line) rounds > 1 where a round cannot align the bitext or train on it."""
     if rounds > 1:
@@ -172,7 +183,14 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
                                            "threshold": plan.output_threshold}
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
-        return dataclasses.replace(request, bitext=bitext, extra=extra or None)
+        if not teacher_guides(request, plan):
+            return dataclasses.replace(request, bitext=bitext, extra=extra or None)
+        return dataclasses.replace(
+            request, bitext=bitext, extra=extra or None,
+            train_config=dataclasses.replace(request.train_config,
+                                             guide_weight=recipe.TEACHER_GUIDE_WEIGHT),
+            data_config=dataclasses.replace(request.data_config,
+                                            guide=guide_path(model_dir, 0)))
     config = dataclasses.replace(request.train_config, guide_weight=plan.guide_weight)
     parallel_directions = request.parallel_directions
     if round_number == plan.rounds and plan.final_agreement_weight > 0:
@@ -258,6 +276,10 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
             if this_round.bitext is not request.bitext:
                 logger.info("round %d trains on %s", round_number,
                             this_round.bitext.description)
+            if (round_number == 1 and teacher_guides(request, plan)
+                    and not os.path.isfile(done_path(model_dir, 1))
+                    and not os.path.isfile(guide_path(model_dir, 0))):
+                result.alignment_seconds += _teacher_guide(request, plan, record, context)
             if os.path.isfile(done_path(model_dir, round_number)):
                 # the run goes on from here (or, every round done, its model aligns): the
                 # same data and settings
@@ -379,6 +401,39 @@ def _train_round(model_dir: str, this_round: "TrainRequest", plan: SelfTraining,
     return summaries
 
 
+def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context) -> float:
+    """Rank 0: the classical teacher (aligner/teacher.py) trains on round 1's lines and writes
+    its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
+    links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
+    Returns the seconds it took."""
+    from aligner.combine import combine
+    from aligner.formats import format_links
+    from aligner.teacher import soft_alignments
+
+    start = time.time()
+    faults.reached("teacher")
+    path = guide_path(request.model_dir, 0)
+    if context.is_main:
+        source, target = [], []
+        for source_words, target_words in training_lines(request, plan, 1):
+            source.append(source_words)
+            target.append(target_words)
+        logger.info("teacher: IBM-1 and HMM alignment (EM) of round 1's %d lines",
+                    len(source))
+        links = combine(C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD,
+                        soft=soft_alignments(source, target))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_output(path) as handle:
+            for line_links in links:
+                handle.write(format_links(line_links) + "\n")
+    seconds = time.time() - start
+    if record is not None:
+        record.add_stage("teacher", seconds)
+    logger.info("teacher: %s (round 1's guide) took %.1fs", path, seconds)
+    context.barrier()
+    return seconds
+
+
 def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int, device,
                  record, context) -> float:
     """Round `round_number`'s model aligns round `round_number` + 1's lines into its
@@ -454,7 +509,8 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
             "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
             "--shortlist": plan.shortlist, "--round-pairs": plan.round_pairs,
             "--fine-tune-share": plan.fine_tune_share,
-            "--final-agreement-weight": plan.final_agreement_weight}
+            "--final-agreement-weight": plan.final_agreement_weight,
+            "--teacher/--no-teacher": plan.teacher}
 
 
 def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
@@ -464,7 +520,8 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
     is not checked)."""
     if saved is None:
         return
-    saved = {"--final-agreement-weight": 0.0, **saved}   # runs from before the option
+    # runs from before the options: no agreement in the last round, round 1 unguided
+    saved = {"--final-agreement-weight": 0.0, "--teacher/--no-teacher": False, **saved}
     asked = plan_settings(plan)
     differences = [f"{option} ({saved[option]!r} saved, {value!r} asked)"
                    for option, value in asked.items()
