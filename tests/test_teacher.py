@@ -167,3 +167,48 @@ def test_empty_lines_get_empty_matrices():
     assert [m.shape for m in soft["fwd"]] == [(2, 2), (0, 1), (1, 1)]
     assert [m.shape for m in soft["rev"]] == [(2, 2), (0, 1), (1, 1)]
     assert not soft["fwd"][1].size
+
+
+def test_the_m_step_takes_the_empty_word_from_the_mass_left_over():
+    """One line, observed 'a b' given 'x', link posteriors 0.6 and 0.2: counts (x,a) 0.6,
+    (x,b) 0.2, (empty,a) 0.4, (empty,b) 0.8, so t(a|x) = 0.75, t(b|x) = 0.25, t(a|empty) =
+    1/3, t(b|empty) = 2/3 (what agreement training hands over: products that sum below 1)."""
+    direction = _Direction([["a", "b"]], [["x"]], TeacherConfig())
+    (batch,) = direction.batches
+    direction.maximize([torch.tensor([[[0.6], [0.2]]])], torch.ones_like(direction.jumps))
+    table = direction.lexicon[batch.pairs[0]]          # (I, J+1): rows a, b; columns x, empty
+    torch.testing.assert_close(table, torch.tensor([[0.75, 1 / 3], [0.25, 2 / 3]],
+                                                   dtype=torch.float64))
+
+
+def test_agreement_counts_are_the_product_of_both_directions_posteriors():
+    from aligner.teacher import _agreed
+
+    source, target = [["x", "y"], ["y"]], [["a", "b", "c"], ["b", "a"]]
+    config = TeacherConfig(ibm1_iterations=1, hmm_iterations=0)
+    directions = {"fwd": _Direction(target, source, config),
+                  "rev": _Direction(source, target, config)}
+    for direction in directions.values():
+        direction.ibm1_iteration()
+    posteriors = {name: d.expectations()[0] for name, d in directions.items()}
+    fwd = directions["fwd"].by_line([p.clone() for p in posteriors["fwd"]], 2)
+    rev = directions["rev"].by_line([p.clone() for p in posteriors["rev"]], 2)
+    both = _agreed(directions, posteriors, 2)
+    assert not posteriors                                  # taken out, to be freed
+    for n in range(2):
+        assert fwd[n].shape == (len(target[n]), len(source[n]))
+        np.testing.assert_allclose(both[n], fwd[n] * rev[n].T, rtol=1e-6)
+    # and back into each direction's batches, line by line
+    for row_batches, name, lines in ((directions["fwd"].to_batches(both), "fwd", both),
+                                     (directions["rev"].to_batches([b.T for b in both]),
+                                      "rev", [b.T for b in both])):
+        assert directions[name].by_line(row_batches, 2)[0].tolist() == lines[0].tolist()
+
+
+def test_lines_longer_than_max_words_get_no_links():
+    source = [["a", "b", "c"], ["a"]]
+    target = [["x", "y", "z"], ["x"]]
+    soft = soft_alignments(source, target, TeacherConfig(ibm1_iterations=1, hmm_iterations=1,
+                                                         max_words=2))
+    assert soft["fwd"][0].shape == (3, 3) and not soft["fwd"][0].any()
+    assert soft["rev"][1].shape == (1, 1) and soft["rev"][1].any()

@@ -1,0 +1,96 @@
+"""AER of the classical teacher (aligner/teacher.py) on gold sets inside its training text.
+
+Trains the teacher on every line of --text (as `align run` trains it on round 1's lines),
+then scores each direction's links (a target word's most probable source word above 0.5,
+and the converse) and the soft-average at each --threshold against gold sets that cover
+given lines of the text. TeacherConfig fields are set with --set KEY=VALUE. Prints one line
+per set and output, and the teacher's seconds. --write FILE writes the soft-average links of
+every line at the first --threshold (Pharaoh; what `align run` writes to
+MODEL_DIR/rounds/0/links.align with the recipe's threshold), a --guide for `align run`.
+
+    python eval/teacher_aer.py --text train.en train.fr \
+        --gold dev ../shared/data/enfr/dev.talp 25001 \
+        --gold trial ../shared/data/enfr/trial.talp 25201 \
+        [--threshold 0.45 0.5 0.55] [--set agreement=0 --set empty_prob=0.1 ...] \
+        [--write teacher.align]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+from aligner.combine import combine
+from aligner.formats import format_links, read_gold, read_lines, tokenize_line
+from aligner.metrics import score_aer
+from aligner.soft_symmetrize import soft_average
+from aligner.teacher import TeacherConfig, soft_alignments
+from aligner.utils import atomic_output
+
+
+def _config(settings) -> TeacherConfig:
+    """TeacherConfig with KEY=VALUE settings (ints, floats, booleans as 0/1)."""
+    values = {}
+    fields = {field.name: field for field in dataclasses.fields(TeacherConfig)}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set {setting}: no TeacherConfig field '{key}' "
+                             f"(fields: {', '.join(fields)})")
+        kind = type(getattr(TeacherConfig(), key))
+        values[key] = bool(int(value)) if kind is bool else kind(value)
+    return TeacherConfig(**values)
+
+
+def _best_links(matrix: np.ndarray, over_source: bool):
+    """One direction's own links: each target word's (over_source) or source word's most
+    probable partner, where its probability exceeds 0.5."""
+    if over_source:   # fwd: p(source i | target j), columns are target words
+        return {(int(matrix[:, j].argmax()), j) for j in range(matrix.shape[1])
+                if matrix.shape[0] and matrix[:, j].max() > 0.5}
+    return {(i, int(matrix[i].argmax())) for i in range(matrix.shape[0])
+            if matrix.shape[1] and matrix[i].max() > 0.5}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--text", nargs=2, required=True, metavar=("SRC", "TGT"))
+    parser.add_argument("--gold", nargs=3, action="append", required=True,
+                        metavar=("NAME", "TALP", "FIRST_LINE"),
+                        help="a gold set and the 1-based text line of its first sentence")
+    parser.add_argument("--threshold", type=float, nargs="+", default=[0.5])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a TeacherConfig field (repeatable)")
+    parser.add_argument("--write", metavar="FILE",
+                        help="write every line's soft-average links at the first --threshold")
+    args = parser.parse_args()
+    config = _config(args.set)
+    sources, targets = ([tokenize_line(line) for line in read_lines(path)]
+                        for path in args.text)
+    start = time.time()
+    soft = soft_alignments(sources, targets, config)
+    seconds = time.time() - start
+    print(f"teacher: {len(sources)} lines in {seconds:.1f} s, {config}")
+    if args.write:
+        links = combine("soft-average", args.threshold[0], soft=soft)
+        with atomic_output(args.write) as handle:
+            for line_links in links:
+                handle.write(format_links(line_links) + "\n")
+    for name, path, first in args.gold:
+        gold = read_gold(path)
+        lines = range(int(first) - 1, int(first) - 1 + len(gold))
+        outputs = {"fwd": [_best_links(soft["fwd"][n], True) for n in lines],
+                   "rev": [_best_links(soft["rev"][n], False) for n in lines]}
+        for threshold in args.threshold:
+            outputs[f"soft-average {threshold:g}"] = [
+                soft_average(soft["fwd"][n], soft["rev"][n], threshold) for n in lines]
+        for output, links in outputs.items():
+            score = score_aer(links, gold)
+            print(f"{name}\t{output}\tAER {100 * score.aer:.1f}\tP {100 * score.precision:.1f}"
+                  f"\tR {100 * score.recall:.1f}")
+
+
+if __name__ == "__main__":
+    main()
