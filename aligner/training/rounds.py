@@ -409,6 +409,7 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
     from aligner.combine import combine
     from aligner.formats import format_links
     from aligner.teacher import soft_alignments
+    from aligner.utils import remove_stale_temporaries
 
     start = time.time()
     faults.reached("teacher")
@@ -423,6 +424,7 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
         links = combine(C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD,
                         soft=soft_alignments(source, target))
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        remove_stale_temporaries(os.path.dirname(path))   # of a teacher killed as it wrote
         with atomic_output(path) as handle:
             for line_links in links:
                 handle.write(format_links(line_links) + "\n")
