@@ -90,7 +90,10 @@ class LineSource:
             if self.partial:   # a last line without "\n"
                 self._queue(self.partial)
                 self.partial = b""
-            check_condition(self.read_lines > 0, f"{self.name}: empty file")
+            # (a last line that was refused, e.g. gzip data without a newline byte, is the
+            # error to report, not an empty file)
+            check_condition(self.read_lines > 0 or self.error is not None,
+                            f"{self.name}: empty file")
             return
         *complete, self.partial = (self.partial + data).split(b"\n")
         for raw in complete:

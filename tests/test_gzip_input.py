@@ -88,7 +88,7 @@ def test_gzip_data_on_a_pipe_or_standard_input_is_refused_in_one_line(tmp_path, 
 
     from aligner.streaming import LineSource
 
-    packed = gzip.compress(b"a b\nc\n")
+    packed = gzip.compress(b"a b\nc\n", mtime=0)   # (no newline byte: see below)
     fifo = str(tmp_path / "fifo")
     os.mkfifo(fifo)
     writer = threading.Thread(target=lambda: open(fifo, "wb").write(packed))
@@ -100,14 +100,19 @@ def test_gzip_data_on_a_pipe_or_standard_input_is_refused_in_one_line(tmp_path, 
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(packed)))
     with pytest.raises(AlignerError, match=r"^-: gzip-compressed data on a pipe"):
         read_lines("-")
-    read_end, write_end = os.pipe()
-    os.write(write_end, packed)
-    os.close(write_end)
-    source = LineSource("piped", read_end)
-    while not source.eof:
-        source.fill()
-    os.close(read_end)
-    assert str(source.error).startswith("piped: gzip-compressed data on a pipe")
+    # the header's mtime decides whether the compressed bytes hold a newline: without one the
+    # whole input is one last line, refused as gzip data (not "empty file")
+    for mtime, has_newline in ((0, False), (10, True)):
+        packed = gzip.compress(b"a b\nc\n", mtime=mtime)
+        assert (b"\n" in packed) == has_newline
+        read_end, write_end = os.pipe()
+        os.write(write_end, packed)
+        os.close(write_end)
+        source = LineSource("piped", read_end)
+        while not source.eof:
+            source.fill()
+        os.close(read_end)
+        assert str(source.error).startswith("piped: gzip-compressed data on a pipe")
 
 
 def test_train_and_extract_read_gzip_files_as_their_text(tmp_path):
