@@ -53,8 +53,9 @@ def test_without_guide_the_layer_learns_the_recipes_links_of_the_bitext(whole):
     assert len(whole["recipe"].splitlines()) == whole["n"] and "-" in whole["recipe"]
     guide_run = json.loads((model / "guide" / "config.json").read_text())
     assert guide_run["model_kind"] == recipe.MODEL_KIND
-    assert sorted(os.listdir(model / "guide" / "rounds")) == sorted(
-        [str(r) for r in range(1, recipe.ROUNDS + 1)] + ["settings.json"])
+    assert sorted(os.listdir(model / "guide" / "rounds")) == sorted(   # 0: the teacher's links
+        [str(r) for r in range(0 if recipe.TEACHER else 1, recipe.ROUNDS + 1)]
+        + ["settings.json"])
     # stage 2 is the guided layer (Zenkel et al. 2020) on those links; the base has no guide
     config = json.loads((model / "config.json").read_text())
     assert config["data"]["guide"] == str(links)
@@ -130,15 +131,20 @@ def _sessions(folder):
 
 
 #: where the run is cut off: the stage's folder, and its run's sessions once resumed (a stage
-#: cut off before its training began starts again). Stage 0 in the recipe's round 2 (fwd's
-#: checkpoint written: one per direction and round), stage 0's alignment of the bitext (its
-#: one block finished, after the 3 guides' blocks, the links not written), stage 1 while it
-#: prepares (the recipe's 4 rounds prepared first) and after the base's fwd checkpoint (the 8
-#: of stage 0 came first), stage 2 while it prepares and after the layer's fwd checkpoint
+#: cut off before its training began starts again). With R = recipe.ROUNDS: stage 0 in the
+#: recipe's round 2 (fwd's checkpoint written: one per direction and round), stage 0's
+#: alignment of the bitext (its one block finished, after the R - 1 guides' blocks, the links
+#: not written), stage 1 while it prepares (the recipe's R rounds prepared first) and after
+#: the base's fwd checkpoint (the 2R of stage 0 came first), stage 2 while it prepares and
+#: after the layer's fwd checkpoint
+_R = recipe.ROUNDS
+GUIDE_ALIGNMENT = f"alignment-block:{_R}"
+LAYER_CHECKPOINT = f"checkpoint:{2 * _R + 3}"
 STAGES = {"checkpoint:3": ("guide", [False, True]),
-          "alignment-block:4": ("guide", [False, True]),
-          "preparation:5": ("base", [False]), "checkpoint:9": ("base", [False, True]),
-          "preparation:6": (".", [False]), "checkpoint:11": (".", [False, True])}
+          GUIDE_ALIGNMENT: ("guide", [False, True]),
+          f"preparation:{_R + 1}": ("base", [False]),
+          f"checkpoint:{2 * _R + 1}": ("base", [False, True]),
+          f"preparation:{_R + 2}": (".", [False]), LAYER_CHECKPOINT: (".", [False, True])}
 
 
 @pytest.mark.parametrize("spec", STAGES)
@@ -148,8 +154,8 @@ def test_a_layer_run_killed_in_any_stage_ends_as_an_uninterrupted_run(tmp_path, 
     _killed(model, whole["corpus"], spec)
     links = model / "guide" / "links.align"
     assert links.exists() == (folder != "guide")
-    assert not (model / "config.json").exists() or spec == "checkpoint:11"
-    if spec == "checkpoint:11":   # a directory moved before it is resumed goes on as well
+    assert not (model / "config.json").exists() or spec == LAYER_CHECKPOINT
+    if spec == LAYER_CHECKPOINT:   # a directory moved before it is resumed goes on as well
         model = model.rename(tmp_path / "moved")
         links = model / "guide" / "links.align"
     run("train", *whole["corpus"], "-o", model, *TINY, "--resume")
@@ -174,7 +180,7 @@ def test_resume_refuses_before_stage_0_what_a_later_stage_would(tmp_path, whole)
     # a finished guide resumed on another bitext: the recipe's run refuses it
     # (its rounds done, cut off before the first block of its alignment of the bitext)
     model = tmp_path / "model"
-    _killed(model, corpus, "alignment-block:4")
+    _killed(model, corpus, GUIDE_ALIGNMENT)
     shutil.rmtree(model / "guide" / "links.align.parts")
     other = tmp_path / "other.src"
     other.write_text(open(corpus[1]).read().replace("\n", " x\n", 1))

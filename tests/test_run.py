@@ -29,7 +29,9 @@ def test_the_recipe_is_pinned():
     assert (recipe.ROUNDS, recipe.EPOCHS_PER_ROUND, recipe.FINE_TUNE_ROUNDS,
             recipe.SELF_GUIDE_WEIGHT, recipe.FINE_TUNE_EPOCHS,
             recipe.SELF_GUIDE_THRESHOLD, recipe.FINE_TUNE_LR_SCHEDULE) == \
-        (4, 1, True, 0.5, 1, 0.5, "linear")
+        (2, 1, True, 0.5, 1, 0.5, "linear")
+    assert (recipe.TEACHER, recipe.TEACHER_THRESHOLD, recipe.TEACHER_GUIDE_WEIGHT) == \
+        (True, 0.5, 1.0)
     assert recipe.AGREEMENT_WEIGHT == recipe.FINAL_AGREEMENT_WEIGHT == 0.0
     assert recipe.ROUND_PAIRS == 40000 and recipe.TRAIN_MAX_LEN == 200
     # the guided alignment layer's own stage (stage 2)
