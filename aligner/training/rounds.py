@@ -406,7 +406,7 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
     its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
     links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
     It runs in a "spawn" process of its own with this process's torch threads, so that its
-    memory (about 1.3 GB over 40,000 Hansards lines) goes back to the system when it ends
+    memory (1.5 GiB at its peak on 40,000 Hansards lines) goes back to the system when it ends
     instead of staying in this process's heap (aligner/malloc.py). Returns the seconds."""
     import multiprocessing
 
