@@ -23,11 +23,10 @@ import time
 import numpy as np
 
 from aligner.combine import combine
-from aligner.formats import format_links, read_gold, read_lines, tokenize_line
+from aligner.formats import read_gold, read_lines, tokenize_line, write_pharaoh
 from aligner.metrics import score_aer
 from aligner.soft_symmetrize import soft_average
 from aligner.teacher import TeacherConfig, soft_alignments
-from aligner.utils import atomic_output
 
 
 def _config(settings) -> TeacherConfig:
@@ -74,10 +73,7 @@ def main() -> None:
     seconds = time.time() - start
     print(f"teacher: {len(sources)} lines in {seconds:.1f} s, {config}")
     if args.write:
-        links = combine("soft-average", args.threshold[0], soft=soft)
-        with atomic_output(args.write) as handle:
-            for line_links in links:
-                handle.write(format_links(line_links) + "\n")
+        write_pharaoh(args.write, combine("soft-average", args.threshold[0], soft=soft))
     for name, path, first in args.gold:
         gold = read_gold(path)
         lines = range(int(first) - 1, int(first) - 1 + len(gold))

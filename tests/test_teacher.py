@@ -14,29 +14,37 @@ from aligner.combine import combine
 from aligner.teacher import TeacherConfig, _Direction, soft_alignments
 
 
-def _enumerated_posteriors(direction: _Direction, batch, row: int):
-    """(I, 2J) state posteriors and log Z of one line by summing over all (2J)^I paths of
-    the HMM as aligner/teacher.py's docstring defines it (empty state J + j' continues from
-    position j')."""
+def _paths(direction: _Direction, batch, row: int):
+    """Every state path of one line of the HMM as aligner/teacher.py's docstring defines it
+    (empty state J + j' continues from position j'): yields (path, its joint probability with
+    the observed words, its moves (j', j) into real states)."""
     p0 = direction.config.empty_prob
     size = batch.given_len
     length = int(batch.lengths[row])
     emission = direction.lexicon[batch.pairs[row, :length]]          # (I, J+1)
     trans = direction._transitions(size)
-    total = 0.0
-    gamma = torch.zeros(length, 2 * size, dtype=torch.float64)
     for path in itertools.product(range(2 * size), repeat=length):
-        p, position = 1.0, None
+        p, position, moves = 1.0, None, []
         for i, state in enumerate(path):
             real = state < size
             if i == 0:
                 step = (1 - p0) / size if real else p0 / size
             elif real:
                 step = float(trans[position, state])
+                moves.append((position, state))
             else:
                 step = p0 if state - size == position else 0.0
             position = state if real else state - size
             p *= step * float(emission[i, state if real else size])
+        yield path, p, moves
+
+
+def _enumerated_posteriors(direction: _Direction, batch, row: int):
+    """(I, 2J) state posteriors and log Z of one line by summing over all its paths."""
+    length = int(batch.lengths[row])
+    total = 0.0
+    gamma = torch.zeros(length, 2 * batch.given_len, dtype=torch.float64)
+    for path, p, _ in _paths(direction, batch, row):
         total += p
         for i, state in enumerate(path):
             gamma[i, state] += p
@@ -80,24 +88,9 @@ def test_expected_jumps_equal_the_enumeration():
     direction.jumps = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
     (batch,) = direction.batches
     _, _, jumps = direction.hmm_pass(batch, want_counts=True)
-    p0, size = config.empty_prob, 3
-    emission = direction.lexicon[batch.pairs[0]]
-    trans = direction._transitions(size)
-    expected = torch.zeros(size, size, dtype=torch.float64)
+    expected = torch.zeros(3, 3, dtype=torch.float64)
     total = 0.0
-    for path in itertools.product(range(2 * size), repeat=3):
-        p, position, moves = 1.0, None, []
-        for i, state in enumerate(path):
-            real = state < size
-            if i == 0:
-                step = (1 - p0) / size if real else p0 / size
-            elif real:
-                step = float(trans[position, state])
-                moves.append((position, state))
-            else:
-                step = p0 if state - size == position else 0.0
-            position = state if real else state - size
-            p *= step * float(emission[i, state if real else size])
+    for _, p, moves in _paths(direction, batch, 0):
         total += p
         for move in moves:
             expected[move] += p

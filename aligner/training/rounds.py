@@ -440,7 +440,7 @@ def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequen
     import torch
 
     from aligner.combine import combine
-    from aligner.formats import format_links
+    from aligner.formats import write_pharaoh
     from aligner.teacher import soft_alignments
     from aligner.utils import remove_stale_temporaries
 
@@ -449,9 +449,7 @@ def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequen
                     soft=soft_alignments(source, target))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale_temporaries(os.path.dirname(path))   # of a teacher killed as it wrote
-    with atomic_output(path) as handle:
-        for line_links in links:
-            handle.write(format_links(line_links) + "\n")
+    write_pharaoh(path, links)
 
 
 def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int, device,
