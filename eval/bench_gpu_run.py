@@ -4,8 +4,9 @@ Runs ``python -m aligner run`` once per ``--variant`` (its extra options; "" = t
 recipe with the device's defaults, aligner/training/recipe.py:device_defaults), one after the
 other, on the same bitext, each in its own model directory under ``--workdir``. For each:
 
-* wall seconds of the command, and its stages from MODEL_DIR/run.json (preparation, each
-  round's training per direction, each guide; the final alignment is the rest);
+* wall seconds of the command, and its stages from MODEL_DIR/run.json (preparation, the
+  classical teacher, each round's training per direction, each guide; the final alignment
+  is the rest);
 * the GPU memory in use on GPU 0, the most seen by ``nvidia-smi`` polled every 0.2 s (the
   job's CUDA context and its allocator's reserve included: what another job on the card can
   no longer have);
@@ -146,17 +147,18 @@ def environment() -> Dict:
 
 def table(rows: List[Dict], golds: List[str]) -> str:
     names = [spec.split("=", 1)[0] for spec in golds]
-    head = ["variant", "wall s", "GPU MiB", "train s", "guide s", "prep s", "rest s",
-            *[f"{n} AER" for n in names]]
+    head = ["variant", "wall s", "GPU MiB", "train s", "teacher s", "guide s", "prep s",
+            "rest s", *[f"{n} AER" for n in names]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         seconds = {kind: sum(s["seconds"] for s in row["stages"] if s["stage"] == kind)
-                   for kind in ("guide", "preparation")}
+                   for kind in ("teacher", "guide", "preparation")}
         # training: the recorded wall time (directions side by side count once) less the rest
         training = row["recorded_s"] - sum(seconds.values())
         aers = [f"{100 * row[n]['aer']:.2f}" if n in row else "-" for n in names]
         lines.append("| " + " | ".join([row["variant"], str(row["wall_s"]),
                                          str(row["gpu_peak_mib"]), f"{training:.1f}",
+                                         f"{seconds['teacher']:.1f}",
                                          f"{seconds['guide']:.1f}",
                                          f"{seconds['preparation']:.1f}",
                                          f"{row['wall_s'] - row['recorded_s']:.1f}",

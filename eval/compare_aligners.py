@@ -22,8 +22,9 @@ missing peer gets a "not run" row. Our own aligner joins in two ways:
 * ``--aligner-model [LABEL=]DIR:METHOD`` takes a model directory trained beforehand (both
   directions; a directory joined from two one-direction runs works). Only ``align extract``
   runs here. Time = the training seconds the directory records in its run record
-  (``DIR/run.json``: preparation, training, a self-training run's guides, over every round and
-  resumed session; the directions trained side by side count as the longer; for an alignment
+  (``DIR/run.json``: preparation, the classical teacher, training, a self-training run's
+  guides, over every round and resumed session; the directions trained side by side count as
+  the longer; for an alignment
   layer also its base's) + the extraction measured here; a directory trained before run
   records counts the last ``elapsed_s`` of each direction's ``metrics.tsv`` only, and a note
   says so. Peak = extraction only. Before anything runs, the model's training text must be the
@@ -573,9 +574,10 @@ class TrainingRecord:
     """Training seconds recorded in a model directory, and where each number came from.
 
     ``seconds`` maps a part to wall seconds: ``preparation`` (BPE, vocabularies, corpus
-    encoding), ``training`` (every direction's training, the directions trained side by side
-    counting as the longest), ``guides`` (a self-training run's alignments of the bitext for the
-    next round), each over every round and session of the run record; without a run record
+    encoding), ``teacher`` (the classical teacher that guides round 1, aligner/teacher.py),
+    ``training`` (every direction's training, the directions trained side by side counting as
+    the longest), ``guides`` (a self-training run's alignments of the bitext for the next
+    round), each over every round and session of the run record; without a run record
     ``fwd``, ``rev`` or ``fwd+rev`` (metrics.tsv); a base model's parts (alignment layer) are
     prefixed ``base``. ``notes`` say where they were read and what is not known.
     """
@@ -624,7 +626,7 @@ def _add_run_record(record: TrainingRecord, prefix: str, folder: str,
 
     run = RunRecord.load(folder)
     path = record_path(folder)
-    parts = {"preparation": 0.0, "training": 0.0, "guides": 0.0}
+    parts = {"preparation": 0.0, "teacher": 0.0, "training": 0.0, "guides": 0.0}
     per_direction: Dict[str, float] = {}
     side_by_side: Dict[Tuple[int, int], float] = {}
     for stage in run.stages:
@@ -637,8 +639,10 @@ def _add_run_record(record: TrainingRecord, prefix: str, folder: str,
                 side_by_side[key] = max(side_by_side.get(key, 0.0), seconds)
             else:
                 parts["training"] += seconds
+        elif stage["stage"] in ("preparation", "teacher"):
+            parts[stage["stage"]] += seconds
         else:
-            parts["preparation" if stage["stage"] == "preparation" else "guides"] += seconds
+            parts["guides"] += seconds
     parts["training"] += sum(side_by_side.values())
     for part, seconds in parts.items():
         if seconds or part == "training":
@@ -650,6 +654,7 @@ def _add_run_record(record: TrainingRecord, prefix: str, folder: str,
         + f" ({path}): training {parts['training']:.1f} s ({loops or 'no direction'}"
         + ("; directions trained side by side in separate processes: the longer counts"
            if side_by_side else "") + f"), BPE and corpus encoding {parts['preparation']:.1f} s"
+        + (f", the classical teacher {parts['teacher']:.1f} s" if parts["teacher"] else "")
         + (f", alignment of the bitext for the next round's guide {parts['guides']:.1f} s, "
            f"over self-training rounds {rounds[0]}-{rounds[-1]}" if len(rounds) > 1 else "")
         + (f"; {len(run.sessions)} sessions (resumed {len(run.sessions) - 1} times)"

@@ -442,17 +442,20 @@ def test_recorded_training_of_a_self_training_run_counts_every_round_and_session
     """Every round's stages, the guides' alignments, and a resumed session's stages."""
     model = tmp_path / "m"
     write_run_record(model, [
+        (0, 1, "teacher", None, False, 7.5),
         (0, 1, "preparation", None, False, 2.5), (0, 1, "training", "fwd", False, 100.0),
         (0, 1, "training", "rev", False, 90.0), (0, 1, "guide", None, False, 30.0),
         (0, 2, "preparation", None, False, 0.5), (0, 2, "training", "fwd", False, 20.0),
         (1, 2, "training", "fwd", False, 25.0), (1, 2, "training", "rev", False, 44.0)])
     record = ca.recorded_training(str(model))
-    assert record.seconds == {"preparation": 3.0, "training": 279.0, "guides": 30.0}
-    assert record.total == pytest.approx(312.0)
+    assert record.seconds == {"preparation": 3.0, "teacher": 7.5, "training": 279.0,
+                              "guides": 30.0}
+    assert record.total == pytest.approx(319.5)
     (note,) = record.notes
     assert "training 279.0 s (fwd 145.0 s, rev 134.0 s)" in note
-    assert ("alignment of the bitext for the next round's guide 30.0 s, over self-training "
-            "rounds 1-2; 2 sessions (resumed 1 times)") in note
+    assert ("BPE and corpus encoding 3.0 s, the classical teacher 7.5 s, alignment of the "
+            "bitext for the next round's guide 30.0 s, over self-training rounds 1-2; "
+            "2 sessions (resumed 1 times)") in note
     # a run record begun by a resumed run of an older version says so
     write_run_record(model, [(0, 1, "training", "fwd", False, 1.0),
                              (0, 1, "training", "rev", False, 1.0)], earlier_unrecorded=True)
