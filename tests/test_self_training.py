@@ -88,10 +88,10 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     import compare_aligners
 
     record = compare_aligners.recorded_training(str(model))   # (tiny: seconds may be 0.0)
-    assert set(record.seconds) == {"preparation", "training", "guides"}
+    assert set(record.seconds) == {"preparation", "teacher", "training", "guides"}
     assert record.total == pytest.approx(RunRecord.load(str(model)).wall_seconds())
     (note,) = record.notes
-    assert "over self-training rounds 1-3" in note
+    assert "the classical teacher" in note and "over self-training rounds 1-3" in note
 
 
 def test_self_training_options_reach_the_rounds(tmp_path, corpus):
