@@ -247,10 +247,10 @@ def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
 
 
 def test_self_training_rounds_run_under_torchrun(tmp_path):
-    """The recipe's rounds are not refused under torchrun: both ranks train every round in
-    one process group, round 1's model aligns round 2's sample (its guide, one line per
-    sampled pair, written once) and the model directory ends as round 2's run of 2
-    processes."""
+    """The recipe's rounds are not refused under torchrun: the teacher's links guide round 1,
+    both ranks train every round in one process group, round 1's model aligns round 2's
+    sample (its guide, one line per sampled pair, written once) and the model directory ends
+    as round 2's run of 2 processes."""
     mp.spawn(_rounds_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         assert json.loads((tmp_path / f"calls{rank}.json").read_text()) == {"init": 1,
@@ -265,3 +265,6 @@ def test_self_training_rounds_run_under_torchrun(tmp_path):
     record = json.loads((model / "run.json").read_text())
     assert [stage["stage"] for stage in record["stages"]].count("guide") == 1
     assert {session["processes"] for session in record["sessions"]} == {2}
+    # round 1 is guided by the teacher, run once (on rank 0) for round 1's 30 lines
+    assert [stage["stage"] for stage in record["stages"]].count("teacher") == 1
+    assert len((model / "rounds" / "0" / "links.align").read_text().splitlines()) == 30
