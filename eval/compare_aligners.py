@@ -24,15 +24,14 @@ missing peer gets a "not run" row. Our own aligner joins in two ways:
   runs here. Time = the training seconds the directory records in its run record
   (``DIR/run.json``: preparation, the classical teacher, training, a self-training run's
   guides, over every round and resumed session; the directions trained side by side count as
-  the longer; for an alignment
-  layer also its base's) + the extraction measured here; a directory trained before run
-  records counts the last ``elapsed_s`` of each direction's ``metrics.tsv`` only, and a note
-  says so. Peak = extraction only. Before anything runs, the model's training text must be the
-  benchmark corpus line for line (:func:`check_training_text`: the encoded ``DIR/corpus``
-  against the benchmark corpus encoded with the model's own BPE and vocabularies; without
-  ``corpus/``, the fingerprint and pair count of the training text that ``DIR/run.json``
-  records); a mismatch is an
-  error unless ``--allow-other-training-text``, which marks the row.
+  the longer; for an alignment layer also its base's) + the extraction measured here; a
+  directory trained before run records counts the last ``elapsed_s`` of each direction's
+  ``metrics.tsv`` only, and a note says so. Peak = extraction only. Before anything runs, the
+  model's training text must be the benchmark corpus line for line
+  (:func:`check_training_text`: the encoded ``DIR/corpus`` against the benchmark corpus
+  encoded with the model's own BPE and vocabularies; without ``corpus/``, the fingerprint and
+  pair count of the training text that ``DIR/run.json`` records); a mismatch is an error
+  unless ``--allow-other-training-text``, which marks the row.
 
 Example (en-fr, 25k training pairs, dev and trial scored separately)::
 
