@@ -222,6 +222,17 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     return (matrix.T if direction == "fwd" else matrix).astype(np.float32)
 
 
+def no_alignment(pair: EncodedPair) -> np.ndarray:
+    """The soft matrix of a pair that gets no alignment, float32 and without elements, so that
+    a skipped line costs nothing whatever its length: (0, target words) or (source words, 0)
+    for an empty side, (0, 0) for a pair too long for the model (a (source words, target words)
+    matrix of zeros would take I·J floats: 37 GiB for a line of 100,000 words)."""
+    n_src = max(pair.src_word_index, default=-1) + 1
+    n_tgt = max(pair.tgt_word_index, default=-1) + 1
+    shape = (n_src, n_tgt) if n_src == 0 or n_tgt == 0 else (0, 0)
+    return np.zeros(shape, dtype=np.float32)
+
+
 @torch.no_grad()
 def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
                     method: str, max_tokens: Optional[int] = None,
@@ -230,16 +241,13 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
                     progress: bool = False) -> List[np.ndarray]:
     """Word-level soft alignment matrices (source words, target words), float32, input order.
 
-    See :func:`_word_matrix` for the normalization. Pairs that get no alignment (empty side,
-    too long) get a zero matrix of shape (source words, target words). ``progress``: a tqdm
-    bar on stderr.
+    See :func:`_word_matrix` for the normalization. Pairs that get no alignment get a matrix
+    without elements (:func:`no_alignment`). ``progress``: a tqdm bar on stderr.
     """
     options = options or {}
     model.eval()
     renormalize = not model.leaves_unaligned_mass(method)
-    results = [np.zeros((max(p.src_word_index, default=-1) + 1,
-                         max(p.tgt_word_index, default=-1) + 1), dtype=np.float32)
-               for p in pairs]
+    results = [no_alignment(p) for p in pairs]
     for indices, batch in pair_batches(model, pairs, direction, max_tokens, device,
                                        f"soft {direction}", progress):
         scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,

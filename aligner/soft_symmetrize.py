@@ -43,8 +43,12 @@ def soft_average(forward: np.ndarray, reverse: np.ndarray,
     """Links (i, j) whose mean of ``forward[i, j]`` and ``reverse[i, j]`` exceeds ``threshold``.
 
     forward, reverse: (I, J) arrays, source–target orientation (see the module docstring).
-    Returns a set of 0-based (source word, target word) links. The comparison is strict.
+    Returns a set of 0-based (source word, target word) links. The comparison is strict. A
+    matrix without elements (a line that gets no alignment: an empty side, or a pair too long
+    for a model, aligner.inference.no_alignment) gives no links, whatever the other's shape.
     """
+    if np.size(forward) == 0 or np.size(reverse) == 0:
+        return set()
     forward = np.asarray(forward, dtype=np.float64)
     reverse = np.asarray(reverse, dtype=np.float64)
     if forward.shape != reverse.shape or forward.ndim != 2:

@@ -303,7 +303,9 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
                     ) -> Dict[str, List[np.ndarray]]:
     """Train both directions on the words of every line and return their soft alignments,
     ``{"fwd": [...], "rev": [...]}``: one (source words, target words) array per line, as
-    aligner.combine.combine takes them."""
+    aligner.combine.combine takes them; a line the teacher skips (an empty side, over
+    ``config.max_words``) gets an array without elements, whatever its length (as in
+    aligner.inference.no_alignment)."""
     sides = {"fwd": (target, source), "rev": (source, target)}   # (observed, given)
     directions = {name: _Direction(observed, given, config)
                   for name, (observed, given) in sides.items()}
@@ -333,7 +335,8 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
         soft = directions[name].soft_alignments(count)
         for n in range(count):
             if soft[n] is None:
-                soft[n] = np.zeros((len(observed[n]), len(given[n])), dtype=np.float32)
+                shape = (len(observed[n]), len(given[n]))
+                soft[n] = np.zeros(shape if 0 in shape else (0, 0), dtype=np.float32)
         # fwd: (target, source) -> (source, target); rev is (source, target) already
         result[name] = [m.T if name == "fwd" else m for m in soft]
     return result

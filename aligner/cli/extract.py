@@ -97,7 +97,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
               help="Also write word-level soft alignment matrices to this .npz file (arrays "
                    "'fwd_K' / 'rev_K' of shape (source words, target words) for input line K, "
-                   "0-based). Written together with -o: a failed run writes neither.")
+                   "0-based; no elements for a line that gets no alignment). Written together with -o: a failed run writes neither.")
 @click.option("--link-probs", type=click.Path(dir_okay=False), default=None,
               help="Also write each link's probability to this file: one line per Pharaoh "
                    "line, one number per link in the same order (as awesome-align's "
