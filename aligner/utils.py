@@ -205,6 +205,33 @@ def check_distinct_files(inputs: Dict[str, Optional[str]],
                             f"each output its own")
 
 
+def inside_directory(path: str, directory: str) -> bool:
+    """Whether `path` lies inside `directory` (or is it), symbolic links resolved on both
+    sides: ``out -> model/config.json`` and ``link/config.json`` for ``link -> model`` are
+    inside ``model``."""
+    parent, name = os.path.split(os.path.abspath(path))
+    pairs = ((os.path.realpath(path), os.path.realpath(directory)),   # links followed
+             (os.path.join(os.path.realpath(parent), name), os.path.realpath(directory)),
+             (os.path.abspath(path), os.path.abspath(directory)))     # as written
+    return any(os.path.commonpath([home, candidate]) == home for candidate, home in pairs)
+
+
+def check_outside_model_dir(model_dir: Optional[str], outputs: Dict[str, Optional[str]]
+                            ) -> None:
+    """Refuse (one line, before any work) an output inside the model directory that the
+    command reads or writes: it would replace one of the model's files (config.json, the
+    weights, the vocabularies) or land among them. Keys are the options that name the files;
+    None, "-" and outputs written in place (:func:`is_special_file`) are skipped."""
+    if model_dir is None:
+        return
+    for option, path in outputs.items():
+        if path is None or path == "-" or is_special_file(path):
+            continue
+        check_condition(not inside_directory(path, model_dir),
+                        f"{path}: {option} lies inside the model directory {model_dir}: it "
+                        f"could replace the model's own files; write it elsewhere")
+
+
 def _current_umask() -> int:
     """The process umask (read by setting and restoring it)."""
     mask = os.umask(0o022)

@@ -312,3 +312,46 @@ def test_a_good_method_option_equals_its_dedicated_option(setup):
     by_option = run(*base, "-O", "layer=1")
     assert by_option.exit_code == 0, by_option.output
     assert by_option.output == run(*base, "--layer", "1").output
+
+
+def _model_files(directory):
+    """{relative path: bytes} of every file in a model directory."""
+    return {str(path.relative_to(directory)): path.read_bytes()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def test_an_output_inside_the_model_directory_is_refused_and_the_model_kept(setup, tmp_path):
+    """-o / --soft / --link-probs of extract, -o of show and translate, and align run's -o in
+    its own --model-dir: each would replace a file of the model (config.json, weights,
+    vocabularies) and exit 0; they are refused up front, links to the directory included."""
+    root, directory, src, tgt, _ = setup
+    before = _model_files(directory)
+    link = tmp_path / "link"                       # another name of the model directory
+    link.symlink_to(directory)
+    pointer = tmp_path / "pointer.txt"             # a file name that leads into it
+    pointer.symlink_to(directory / "config.json")
+    cases = [
+        ("-o", ["extract", directory, "-s", src, "-t", tgt, "-o", directory / "config.json"]),
+        ("-o", ["extract", directory, "-s", src, "-t", tgt, "-o",
+                directory / "fwd" / "params.best.pt"]),
+        ("--soft", ["extract", directory, "-s", src, "-t", tgt, "-o", tmp_path / "out",
+                    "--soft", directory / "vocab.src.json"]),
+        ("--link-probs", ["extract", directory, "-s", src, "-t", tgt, "-o", tmp_path / "o2",
+                          "--link-probs", directory / "rev" / "params.best.pt"]),
+        ("-o", ["extract", directory, "-s", src, "-t", tgt, "-o", link / "config.json"]),
+        ("-o", ["extract", link, "-s", src, "-t", tgt, "-o", directory / "new.align"]),
+        ("-o", ["extract", directory, "-s", src, "-t", tgt, "-o", pointer]),
+        ("-o", ["show", directory, "-s", src, "-t", tgt, "-o", directory / "prep.json"]),
+        ("-o", ["translate", directory, "-i", src, "-o", directory / "vocab.tgt.json"]),
+    ]
+    for option, args in cases:
+        line = error_line(run(*args))
+        assert f"{option} lies inside the model directory" in line, (args, line)
+    assert _model_files(directory) == before
+    model = tmp_path / "rd"
+    line = error_line(run("run", "-s", src, "-t", tgt, "--model-dir", model, "-o",
+                          model / "config.json", "--max-updates", "1"))
+    assert "-o lies inside the model directory" in line and not model.exists()
+    # the model still aligns
+    run("extract", directory, "-s", src, "-t", tgt, "-o", tmp_path / "after.align", "-q")
+    assert len((tmp_path / "after.align").read_text().splitlines()) == 3

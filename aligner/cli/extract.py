@@ -13,7 +13,8 @@ import click
 from aligner import constants as C
 from aligner.cli.options import block_lines_option
 from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
-from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
+from aligner.utils import (AlignerError, check_condition, check_distinct_files,
+                           check_outside_model_dir, check_writable)
 
 #: types of the method options: the same as the dedicated options (--layer, --sgd-steps,
 #: --sgd-lr, --init); ``seed`` is the random start of ``layer-sgd --init random``
@@ -97,7 +98,8 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
               help="Also write word-level soft alignment matrices to this .npz file (arrays "
                    "'fwd_K' / 'rev_K' of shape (source words, target words) for input line K, "
-                   "0-based; no elements for a line that gets no alignment). Written together with -o: a failed run writes neither.")
+                   "0-based; no elements for a line that gets no alignment). Written "
+                   "together with -o: a failed run writes neither.")
 @click.option("--link-probs", type=click.Path(dir_okay=False), default=None,
               help="Also write each link's probability to this file: one line per Pharaoh "
                    "line, one number per link in the same order (as awesome-align's "
@@ -195,6 +197,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
+    check_outside_model_dir(model_dir, {"-o": output, "--soft": soft,
+                                        "--link-probs": link_probs})
     check_writable(output, "-o")
     check_writable(soft, "--soft")
     check_link_probs(link_probs, output, soft)

@@ -33,7 +33,8 @@ from aligner.cli.options import (INPUT, FiniteFloat,
                                  self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
-from aligner.utils import AlignerError, check_condition, check_distinct_files, check_writable
+from aligner.utils import (AlignerError, check_condition, check_distinct_files,
+                           check_outside_model_dir, check_writable)
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     outputs = {"-o": output, "-f": forward_links, "-r": reverse_links, "--soft": soft}
     check_distinct_files({"-s": source, "-t": target, "-i": joint, "-g": gold,
                           "--guide": guide}, outputs)
+    check_outside_model_dir(model_dir, outputs)
     for option, path in outputs.items():
         check_writable(path, option)
     # -M settings over the recipe's

@@ -13,7 +13,8 @@ import click
 
 from aligner.cli.extract import method_options
 from aligner.cli.train import INPUT, bitext_options, check_bitext_args, set_threads
-from aligner.utils import check_condition, check_distinct_files, check_writable
+from aligner.utils import (check_condition, check_distinct_files, check_outside_model_dir,
+                           check_writable)
 
 
 @click.command("show")
@@ -68,6 +69,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     set_threads(threads)
     check_bitext_args(source, target, joint, "the sentence pairs")
     check_distinct_files({"-s": source, "-t": target, "-i": joint, "-g": gold}, {"-o": output})
+    check_outside_model_dir(model_dir, {"-o": output})
     check_writable(output, "-o")
     options = method_options(method_option)
     bitext = read_bitext(source, target, joint)

@@ -80,10 +80,11 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
     from aligner.translate import translate
-    from aligner.utils import atomic_output, check_condition
+    from aligner.utils import atomic_output, check_condition, check_outside_model_dir
 
     setup_logging(quiet=quiet)
     set_threads(threads)
+    check_outside_model_dir(model_dir, {"-o": output})
     check_condition(alignment_method is None or print_alignment,
                     "--alignment-method chooses the alignment of --print-alignment: give both")
     check_condition(heuristic is None or print_alignment,
