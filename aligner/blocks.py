@@ -12,6 +12,8 @@ function align each one. With a *parts folder* (``align run``: MODEL_DIR/alignme
       block000003.NAME    block 3's lines of output NAME
       block000003.json    block 3's counts (and the links of gold lines), written last: the
                           block is finished once it exists
+      .lock               the run lock of the process that writes the folder (flock, as a
+                          model directory's): a second run on the same output is refused
 
 A run cut off (SIGKILL included) goes on with the first unfinished block when asked to
 resume with the same record (another record is refused, one line, rather than mixing two
@@ -123,38 +125,64 @@ def _read_record(folder: str) -> Optional[Dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
+#: who holds the lock of a parts folder that another run is writing
+_HOLDER = "another align process"
+
+
 def _prepare(folder: str, record: Dict[str, Any], resume: bool, overwrite: bool,
-             stale: str, anew: str) -> None:
-    """Make `folder` ready for the blocks of `record` (see :func:`align_in_blocks`)."""
+             stale: str, anew: str):
+    """Make `folder` ready for the blocks of `record` (see :func:`align_in_blocks`) and take
+    its lock (aligner.model_dir.acquire_lock; returned, held until the outputs are written):
+    a folder another run is writing is refused (one line naming it), never removed."""
+    from aligner.model_dir import acquire_lock, release_lock
+
     record = _normalized(record)
-    if os.path.lexists(folder):
-        saved = _read_record(folder)
-        check_condition(saved is not None and os.path.isdir(folder),
+    if not os.path.lexists(folder):
+        if resume:
+            logger.debug("%s: no finished blocks to resume from: aligning from the first "
+                         "line", folder)
+        try:
+            os.makedirs(folder)
+        except FileExistsError:   # made by another run between our look and now
+            raise AlignerError(f"{folder}: {_HOLDER} is writing this directory") from None
+        lock = acquire_lock(folder, _HOLDER)
+    else:
+        check_condition(_read_record(folder) is not None and os.path.isdir(folder),
                         f"{folder}: exists and is not a parts folder of align (no "
                         f"{PARTS_RECORD} of ours); nothing was removed: remove it or write "
                         f"the output elsewhere")
-        if resume and saved == record:
-            remove_stale_temporaries(folder)
-            return
-        if resume and stale != "discard":
-            differences = sorted(key for key in set(saved) | set(record)
-                                 if saved.get(key) != record.get(key))
-            raise AlignerError(f"{folder}: cannot resume, its finished blocks were aligned "
-                               f"with another {', '.join(differences)} ({anew})")
-        if not resume and not overwrite:
-            raise AlignerError(f"{folder}: holds the finished blocks of an alignment that was "
-                               f"cut off; continue it with --resume, or start anew with "
-                               f"--overwrite")
-        logger.info("%s: removed the blocks of an earlier alignment (%s)", folder,
-                    "other model or settings" if resume else "--overwrite")
-        _remove(folder)
-    elif resume:
-        logger.debug("%s: no finished blocks to resume from: aligning from the first line",
-                     folder)
-    os.makedirs(folder)
-    with atomic_output(os.path.join(folder, PARTS_RECORD)) as out:
-        json.dump({_MARK: _FORMAT, "record": record}, out, indent=1, sort_keys=True)
-        out.write("\n")
+        lock = acquire_lock(folder, _HOLDER)
+        try:
+            saved = _read_record(folder)   # again under the lock: a holder may have changed it
+            check_condition(saved is not None, f"{folder}: its {PARTS_RECORD} went away while "
+                                               f"it was opened: run again")
+            if resume and saved == record:
+                remove_stale_temporaries(folder)
+                return lock
+            if resume and stale != "discard":
+                differences = sorted(key for key in set(saved) | set(record)
+                                     if saved.get(key) != record.get(key))
+                raise AlignerError(f"{folder}: cannot resume, its finished blocks were aligned "
+                                   f"with another {', '.join(differences)} ({anew})")
+            if not resume and not overwrite:
+                raise AlignerError(f"{folder}: holds the finished blocks of an alignment that "
+                                   f"was cut off; continue it with --resume, or start anew "
+                                   f"with --overwrite")
+            logger.info("%s: removed the blocks of an earlier alignment (%s)", folder,
+                        "other model or settings" if resume else "--overwrite")
+            _remove(folder, keep=os.path.basename(lock.path))
+        except BaseException:   # refused: the folder stays as it was, .lock included
+            if lock.handle is not None:
+                lock.handle.close()
+            raise
+    try:
+        with atomic_output(os.path.join(folder, PARTS_RECORD)) as out:
+            json.dump({_MARK: _FORMAT, "record": record}, out, indent=1, sort_keys=True)
+            out.write("\n")
+    except BaseException:
+        release_lock(lock)
+        raise
+    return lock
 
 
 def _finished(folder: str, index: int, names: Sequence[str]) -> Optional[Dict[str, Any]]:
@@ -211,7 +239,8 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
     `resume` an existing parts folder of ours is refused (one line) unless `overwrite`
     (removed, then the alignment starts anew); with `resume` its finished blocks are kept when
     its record equals `record`, else refused (`anew` says what to do) or, with ``stale
-    ="discard"``, removed. A folder that is not ours is never removed.
+    ="discard"``, removed. A folder that is not ours is never removed, nor one that another
+    run is writing (its lock is held: refused, one line).
 
     Under torch.distributed each rank aligns the blocks i with i % world_size == rank; rank
     0 writes the outputs. Returns every block's meta in input order (on rank 0; None on the
@@ -231,16 +260,35 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
     if folder is None:
         return _stream(bitext, block_lines, outputs, align_block, n_lines, progress,
                        description)
-    error = None
+    error = lock = None
     if rank == 0:
         try:
-            _prepare(folder, dict(record, block_lines=block_lines, outputs=sorted(names)),
-                     resume, overwrite, stale, anew)
+            lock = _prepare(folder, dict(record, block_lines=block_lines,
+                                         outputs=sorted(names)),
+                            resume, overwrite, stale, anew)
         except AlignerError as refused:
             error = str(refused)
     _broadcast_error(error, distributed)
+    try:
+        return _align_blocks(bitext, block_lines, outputs, align_block, folder, names, rank,
+                             world, distributed, progress, description)
+    finally:
+        if lock is not None:
+            from aligner.model_dir import release_lock
+
+            release_lock(lock)
+
+
+def _align_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
+                  align_block: Callable[[Any], BlockResult], folder: str, names: List[str],
+                  rank: int, world: int, distributed: bool, progress: bool, description: str
+                  ) -> Optional[List[Dict[str, Any]]]:
+    """The blocks of :func:`align_in_blocks` in a prepared parts folder: this rank's
+    unfinished ones aligned into their parts, then (rank 0) the outputs written."""
     from aligner.formats import bitext_blocks
 
+    n_lines = len(bitext)
+    n_blocks = -(-n_lines // block_lines)
     sizes = [min(block_lines, n_lines - k * block_lines) for k in range(n_blocks)]
     done = {k for k in range(n_blocks) if _finished(folder, k, names) is not None}
     if done and rank == 0:
@@ -299,11 +347,12 @@ def _concatenate(folder: str, n_blocks: int, outputs: Dict[str, Optional[str]],
     return metas
 
 
-def _remove(folder: str) -> None:
+def _remove(folder: str, keep: Optional[str] = None) -> None:
     """Remove a parts folder of ours, its record last: a removal cut off leaves a folder still
-    known as ours (with fewer blocks, aligned again on --resume)."""
+    known as ours (with fewer blocks, aligned again on --resume). `keep`: a file name to leave
+    (the lock of the run that empties the folder to write it anew), and the folder with it."""
     for name in os.listdir(folder):
-        if name != PARTS_RECORD:
+        if name not in (PARTS_RECORD, keep):
             path = os.path.join(folder, name)
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
@@ -311,7 +360,8 @@ def _remove(folder: str) -> None:
                 os.unlink(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(folder, PARTS_RECORD))
-    os.rmdir(folder)
+    if keep is None:
+        os.rmdir(folder)
 
 
 def _stream(bitext, block_lines: int, outputs: Dict[str, Optional[str]],

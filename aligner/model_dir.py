@@ -269,11 +269,13 @@ class RunLock:
     handle: Optional[IO[str]]
 
 
-def acquire_lock(model_dir: str) -> RunLock:
+def acquire_lock(model_dir: str, holder_is: str = "another training process") -> RunLock:
     """Take the run lock of `model_dir`: an exclusive OS lock (``flock``) on ``MODEL_DIR/.lock``.
 
-    Refuses (one line naming the holder's host and pid, which the file records) while another
-    process holds the lock, so two ``align train`` runs never write the same directory at once.
+    Refuses (one line naming the holder's host and pid, which the file records, as
+    `holder_is`) while another process holds the lock, so two ``align train`` runs never write
+    the same directory at once (nor two ``align extract`` the same parts folder,
+    aligner/blocks.py).
     The OS drops the lock when its process ends, however it ends: a ``.lock`` file left by a
     crashed run, or one naming an unrelated live process, never blocks. Where the file system
     has no locks (or the OS has no ``flock``), a warning says so and the run goes on unlocked.
@@ -295,8 +297,8 @@ def acquire_lock(model_dir: str) -> RunLock:
             handle.seek(0)
             holder = handle.read().strip() or "pid unknown"
             handle.close()
-            raise AlignerError(f"{model_dir}: another training process ({holder}) is writing "
-                               f"this directory") from None
+            raise AlignerError(f"{model_dir}: {holder_is} ({holder}) is writing this "
+                               f"directory") from None
         except OSError as error:  # e.g. ENOLCK, EOPNOTSUPP: a file system without locks
             return _unlocked(path, handle, error.strerror or type(error).__name__)
         if _is_current_file(handle, path):

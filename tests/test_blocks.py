@@ -280,3 +280,37 @@ def test_align_run_under_torchrun_needs_a_model_dir(run_corpus, tmp_path, monkey
     line = error_line(run("run", "-s", run_corpus["src"], "-t", run_corpus["tgt"], "-o",
                           tmp_path / "x.align", *RUN, ok=False))
     assert "under torchrun give --model-dir" in line
+
+
+def test_a_second_extract_on_the_same_output_is_refused_while_the_first_writes(killed,
+                                                                              tmp_path):
+    """`align extract A ... -o dup & align extract B ... -o dup --overwrite`: the second is
+    refused in one line naming the first's pid (the parts folder is locked, as a model
+    directory is), and the first writes its own alignment, every block its own model's."""
+    out = tmp_path / "dup.txt"
+    parts = str(out) + C.PARTS_SUFFIX
+    first = subprocess.Popen([*ALIGN, "extract", *map(str, killed["common"]), "-o", str(out),
+                              "-q"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 600
+        while not glob.glob(os.path.join(parts, "block*.json")):
+            assert first.poll() is None, first.stderr.read().decode()
+            assert time.time() < deadline, "no block was finished in time"
+            time.sleep(0.002)
+        os.kill(first.pid, signal.SIGSTOP)     # held mid-run while the second one tries
+        other_model, _, _ = make_model_dir(tmp_path, max_positions=20)   # other weights
+        common = [a if a != killed["model"] else other_model for a in killed["common"]]
+        second = subprocess.run([*ALIGN, "extract", *map(str, common), "-o", str(out),
+                                 "--overwrite", "-q"], env=ENV, capture_output=True,
+                                text=True, timeout=600)
+        os.kill(first.pid, signal.SIGCONT)
+        assert second.returncode == 1
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("align: error: "), second.stderr
+        assert f"another align process (pid {first.pid} on host" in lines[0]
+        assert first.wait(timeout=600) == 0, first.stderr.read().decode()
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    assert out.read_text() == killed["ref"] and not os.path.exists(parts)
