@@ -335,3 +335,27 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
     run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x5",
         "-H", "soft-average", "--threshold", "0.5", "-q")
     assert (tmp_path / "x5").read_text() != (tmp_path / "o2").read_text()
+
+
+def test_resume_with_another_threshold_is_refused_and_the_recorded_one_kept(aligned,
+                                                                          tmp_path):
+    """--resume --threshold 0.3 on a finished run wrote links at 0.3 while config.json kept
+    0.55, so align extract gave other links than the run: it is refused (one line, nothing
+    written), and the same command with the run's threshold goes on as before."""
+    import json
+
+    from aligner import constants as C
+
+    model = aligned["tmp"] / "model"
+    final = json.loads((model / C.CONFIG_NAME).read_text())["extra"][C.ALIGN_RUN_SETTINGS]
+    assert final["threshold"] == recipe.THRESHOLD
+    common = ["run", "-s", aligned["src"], "-t", aligned["tgt"], "--model-dir", model,
+              "--resume", *TINY]
+    line = error_line(run(*common, "-o", tmp_path / "o", "--threshold", "0.3", ok=False))
+    assert f"--threshold ({recipe.THRESHOLD!r} saved, 0.3 asked)" in line
+    assert not (tmp_path / "o").exists()
+    assert json.loads((model / C.CONFIG_NAME).read_text())["extra"][
+        C.ALIGN_RUN_SETTINGS] == final
+    with restored_aligner_logger():
+        run(*common, "-o", tmp_path / "same")
+    assert (tmp_path / "same").read_bytes() == aligned["out"].read_bytes()

@@ -310,9 +310,10 @@ def resume_option(function):
     """--resume of a run in --model-dir (aligner.config.RESUMABLE_CHANGES: what may change)."""
     return click.option(
         "--resume", is_flag=True,
-        help="Continue the interrupted run in --model-dir (same data and settings; only the "
-             "limits --max-updates and --max-epochs or --epochs, --checkpoint-interval, "
-             "--device, --precision and --deterministic may change): a self-training run "
+        help="Continue the interrupted run in --model-dir (same data and settings, -H and "
+             "--threshold included; only the limits --max-updates and --max-epochs or "
+             "--epochs, --checkpoint-interval, --device, --precision and --deterministic "
+             "may change, and the output files): a self-training run "
              "goes on in the round it stopped in, and a finished one given more --rounds "
              "trains them; align run then aligns the bitext, from the first unfinished block "
              "of an alignment cut off.")(function)

@@ -519,7 +519,9 @@ def _refuse_older_layout(model_dir: str) -> None:
 def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
     """What a self-training run must keep when resumed, by the option that sets it: the
     settings that decide the guides and the rounds after the first (not --rounds: a finished
-    run may be given more; not the output's threshold: align extract's default)."""
+    run may be given more), and the output's threshold, recorded in the last round's
+    config.json as align extract's default (resumed with another, align run's output and
+    align extract's would differ)."""
     return {"--self-guide-weight": plan.guide_weight,
             "--self-guide-threshold": plan.guide_threshold,
             "-H/--symmetrize": plan.heuristic, "--fine-tune/--afresh": plan.fine_tune,
@@ -528,7 +530,8 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
             "--shortlist": plan.shortlist, "--round-pairs": plan.round_pairs,
             "--fine-tune-share": plan.fine_tune_share,
             "--final-agreement-weight": plan.final_agreement_weight,
-            "--teacher/--no-teacher": plan.teacher}
+            "--teacher/--no-teacher": plan.teacher,
+            "--threshold": plan.output_threshold}
 
 
 def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
