@@ -602,18 +602,30 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
     check_condition(isinstance(recorded, dict),
                     f"{key}: expected {{\"symmetrize\": HEURISTIC, \"threshold\": NUMBER}}, "
                     f"got {recorded!r}")
+    # a key may be absent (not recorded), but a recorded value must be one: null (None), a
+    # list or a number where a name is expected would fail later with a TypeError
     known = C.HEURISTICS + C.SOFT_HEURISTICS
-    heuristic = recorded.get("symmetrize")
-    check_condition(heuristic is None or heuristic in known,
-                    f"{key}.symmetrize: {heuristic!r} is not a heuristic (expected one of "
-                    f"{', '.join(known)})")
-    threshold = recorded.get("threshold")
-    check_condition(threshold is None or (isinstance(threshold, (int, float))
-                                          and not isinstance(threshold, bool)
-                                          and 0.0 <= threshold < 1.0),
-                    f"{key}.threshold: {threshold!r} is not a probability threshold (a number "
-                    f"from 0 up to, not including, 1)")
+    if "symmetrize" in recorded:
+        heuristic = recorded["symmetrize"]
+        check_condition(isinstance(heuristic, str) and heuristic in known,
+                        f"{key}.symmetrize: {_json_value(heuristic)} is not a heuristic "
+                        f"(expected one of {', '.join(known)})")
+    if "threshold" in recorded:
+        threshold = recorded["threshold"]
+        check_condition(isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+                        and 0.0 <= threshold < 1.0,
+                        f"{key}.threshold: {_json_value(threshold)} is not a probability "
+                        f"threshold (a number from 0 up to, not including, 1)")
     return recorded
+
+
+def _json_value(value: Any) -> str:
+    """`value` as config.json spells it where Python's repr differs (null, true, false),
+    else its repr, at most 60 characters."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def list_incomplete(model_dir: str, directions: List[str], checkpoint: str = "best"

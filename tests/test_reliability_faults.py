@@ -431,7 +431,17 @@ def test_stale_temporary_files_of_a_killed_run_are_removed_on_resume(tmp_path, t
     ({"threshold": 5}, "extra.align_run.threshold: 5 is not a probability threshold"),
     ({"threshold": -1}, "extra.align_run.threshold: -1 is not a probability threshold"),
     ("x", "extra.align_run: expected"),
-    ({"symmetrize": "nearest"}, "soft-average")])
+    ({"symmetrize": "nearest"}, "soft-average"),
+    # null (a hand edit, another tool's writer) or the wrong type: one line, not a TypeError
+    ({"symmetrize": "soft-average", "threshold": None},
+     "extra.align_run.threshold: null is not a probability threshold"),
+    ({"threshold": None}, "extra.align_run.threshold: null is not a probability threshold"),
+    ({"threshold": True}, "extra.align_run.threshold: true is not a probability threshold"),
+    ({"threshold": [0.5]}, "extra.align_run.threshold: [0.5] is not a probability threshold"),
+    ({"symmetrize": None, "threshold": 0.5},
+     "extra.align_run.symmetrize: null is not a heuristic"),
+    ({"symmetrize": ["union"]}, "extra.align_run.symmetrize: ['union'] is not a heuristic"),
+    ({"symmetrize": 3}, "extra.align_run.symmetrize: 3 is not a heuristic")])
 def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, recorded,
                                                              message):
     import shutil
@@ -442,7 +452,23 @@ def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, reco
     (model / "config.json").write_text(json.dumps(config))
     line = error_line(invoke("extract", model, "-s", trained["src"], "-t", trained["tgt"],
                                  "-o", tmp_path / "out", "-q"))
-    assert message in line
+    assert message in line and f"{model / 'config.json'}: " in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_recorded_threshold_is_error_line_in_align_show_too(tmp_path, trained):
+    """`align show` reads the recorded defaults as extract does (the Aligner API)."""
+    pytest.importorskip("matplotlib")
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(trained["model"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["extra"]["align_run"] = {"symmetrize": "soft-average", "threshold": None}
+    (model / "config.json").write_text(json.dumps(config))
+    line = error_line(invoke("show", model, "-s", trained["src"], "-t", trained["tgt"],
+                             "--line", "1", "-o", tmp_path / "pair.png", "--device", "cpu"))
+    assert f"{model / 'config.json'}: extra.align_run.threshold: null is not" in line
+    assert not (tmp_path / "pair.png").exists()
 
 
 def test_threshold_alone_applies_where_the_default_heuristic_is_soft_average(tmp_path, corpus):
