@@ -157,10 +157,12 @@ def check_writable(path: Optional[str], option: str = "-o") -> None:
     Checked before a command does its work, so that an unwritable output fails in a second,
     not after the work: the directory must exist and be writable (not read-only, not
     immutable), and an existing `path` must be a writable file (not a directory, not
-    read-only or immutable). `option` names the option in the message.
+    read-only or immutable); an empty name ('') is refused. `option` names the option in the
+    message.
     """
     if path is None or path == "-":
         return
+    check_condition(path != "", f"{option}: empty file name")
     if is_special_file(path):   # written in place: only the file itself must be writable
         check_condition(os.access(path, os.W_OK), f"{path}: {option} is not writable")
         return
