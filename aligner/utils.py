@@ -214,21 +214,42 @@ def _current_umask() -> int:
     return mask
 
 
+class Terminated(AlignerError):
+    """SIGTERM (``kill PID``, a job scheduler, ``timeout``) arrived inside
+    :func:`sigterm_raises`; a command may catch it to say what was kept or removed."""
+
+
+#: how many :func:`sigterm_raises` blocks the main thread is in, and whether SIGTERM has been
+#: raised in them already (a second SIGTERM, as a scheduler may send, must not cut off the
+#: clean-up the first one started)
+_sigterm = {"depth": 0, "raised": False}
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Inside the block, SIGTERM (``kill PID``, a job scheduler) raises AlignerError in the main
-    thread instead of ending the process on the spot, so that ``finally`` blocks run: worker
-    processes are stopped instead of left running as orphans. The previous handler is restored
-    on exit; outside the main thread this does nothing (signals reach only the main thread)."""
+    """Inside the block, SIGTERM (``kill PID``, a job scheduler) raises :class:`Terminated` (an
+    AlignerError: one line, exit status 1) in the main thread instead of ending the process on
+    the spot, so that ``finally`` blocks run: worker processes are stopped instead of left
+    running as orphans, temporary directories are removed. Only the first SIGTERM raises;
+    later ones, while that one's clean-up runs, are ignored. Blocks nest; the previous handler
+    is restored on exit; outside the main thread this does nothing (signals reach only the main
+    thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminated(signum: int, frame: object) -> None:
-        raise AlignerError("terminated (SIGTERM); worker processes stopped")
+        if _sigterm["raised"]:
+            return
+        _sigterm["raised"] = True
+        raise Terminated("terminated (SIGTERM); worker processes stopped")
 
     previous = signal.signal(signal.SIGTERM, terminated)
+    _sigterm["depth"] += 1
     try:
         yield
     finally:
+        _sigterm["depth"] -= 1
+        if _sigterm["depth"] == 0:
+            _sigterm["raised"] = False
         signal.signal(signal.SIGTERM, previous)
