@@ -75,7 +75,7 @@ from aligner.models import build_model
 from aligner.models.base import AlignmentModel
 from aligner.prep import PREP_CONFIG_NAME, Preprocessor
 from aligner.utils import (AlignerError, atomic_output, check_condition, first_line,
-                           open_no_follow)
+                           open_no_follow, write_errors_named)
 from aligner.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -302,10 +302,18 @@ def acquire_lock(model_dir: str) -> RunLock:
         if _is_current_file(handle, path):
             break
         handle.close()  # its holder released (removed) it between our open and flock: again
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
-    handle.flush()
+    try:
+        with write_errors_named(path):   # a full disk: one line naming the lock file
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+            handle.flush()
+    except BaseException:   # not locked after all: the lock file goes (its close may fail too)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with contextlib.suppress(OSError):
+            handle.close()
+        raise
     return RunLock(path, handle)
 
 

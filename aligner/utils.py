@@ -32,12 +32,34 @@ def check_condition(condition: bool, message: str) -> None:
 
 #: errno values of a write that failed for want of room: full disk, quota, file size limit
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+#: what each of :data:`WRITE_FAILURES` means for the user
+_WRITE_FAILURE_HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is "
+                        "used up", errno.EFBIG: "over the limit on file sizes: ulimit -f, or "
+                        "the file system's",
+                        errno.EIO: "an input/output error of the device"}
+#: numpy's message for a short write of ndarray.tofile / np.save to a real file (no errno):
+#: "13609 requested and 8160 written"
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def write_failure(error: BaseException) -> Optional[str]:
+    """'What the OS said (what it means)' when `error` is a write that failed for want of room
+    (:data:`WRITE_FAILURES`, or numpy's short write, which carries no errno), else None."""
+    if not isinstance(error, OSError):
+        return None
+    if error.errno in WRITE_FAILURES:
+        return f"{error.strerror or first_line(error)} ({_WRITE_FAILURE_HINTS[error.errno]})"
+    if error.errno is None and _SHORT_WRITE.fullmatch(str(error).strip()):
+        return (f"only part of the data was written ({error}): the disk is full, or the "
+                f"file is over the limit on file sizes")
+    return None
 
 
 def os_error_message(error: OSError) -> str:
     """One line for an OSError: 'PATH: what the OS said' (just what it said when the error
-    names no file)."""
-    reason = error.strerror or first_line(error) or type(error).__name__
+    names no file), with what a full disk, a quota or a file size limit means."""
+    reason = (write_failure(error) or error.strerror or first_line(error)
+              or type(error).__name__)
     return f"{error.filename}: {reason}" if error.filename is not None else reason
 
 
@@ -140,15 +162,21 @@ def remove_stale_temporaries(directory: str) -> int:
 
 
 @contextlib.contextmanager
-def _write_errors_named(path: str) -> Iterator[None]:
-    """A write that failed for want of room (:data:`WRITE_FAILURES`) inside the block becomes
-    one AlignerError naming `path`."""
+def write_errors_named(path: str) -> Iterator[None]:
+    """A write that failed for want of room (:data:`WRITE_FAILURES`: a full disk, a quota, a
+    file size limit; or numpy's short write) inside the block becomes one AlignerError naming
+    `path`: 'PATH: cannot write: No space left on device (the disk is full)'. For a write into
+    a model directory that does not go through :func:`atomic_output`."""
     try:
         yield
     except OSError as error:
-        if error.errno not in WRITE_FAILURES:
+        reason = write_failure(error)
+        if reason is None:
             raise
-        raise AlignerError(f"{path}: cannot write: {error.strerror or error}") from None
+        raise AlignerError(f"{path}: cannot write: {reason}") from None
+
+
+_write_errors_named = write_errors_named
 
 
 def check_writable(path: Optional[str], option: str = "-o") -> None:

@@ -239,7 +239,7 @@ def test_a_full_device_is_error_line(tmp_path):
     links.write_text("0-0 1-1\n" * 1000)
     line = error_line(invoke("symmetrize", "-f", links, "-r", links, "-o", "/dev/full",
                                  "-q"))
-    assert line == "align: error: /dev/full: cannot write: No space left on device"
+    assert line == "align: error: /dev/full: cannot write: No space left on device (the disk is full)"
 
 
 def test_an_unwritable_model_directory_parent_is_error_line(tmp_path, corpus):
@@ -552,3 +552,89 @@ def test_a_run_refused_by_its_batches_leaves_nothing_behind(tmp_path, corpus):
     assert "--max-tokens 3 is smaller than the longest training pair" in line
     assert not model.exists() or os.listdir(model) == []
     run("train", *args)
+
+
+# -- a full disk names the file: every write into the model directory -------------------------
+
+SAMPLE = ROOT / "data" / "sample"
+#: `align train` of one direction on the shipped sample (3,000 lines: corpus arrays of 200+ KB,
+#: larger than the vocabularies and the configuration files)
+SAMPLE_TRAIN = ["-s", SAMPLE / "train.en", "-t", SAMPLE / "train.fr", "--directions", "fwd",
+                "--bpe-merges", "0", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+                "--decoder-layers", "1", "--ff-dim", "32", "--device", "cpu", "-q", "--rounds",
+                "1", "--threads", "1"]
+
+
+def _limited(args, limit_bytes):
+    """`align ARGS` in a child process whose files may not grow past `limit_bytes`
+    (RLIMIT_FSIZE; SIGXFSZ ignored, so that the write fails with EFBIG as a full disk fails
+    with ENOSPC)."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    return subprocess.run([sys.executable, "-m", "aligner", *map(str, args)], preexec_fn=limit,
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _one_write_error(done) -> str:
+    """The one stderr line of a run stopped by a write (exit 1, no traceback)."""
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("align: error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory):
+    """A finished `align train` of the sample (1 update): its directory is only read."""
+    model = tmp_path_factory.mktemp("sample") / "model"
+    done = _limited(["train", *SAMPLE_TRAIN, "-o", model, "--max-updates", 1], 1 << 40)
+    assert done.returncode == 0, done.stderr
+    return model
+
+
+def test_a_full_disk_at_the_corpus_arrays_names_the_array(tmp_path, sample_run):
+    """np.save of an id array used to say only '13609 requested and 8160 written'."""
+    ids = (sample_run / "corpus" / "src.ids.npy").stat().st_size
+    others = [p.stat().st_size for p in sample_run.rglob("*") if p.is_file()
+              and p.parent.name != "corpus" and p.parent.name != "fwd"]
+    assert max(others) < ids - 1000
+    inputs = {p: p.read_bytes() for p in (SAMPLE / "train.en", SAMPLE / "train.fr")}
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", tmp_path / "model",
+                                      "--max-updates", 1], ids - 1000))
+    assert line == (f"align: error: {tmp_path / 'model' / 'corpus' / 'src.ids.npy'}: cannot "
+                    f"write: File too large (over the limit on file sizes: ulimit -f, or the "
+                    f"file system's)")
+    assert all(p.read_bytes() == data for p, data in inputs.items())
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
+
+
+def test_a_full_disk_at_a_checkpoint_names_the_checkpoint(tmp_path, sample_run):
+    weights = (sample_run / "fwd" / "params.last.pt").stat().st_size
+    corpus = max(p.stat().st_size for p in (sample_run / "corpus").iterdir())
+    assert corpus < weights - 1000
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", tmp_path / "model",
+                                      "--max-updates", 1], weights - 1000))
+    assert line.startswith(f"align: error: {tmp_path / 'model' / 'fwd'}{os.sep}")
+    assert ".pt: cannot write: File too large (over the limit on file sizes" in line
+
+
+@pytest.mark.parametrize("how,limit,name", [("--resume", 10, ".lock"),
+                                            ("--resume", 1000, "run.json"),
+                                            ("--overwrite", 10, ".lock")])
+def test_a_full_disk_on_resume_or_overwrite_names_the_file_and_keeps_the_run(
+        tmp_path, sample_run, how, limit, name):
+    """--resume / --overwrite used to say only 'No space left on device': the file that
+    cannot be written (the run lock, the first; the run record) is named, and the run is as it
+    was (--overwrite has not removed it yet when its lock cannot be written)."""
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(sample_run, model)
+    before = {k: v for k, v in snapshot(model).items() if k != "train.log"}
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", model, "--max-updates", 2,
+                                      how], limit))
+    assert line == (f"align: error: {model / name}: cannot write: File too large (over the "
+                    f"limit on file sizes: ulimit -f, or the file system's)")
+    after = {k: v for k, v in snapshot(model).items() if k != "train.log"}
+    assert after == before
