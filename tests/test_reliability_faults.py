@@ -638,3 +638,29 @@ def test_a_full_disk_on_resume_or_overwrite_names_the_file_and_keeps_the_run(
                     f"limit on file sizes: ulimit -f, or the file system's)")
     after = {k: v for k, v in snapshot(model).items() if k != "train.log"}
     assert after == before
+
+
+def test_a_full_disk_in_the_first_checkpoint_resumes(tmp_path, corpus):
+    """The first checkpoint of a direction cut off by a full disk (its training state, the
+    larger file, does not fit): `--resume` used to refuse the directory ('use --overwrite':
+    params.last.pt was written, training_state.pt was not); now the training state comes
+    first, and --resume ends with the weights of an uninterrupted run."""
+    args = ["-s", corpus["src"], "-t", corpus["tgt"], "--directions", "fwd", *TINY,
+            "--max-updates", 4]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = _train_subprocess([*args, "-o", whole])
+    assert done.returncode == 0, done.stderr
+    weights = (whole / "fwd" / "params.last.pt").stat().st_size
+    state = (whole / "fwd" / "training_state.pt").stat().st_size
+    assert state > 2 * weights
+    failed = _limited(["train", *args, "-o", cut], (weights + state) // 2)
+    line = _one_write_error(failed)
+    assert line.startswith(f"align: error: {cut / 'fwd' / 'training_state.pt'}: cannot write: "
+                           f"File too large (")
+    assert not (cut / "fwd" / "training_state.pt").exists()
+    done = _train_subprocess([*args, "-o", cut, "--resume"])
+    assert done.returncode == 0, done.stderr
+    ours = torch.load(cut / "fwd" / "params.last.pt", weights_only=True)["state_dict"]
+    theirs = torch.load(whole / "fwd" / "params.last.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert not [p for p in (cut / "fwd").iterdir() if p.name.endswith(".tmp")]
