@@ -75,11 +75,21 @@ class CorpusStats:
         return asdict(self)
 
 
-def _save_array(path: str, values: np.ndarray) -> None:
-    """np.save to a temporary name, then rename: no half-written array under the final name."""
-    tmp = path + ".tmp.npy"
-    np.save(tmp, values)
-    os.replace(tmp, path)
+class _Writer:
+    """A file's write method alone: np.save to it writes in chunks through Python's write,
+    whose OSError says why (ENOSPC, EFBIG), where np.save to a real file writes with C's
+    fwrite and says only '13609 requested and 8160 written'."""
+
+    def __init__(self, handle: Any):
+        self.write = handle.write
+
+
+def save_array(path: str, values: np.ndarray) -> None:
+    """np.save `values` to `path` atomically (utils.atomic_output: no half-written array under
+    the final name); a full disk or a file size limit is one AlignerError naming `path`."""
+    with atomic_output(path, "wb") as out:
+        np.save(_Writer(out), values)
+
 
 
 #: the CorpusStats counter of each reason :func:`filtered_out` gives
@@ -159,7 +169,7 @@ def encode_corpus(pre: Preprocessor, src_vocab: Vocabulary, tgt_vocab: Vocabular
                          (SRC_OFFSETS, np.frombuffer(offsets["src"], dtype=np.int64)),
                          (TGT_OFFSETS, np.frombuffer(offsets["tgt"], dtype=np.int64)),
                          (LINE_NUMBERS, np.frombuffer(kept_lines, dtype=np.int64))):
-        _save_array(os.path.join(out_dir, name), values)
+        save_array(os.path.join(out_dir, name), values)
     with atomic_output(meta_path) as out:  # last: marks the directory complete
         json.dump(stats.to_dict(), out, indent=2)
         out.write("\n")

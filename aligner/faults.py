@@ -6,7 +6,10 @@ A job passes :func:`reached` at each point below. A point is armed either
 * in the environment, ``ALIGNER_FAULT=POINT[:N[:ACTION]]`` (for a job run as its own process):
   the N-th time (default 1) this process passes POINT, ACTION happens — ``kill`` (the
   default): the process sends itself SIGKILL, as the OOM killer or a preempted machine would
-  (no handler runs, no file is closed); ``interrupt``: KeyboardInterrupt, as Ctrl-C; or
+  (no handler runs, no file is closed); ``interrupt``: KeyboardInterrupt, as Ctrl-C;
+  ``stop``: the process stops itself (SIGSTOP), so that a test, or a user, can send it a
+  signal of its choice at that point (SIGTERM, as a job scheduler would) and continue it
+  (SIGCONT); or
 * in this process, by :func:`injected` (a context manager; in-process tests), which raises
   KeyboardInterrupt.
 
@@ -36,7 +39,7 @@ POINTS: Dict[str, str] = {
     "alignment-block": "a block of lines of a whole-bitext alignment is finished (its part "
                        "and the part's record written, aligner/blocks.py)",
 }
-ACTIONS = ("kill", "interrupt")
+ACTIONS = ("kill", "interrupt", "stop")
 
 #: armed in this process by :func:`injected`: (point, the pass that cuts off)
 _armed: Optional[Tuple[str, int]] = None
@@ -75,7 +78,7 @@ def reached(point: str) -> None:
     if armed_point == point and _passes[point] == count:
         if action == "interrupt":
             raise KeyboardInterrupt
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -271,6 +271,28 @@ def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair]
                                torch.device("cpu"), options, progress)
 
 
+def _direction_worker_start() -> None:
+    """Initializer of a :class:`DirectionWorkers` process: the allocator settings of the
+    parent (aligner/malloc.py), and SIGTERM (the parent's Pool.terminate() after an error,
+    Ctrl-C or SIGTERM of its own) ends the process by SystemExit, so that multiprocessing's
+    clean-up runs: a process killed on the spot leaves its semaphores (tqdm's lock) to the
+    resource tracker, which warns about them at the parent's exit. Once the process is on its
+    way out (its pool told it to stop), SIGTERM is ignored: an exception raised in its exit
+    handlers would only print noise."""
+    import signal
+    import sys
+    from multiprocessing.util import Finalize
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(1)
+
+    keep_freed_memory()
+    signal.signal(signal.SIGTERM, stop)
+    # the first of multiprocessing's exit handlers of this process
+    Finalize(None, signal.signal, (signal.SIGTERM, signal.SIG_IGN), exitpriority=1000)
+
+
 class DirectionWorkers:
     """The two "spawn" worker processes of :func:`soft_alignments_by_direction` (one per
     direction), started at first use and kept for every later call inside the ``with`` block:
@@ -290,7 +312,7 @@ class DirectionWorkers:
         if self._pool is None:
             # a spawned worker starts with the C library's defaults (aligner/malloc.py)
             self._pool = multiprocessing.get_context("spawn").Pool(
-                len(C.DIRECTIONS), initializer=keep_freed_memory)
+                len(C.DIRECTIONS), initializer=_direction_worker_start)
         return self._pool
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:

@@ -12,7 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Sequence
 
 from aligner import __version__
-from aligner.utils import open_no_follow
+from aligner.utils import open_no_follow, write_failure
 
 FORMAT = "[%(asctime)s %(levelname)s] %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -65,9 +65,10 @@ class _LogFile(logging.StreamHandler):
         if not self.failed:
             self.failed = True
             error = sys.exc_info()[1]
-            print(f"align: warning: {self.path}: cannot write the log "
-                  f"({getattr(error, 'strerror', None) or error}); later messages go to the "
-                  f"console only", file=sys.stderr)
+            reason = (write_failure(error) if error is not None else None) or \
+                getattr(error, "strerror", None) or error
+            print(f"align: warning: {self.path}: cannot write the log: {reason}; later "
+                  f"messages go to the console only", file=sys.stderr)
 
     def close(self) -> None:
         try:

@@ -20,7 +20,8 @@ training process over an epoch of the recipe, 290 MiB more at the 25k en-fr job'
 group, each direction's training process, each extraction worker).
 
 Only glibc is changed (``mallopt``); elsewhere, and with the environment variable
-``ALIGNER_MALLOC=system``, nothing is done.
+``ALIGNER_MALLOC=system``, nothing is done. Any other value of ``ALIGNER_MALLOC`` (a typo) is
+one error line listing the values, not silently the default.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import ctypes
 import ctypes.util
 import os
 import platform
+
+from aligner.utils import AlignerError
 
 #: glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -38,6 +41,9 @@ TRIM_THRESHOLD_BYTES = 1 << 30
 
 #: environment variable: "system" leaves the C library's allocator as it is
 ENVIRONMENT = "ALIGNER_MALLOC"
+#: its values (case and surrounding blanks ignored): unset or empty, the default, keeps freed
+#: memory; "system" leaves the allocator as it is
+VALUES = ("system",)
 
 _applied = False
 
@@ -47,11 +53,17 @@ def keep_freed_memory() -> bool:
 
     Returns True when the settings are in effect in this process (also on a repeated call),
     False where they do not apply (not glibc, ``ALIGNER_MALLOC=system``, mallopt refused).
+    An unknown ``ALIGNER_MALLOC`` value raises AlignerError (one line listing the values).
     """
     global _applied
     if _applied:
         return True
-    if os.environ.get(ENVIRONMENT, "").strip().lower() == "system":
+    value = os.environ.get(ENVIRONMENT, "").strip().lower()
+    if value and value not in VALUES:
+        raise AlignerError(f"{ENVIRONMENT}={os.environ[ENVIRONMENT]!r}: unknown value; expected "
+                           f"{' or '.join(VALUES)} (leave the C library's allocator as it is), "
+                           f"or unset it (keep freed memory for large tensors, the default)")
+    if value == "system":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False

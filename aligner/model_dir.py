@@ -75,7 +75,7 @@ from aligner.models import build_model
 from aligner.models.base import AlignmentModel
 from aligner.prep import PREP_CONFIG_NAME, Preprocessor
 from aligner.utils import (AlignerError, atomic_output, check_condition, first_line,
-                           open_no_follow)
+                           open_no_follow, write_errors_named)
 from aligner.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
@@ -304,10 +304,18 @@ def acquire_lock(model_dir: str, holder_is: str = "another training process") ->
         if _is_current_file(handle, path):
             break
         handle.close()  # its holder released (removed) it between our open and flock: again
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
-    handle.flush()
+    try:
+        with write_errors_named(path):   # a full disk: one line naming the lock file
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+            handle.flush()
+    except BaseException:   # not locked after all: the lock file goes (its close may fail too)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with contextlib.suppress(OSError):
+            handle.close()
+        raise
     return RunLock(path, handle)
 
 
@@ -604,18 +612,30 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
     check_condition(isinstance(recorded, dict),
                     f"{key}: expected {{\"symmetrize\": HEURISTIC, \"threshold\": NUMBER}}, "
                     f"got {recorded!r}")
+    # a key may be absent (not recorded), but a recorded value must be one: null (None), a
+    # list or a number where a name is expected would fail later with a TypeError
     known = C.HEURISTICS + C.SOFT_HEURISTICS
-    heuristic = recorded.get("symmetrize")
-    check_condition(heuristic is None or heuristic in known,
-                    f"{key}.symmetrize: {heuristic!r} is not a heuristic (expected one of "
-                    f"{', '.join(known)})")
-    threshold = recorded.get("threshold")
-    check_condition(threshold is None or (isinstance(threshold, (int, float))
-                                          and not isinstance(threshold, bool)
-                                          and 0.0 <= threshold < 1.0),
-                    f"{key}.threshold: {threshold!r} is not a probability threshold (a number "
-                    f"from 0 up to, not including, 1)")
+    if "symmetrize" in recorded:
+        heuristic = recorded["symmetrize"]
+        check_condition(isinstance(heuristic, str) and heuristic in known,
+                        f"{key}.symmetrize: {_json_value(heuristic)} is not a heuristic "
+                        f"(expected one of {', '.join(known)})")
+    if "threshold" in recorded:
+        threshold = recorded["threshold"]
+        check_condition(isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+                        and 0.0 <= threshold < 1.0,
+                        f"{key}.threshold: {_json_value(threshold)} is not a probability "
+                        f"threshold (a number from 0 up to, not including, 1)")
     return recorded
+
+
+def _json_value(value: Any) -> str:
+    """`value` as config.json spells it where Python's repr differs (null, true, false),
+    else its repr, at most 60 characters."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def list_incomplete(model_dir: str, directions: List[str], checkpoint: str = "best"

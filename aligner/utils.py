@@ -32,12 +32,34 @@ def check_condition(condition: bool, message: str) -> None:
 
 #: errno values of a write that failed for want of room: full disk, quota, file size limit
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+#: what each of :data:`WRITE_FAILURES` means for the user
+_WRITE_FAILURE_HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is "
+                        "used up", errno.EFBIG: "over the limit on file sizes: ulimit -f, or "
+                        "the file system's",
+                        errno.EIO: "an input/output error of the device"}
+#: numpy's message for a short write of ndarray.tofile / np.save to a real file (no errno):
+#: "13609 requested and 8160 written"
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def write_failure(error: BaseException) -> Optional[str]:
+    """'What the OS said (what it means)' when `error` is a write that failed for want of room
+    (:data:`WRITE_FAILURES`, or numpy's short write, which carries no errno), else None."""
+    if not isinstance(error, OSError):
+        return None
+    if error.errno in WRITE_FAILURES:
+        return f"{error.strerror or first_line(error)} ({_WRITE_FAILURE_HINTS[error.errno]})"
+    if error.errno is None and _SHORT_WRITE.fullmatch(str(error).strip()):
+        return (f"only part of the data was written ({error}): the disk is full, or the "
+                f"file is over the limit on file sizes")
+    return None
 
 
 def os_error_message(error: OSError) -> str:
     """One line for an OSError: 'PATH: what the OS said' (just what it said when the error
-    names no file)."""
-    reason = error.strerror or first_line(error) or type(error).__name__
+    names no file), with what a full disk, a quota or a file size limit means."""
+    reason = (write_failure(error) or error.strerror or first_line(error)
+              or type(error).__name__)
     return f"{error.filename}: {reason}" if error.filename is not None else reason
 
 
@@ -140,15 +162,21 @@ def remove_stale_temporaries(directory: str) -> int:
 
 
 @contextlib.contextmanager
-def _write_errors_named(path: str) -> Iterator[None]:
-    """A write that failed for want of room (:data:`WRITE_FAILURES`) inside the block becomes
-    one AlignerError naming `path`."""
+def write_errors_named(path: str) -> Iterator[None]:
+    """A write that failed for want of room (:data:`WRITE_FAILURES`: a full disk, a quota, a
+    file size limit; or numpy's short write) inside the block becomes one AlignerError naming
+    `path`: 'PATH: cannot write: No space left on device (the disk is full)'. For a write into
+    a model directory that does not go through :func:`atomic_output`."""
     try:
         yield
     except OSError as error:
-        if error.errno not in WRITE_FAILURES:
+        reason = write_failure(error)
+        if reason is None:
             raise
-        raise AlignerError(f"{path}: cannot write: {error.strerror or error}") from None
+        raise AlignerError(f"{path}: cannot write: {reason}") from None
+
+
+_write_errors_named = write_errors_named
 
 
 def check_writable(path: Optional[str], option: str = "-o") -> None:
@@ -157,10 +185,12 @@ def check_writable(path: Optional[str], option: str = "-o") -> None:
     Checked before a command does its work, so that an unwritable output fails in a second,
     not after the work: the directory must exist and be writable (not read-only, not
     immutable), and an existing `path` must be a writable file (not a directory, not
-    read-only or immutable). `option` names the option in the message.
+    read-only or immutable); an empty name ('') is refused. `option` names the option in the
+    message.
     """
     if path is None or path == "-":
         return
+    check_condition(path != "", f"{option}: empty file name")
     if is_special_file(path):   # written in place: only the file itself must be writable
         check_condition(os.access(path, os.W_OK), f"{path}: {option} is not writable")
         return
@@ -225,7 +255,7 @@ def check_outside_model_dir(model_dir: Optional[str], outputs: Dict[str, Optiona
     if model_dir is None:
         return
     for option, path in outputs.items():
-        if path is None or path == "-" or is_special_file(path):
+        if not path or path == "-" or is_special_file(path):   # '': check_writable's
             continue
         check_condition(not inside_directory(path, model_dir),
                         f"{path}: {option} lies inside the model directory {model_dir}: it "
@@ -239,21 +269,42 @@ def _current_umask() -> int:
     return mask
 
 
+class Terminated(AlignerError):
+    """SIGTERM (``kill PID``, a job scheduler, ``timeout``) arrived inside
+    :func:`sigterm_raises`; a command may catch it to say what was kept or removed."""
+
+
+#: how many :func:`sigterm_raises` blocks the main thread is in, and whether SIGTERM has been
+#: raised in them already (a second SIGTERM, as a scheduler may send, must not cut off the
+#: clean-up the first one started)
+_sigterm = {"depth": 0, "raised": False}
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Inside the block, SIGTERM (``kill PID``, a job scheduler) raises AlignerError in the main
-    thread instead of ending the process on the spot, so that ``finally`` blocks run: worker
-    processes are stopped instead of left running as orphans. The previous handler is restored
-    on exit; outside the main thread this does nothing (signals reach only the main thread)."""
+    """Inside the block, SIGTERM (``kill PID``, a job scheduler) raises :class:`Terminated` (an
+    AlignerError: one line, exit status 1) in the main thread instead of ending the process on
+    the spot, so that ``finally`` blocks run: worker processes are stopped instead of left
+    running as orphans, temporary directories are removed. Only the first SIGTERM raises;
+    later ones, while that one's clean-up runs, are ignored. Blocks nest; the previous handler
+    is restored on exit; outside the main thread this does nothing (signals reach only the main
+    thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminated(signum: int, frame: object) -> None:
-        raise AlignerError("terminated (SIGTERM); worker processes stopped")
+        if _sigterm["raised"]:
+            return
+        _sigterm["raised"] = True
+        raise Terminated("terminated (SIGTERM); worker processes stopped")
 
     previous = signal.signal(signal.SIGTERM, terminated)
+    _sigterm["depth"] += 1
     try:
         yield
     finally:
+        _sigterm["depth"] -= 1
+        if _sigterm["depth"] == 0:
+            _sigterm["raised"] = False
         signal.signal(signal.SIGTERM, previous)

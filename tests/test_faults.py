@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_a_spec_names_the_point_the_pass_and_the_action(spec, expected):
     assert faults.parse(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["nowhere", "checkpoint:0", "checkpoint:x", "checkpoint:2:stop",
+@pytest.mark.parametrize("spec", ["nowhere", "checkpoint:0", "checkpoint:x", "checkpoint:2:pause",
                                   "checkpoint:1:kill:3"])
 def test_a_bad_spec_is_refused(spec):
     with pytest.raises(AlignerError, match="ALIGNER_FAULT"):
@@ -96,3 +97,105 @@ def test_align_run_killed_at_any_stage_ends_as_an_uninterrupted_run(tmp_path, un
     run("run", *common, "--model-dir", model, "-o", output, "--resume")
     assert output.read_text() == expected
     assert not [p for p in model.rglob("*.tmp")]
+
+
+# -- SIGTERM (`kill PID`, `timeout`, a job scheduler) of `align run` without --model-dir ---------
+
+SAMPLE = ROOT / "data" / "sample"
+#: a tiny model of the recipe's kind on the shipped sample (3,000 lines: the teacher runs in a
+#: process of its own, the final alignment's blocks of 1,000 lines in two direction workers)
+SAMPLE_TINY = ["-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1", "-M",
+               "dec_layers=1", "-M", "d_ff=32", "--bpe-merges", "0", "--max-updates", "2",
+               "--threads", "2", "-q"]
+
+
+def _descendants(pid):
+    """PIDs of the live processes below `pid` (Linux /proc), children first."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = parents.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _state(pid):
+    """The one-letter state of `pid` ("" when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("stage", ["teacher", "final-alignment"])
+def test_sigterm_of_align_run_removes_its_temporary_model_and_its_workers(tmp_path, stage):
+    """`kill PID` of `align run` without --model-dir while the teacher trains (in a process of
+    its own) or while the final alignment runs (in two direction workers): one error line, a
+    non-zero exit, no align-run-* directory left in TMPDIR, no worker left running, no
+    output written. It used to die on the spot (status 143, no message), leaving both."""
+    tmpdir, output = tmp_path / "tmp", tmp_path / "out.align"
+    tmpdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmpdir)}
+    args = ["-s", str(SAMPLE / "train.en"), "-t", str(SAMPLE / "train.fr"), "-o", str(output),
+            *SAMPLE_TINY]
+    if stage == "teacher":
+        args += ["--rounds", "2"]
+    else:   # stopped once the first block of the final alignment is written
+        args += ["--rounds", "1", "--no-teacher", "--block-lines", "1000"]
+        env[faults.ENV] = "alignment-block:1:stop"
+    process = subprocess.Popen([sys.executable, "-m", "aligner", "run", *args], cwd=ROOT,
+                               env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        workers = []
+        while process.poll() is None and time.time() < deadline:
+            workers = [pid for pid in _descendants(process.pid)
+                       if "spawn_main" in _cmdline(pid)]
+            if stage == "teacher" and workers:
+                break
+            if stage == "final-alignment" and _state(process.pid) == "T":
+                break
+            time.sleep(0.1)
+        assert process.poll() is None, process.stderr.read()
+        assert len(workers) == (1 if stage == "teacher" else 2), workers
+        assert list(tmpdir.glob("align-run-*"))
+        if stage == "teacher":
+            time.sleep(1)   # inside the teacher's EM
+        everything = _descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode not in (0, -signal.SIGTERM), stderr
+    assert stderr.strip().splitlines() == [
+        "align: error: terminated (SIGTERM); the model was in a temporary directory, now "
+        "removed (give --model-dir to be able to resume)"], stderr
+    assert not list(tmpdir.glob("align-run-*"))
+    assert not output.exists()
+    deadline = time.time() + 10
+    while [pid for pid in everything if _state(pid) not in ("", "Z")] and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in everything if _state(pid) not in ("", "Z")]

@@ -80,3 +80,25 @@ def test_the_align_command_applies_it(tmp_path):
     assert _probe("cli", str(gold), str(links))["mapped_while_alive"] < 64 << 20
     system = _probe("cli", str(gold), str(links), env_extra={"ALIGNER_MALLOC": "system"})
     assert system["mapped_while_alive"] >= 64 << 20
+
+
+@pytest.mark.parametrize("value", ["bogus", "sytem"])
+def test_an_unknown_aligner_malloc_value_is_one_line_listing_the_values(tmp_path, value):
+    """A typo in ALIGNER_MALLOC is not silently the default: the `align` command stops with one
+    line naming the variable and the values it takes, before any work."""
+    gold, links = tmp_path / "gold.talp", tmp_path / "links.align"
+    gold.write_text("1 1 S\n")
+    links.write_text("0-0\n")
+    out = tmp_path / "out.align"
+    done = subprocess.run([sys.executable, "-m", "aligner", "symmetrize", "-f", str(links),
+                           "-r", str(links), "-o", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "ALIGNER_MALLOC": value})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"align: error: ALIGNER_MALLOC='{value}': unknown value")
+    assert "system" in lines[0] and not out.exists()
+
+
+def test_aligner_malloc_system_in_any_case_is_accepted():
+    assert _probe("function", env_extra={"ALIGNER_MALLOC": " System "})["applied"] is False

@@ -239,7 +239,7 @@ def test_a_full_device_is_error_line(tmp_path):
     links.write_text("0-0 1-1\n" * 1000)
     line = error_line(invoke("symmetrize", "-f", links, "-r", links, "-o", "/dev/full",
                                  "-q"))
-    assert line == "align: error: /dev/full: cannot write: No space left on device"
+    assert line == "align: error: /dev/full: cannot write: No space left on device (the disk is full)"
 
 
 def test_an_unwritable_model_directory_parent_is_error_line(tmp_path, corpus):
@@ -431,7 +431,17 @@ def test_stale_temporary_files_of_a_killed_run_are_removed_on_resume(tmp_path, t
     ({"threshold": 5}, "extra.align_run.threshold: 5 is not a probability threshold"),
     ({"threshold": -1}, "extra.align_run.threshold: -1 is not a probability threshold"),
     ("x", "extra.align_run: expected"),
-    ({"symmetrize": "nearest"}, "soft-average")])
+    ({"symmetrize": "nearest"}, "soft-average"),
+    # null (a hand edit, another tool's writer) or the wrong type: one line, not a TypeError
+    ({"symmetrize": "soft-average", "threshold": None},
+     "extra.align_run.threshold: null is not a probability threshold"),
+    ({"threshold": None}, "extra.align_run.threshold: null is not a probability threshold"),
+    ({"threshold": True}, "extra.align_run.threshold: true is not a probability threshold"),
+    ({"threshold": [0.5]}, "extra.align_run.threshold: [0.5] is not a probability threshold"),
+    ({"symmetrize": None, "threshold": 0.5},
+     "extra.align_run.symmetrize: null is not a heuristic"),
+    ({"symmetrize": ["union"]}, "extra.align_run.symmetrize: ['union'] is not a heuristic"),
+    ({"symmetrize": 3}, "extra.align_run.symmetrize: 3 is not a heuristic")])
 def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, recorded,
                                                              message):
     import shutil
@@ -442,7 +452,23 @@ def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, reco
     (model / "config.json").write_text(json.dumps(config))
     line = error_line(invoke("extract", model, "-s", trained["src"], "-t", trained["tgt"],
                                  "-o", tmp_path / "out", "-q"))
-    assert message in line
+    assert message in line and f"{model / 'config.json'}: " in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_recorded_threshold_is_error_line_in_align_show_too(tmp_path, trained):
+    """`align show` reads the recorded defaults as extract does (the Aligner API)."""
+    pytest.importorskip("matplotlib")
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(trained["model"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["extra"]["align_run"] = {"symmetrize": "soft-average", "threshold": None}
+    (model / "config.json").write_text(json.dumps(config))
+    line = error_line(invoke("show", model, "-s", trained["src"], "-t", trained["tgt"],
+                             "--line", "1", "-o", tmp_path / "pair.png", "--device", "cpu"))
+    assert f"{model / 'config.json'}: extra.align_run.threshold: null is not" in line
+    assert not (tmp_path / "pair.png").exists()
 
 
 def test_threshold_alone_applies_where_the_default_heuristic_is_soft_average(tmp_path, corpus):
@@ -526,3 +552,115 @@ def test_a_run_refused_by_its_batches_leaves_nothing_behind(tmp_path, corpus):
     assert "--max-tokens 3 is smaller than the longest training pair" in line
     assert not model.exists() or os.listdir(model) == []
     run("train", *args)
+
+
+# -- a full disk names the file: every write into the model directory -------------------------
+
+SAMPLE = ROOT / "data" / "sample"
+#: `align train` of one direction on the shipped sample (3,000 lines: corpus arrays of 200+ KB,
+#: larger than the vocabularies and the configuration files)
+SAMPLE_TRAIN = ["-s", SAMPLE / "train.en", "-t", SAMPLE / "train.fr", "--directions", "fwd",
+                "--bpe-merges", "0", "--d-model", "16", "--heads", "2", "--encoder-layers", "1",
+                "--decoder-layers", "1", "--ff-dim", "32", "--device", "cpu", "-q", "--rounds",
+                "1", "--threads", "1"]
+
+
+def _limited(args, limit_bytes):
+    """`align ARGS` in a child process whose files may not grow past `limit_bytes`
+    (RLIMIT_FSIZE; SIGXFSZ ignored, so that the write fails with EFBIG as a full disk fails
+    with ENOSPC)."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    return subprocess.run([sys.executable, "-m", "aligner", *map(str, args)], preexec_fn=limit,
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _one_write_error(done) -> str:
+    """The one stderr line of a run stopped by a write (exit 1, no traceback)."""
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("align: error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory):
+    """A finished `align train` of the sample (1 update): its directory is only read."""
+    model = tmp_path_factory.mktemp("sample") / "model"
+    done = _limited(["train", *SAMPLE_TRAIN, "-o", model, "--max-updates", 1], 1 << 40)
+    assert done.returncode == 0, done.stderr
+    return model
+
+
+def test_a_full_disk_at_the_corpus_arrays_names_the_array(tmp_path, sample_run):
+    """np.save of an id array used to say only '13609 requested and 8160 written'."""
+    ids = (sample_run / "corpus" / "src.ids.npy").stat().st_size
+    others = [p.stat().st_size for p in sample_run.rglob("*") if p.is_file()
+              and p.parent.name != "corpus" and p.parent.name != "fwd"]
+    assert max(others) < ids - 1000
+    inputs = {p: p.read_bytes() for p in (SAMPLE / "train.en", SAMPLE / "train.fr")}
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", tmp_path / "model",
+                                      "--max-updates", 1], ids - 1000))
+    assert line == (f"align: error: {tmp_path / 'model' / 'corpus' / 'src.ids.npy'}: cannot "
+                    f"write: File too large (over the limit on file sizes: ulimit -f, or the "
+                    f"file system's)")
+    assert all(p.read_bytes() == data for p, data in inputs.items())
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
+
+
+def test_a_full_disk_at_a_checkpoint_names_the_checkpoint(tmp_path, sample_run):
+    weights = (sample_run / "fwd" / "params.last.pt").stat().st_size
+    corpus = max(p.stat().st_size for p in (sample_run / "corpus").iterdir())
+    assert corpus < weights - 1000
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", tmp_path / "model",
+                                      "--max-updates", 1], weights - 1000))
+    assert line.startswith(f"align: error: {tmp_path / 'model' / 'fwd'}{os.sep}")
+    assert ".pt: cannot write: File too large (over the limit on file sizes" in line
+
+
+@pytest.mark.parametrize("how,limit,name", [("--resume", 10, ".lock"),
+                                            ("--resume", 1000, "run.json"),
+                                            ("--overwrite", 10, ".lock")])
+def test_a_full_disk_on_resume_or_overwrite_names_the_file_and_keeps_the_run(
+        tmp_path, sample_run, how, limit, name):
+    """--resume / --overwrite used to say only 'No space left on device': the file that
+    cannot be written (the run lock, the first; the run record) is named, and the run is as it
+    was (--overwrite has not removed it yet when its lock cannot be written)."""
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(sample_run, model)
+    before = {k: v for k, v in snapshot(model).items() if k != "train.log"}
+    line = _one_write_error(_limited(["train", *SAMPLE_TRAIN, "-o", model, "--max-updates", 2,
+                                      how], limit))
+    assert line == (f"align: error: {model / name}: cannot write: File too large (over the "
+                    f"limit on file sizes: ulimit -f, or the file system's)")
+    after = {k: v for k, v in snapshot(model).items() if k != "train.log"}
+    assert after == before
+
+
+def test_a_full_disk_in_the_first_checkpoint_resumes(tmp_path, corpus):
+    """The first checkpoint of a direction cut off by a full disk (its training state, the
+    larger file, does not fit): `--resume` used to refuse the directory ('use --overwrite':
+    params.last.pt was written, training_state.pt was not); now the training state comes
+    first, and --resume ends with the weights of an uninterrupted run."""
+    args = ["-s", corpus["src"], "-t", corpus["tgt"], "--directions", "fwd", *TINY,
+            "--max-updates", 4]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = _train_subprocess([*args, "-o", whole])
+    assert done.returncode == 0, done.stderr
+    weights = (whole / "fwd" / "params.last.pt").stat().st_size
+    state = (whole / "fwd" / "training_state.pt").stat().st_size
+    assert state > 2 * weights
+    failed = _limited(["train", *args, "-o", cut], (weights + state) // 2)
+    line = _one_write_error(failed)
+    assert line.startswith(f"align: error: {cut / 'fwd' / 'training_state.pt'}: cannot write: "
+                           f"File too large (")
+    assert not (cut / "fwd" / "training_state.pt").exists()
+    done = _train_subprocess([*args, "-o", cut, "--resume"])
+    assert done.returncode == 0, done.stderr
+    ours = torch.load(cut / "fwd" / "params.last.pt", weights_only=True)["state_dict"]
+    theirs = torch.load(whole / "fwd" / "params.last.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert not [p for p in (cut / "fwd").iterdir() if p.name.endswith(".tmp")]

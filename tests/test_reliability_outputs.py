@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,3 +356,39 @@ def test_an_output_inside_the_model_directory_is_refused_and_the_model_kept(setu
     # the model still aligns
     run("extract", directory, "-s", src, "-t", tgt, "-o", tmp_path / "after.align", "-q")
     assert len((tmp_path / "after.align").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("option,args", [
+    ("-o", ["symmetrize", "-f", "{gold}", "-r", "{gold}", "-o", ""]),
+    ("-o", ["extract", "{model}", "-s", "{src}", "-t", "{tgt}", "-o", ""]),
+    ("--soft", ["extract", "{model}", "-s", "{src}", "-t", "{tgt}", "--soft", ""]),
+    ("--link-probs", ["extract", "{model}", "-s", "{src}", "-t", "{tgt}", "--link-probs", ""]),
+    ("-o", ["show", "{model}", "-s", "{src}", "-t", "{tgt}", "--line", "1", "-o", ""]),
+    ("-o", ["translate", "{model}", "-i", "{src}", "-o", ""]),
+    ("--sweep", ["score-aer", "-g", "{gold}", "-a", "{gold}", "--sweep", ""]),
+    ("-o", ["run", "-s", "{src}", "-t", "{tgt}", "-o", ""]),
+    ("-f", ["run", "-s", "{src}", "-t", "{tgt}", "-f", ""]),
+    ("-r", ["run", "-s", "{src}", "-t", "{tgt}", "-r", ""]),
+    ("--soft", ["run", "-s", "{src}", "-t", "{tgt}", "--soft", ""]),
+    ("-o/--model-dir", ["train", "-s", "{src}", "-t", "{tgt}", "-o", ""]),
+    ("--model-dir", ["run", "-s", "{src}", "-t", "{tgt}", "--model-dir", ""]),
+    ("--workdir", ["demo", "--workdir", ""]),
+])
+def test_an_empty_output_name_is_one_line_naming_the_option(setup, tmp_path, option, args):
+    """`-o ''` (an unset shell variable) was 'align: error: : cannot replace the file', after
+    the work: every output option refuses an empty name up front, one line naming the option,
+    nothing written in the working directory."""
+    import sys
+    root, directory, src, tgt, gold = setup
+    names = {"model": directory, "src": src, "tgt": tgt, "gold": gold}
+    work = tmp_path / "cwd"
+    work.mkdir()
+    root_dir = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-m", "aligner",
+                           *[a.format(**names) for a in args]], cwd=work, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": root_dir})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [f"align: error: {option}: empty "
+                                                f"{'directory' if 'dir' in option else 'file'} "
+                                                f"name"]
+    assert os.listdir(work) == []

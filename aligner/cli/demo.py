@@ -19,7 +19,8 @@ from aligner import constants as C
 from aligner.config import CHECKPOINT_AT_THE_END
 from aligner.training import recipe
 from aligner.cli.options import (bpe_merges_option, device_option,
-                                 max_epochs_option, quiet_option, seed_option, threads_option)
+                                 max_epochs_option, not_empty, quiet_option, seed_option,
+                                 threads_option)
 from aligner.cli.train import set_threads
 from aligner.utils import check_condition
 
@@ -55,6 +56,7 @@ def aer_table(rows: List[List[str]]) -> str:
 @click.option("--sample-dir", type=click.Path(file_okay=False), default=str(DEFAULT_SAMPLE),
               show_default=True, help="Folder with train.en/.fr and trial.en/.fr/.talp.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              callback=not_empty,
               help="Keep the model directory here (default: a temporary folder, removed).")
 @max_epochs_option(3, min_epochs=1)
 @bpe_merges_option(1000)

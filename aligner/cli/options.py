@@ -61,12 +61,20 @@ def bitext_options(function):
     ])
 
 
+def not_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """click callback of a path option that names an output (a file or a directory): an empty
+    name ('') is one error line naming the option, not an OS error without a file name."""
+    if value == "":
+        raise AlignerError(f"{'/'.join(param.opts) or param.name}: empty directory name")
+    return value
+
+
 def model_dir_option(*short: str, required: bool, default_help: Optional[str] = None
                      ) -> Decorator:
     """--model-dir (align train: required, also -o; align run: a temporary directory unless
-    given, hence `default_help`)."""
+    given, hence `default_help`). An empty name is refused (:func:`not_empty`)."""
     return click.option(
-        *short, "--model-dir", required=required, default=None,
+        *short, "--model-dir", required=required, default=None, callback=not_empty,
         type=click.Path(file_okay=False),
         help=_with_default("The model directory (self-contained: config, BPE, vocabularies, "
                            "weights; align extract aligns new text with it).", default_help))

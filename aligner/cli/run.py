@@ -7,6 +7,7 @@ corpus, except with --soft). Only parses options and wires the two; torch is imp
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -33,8 +34,8 @@ from aligner.cli.options import (INPUT, FiniteFloat,
                                  self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
-from aligner.utils import (AlignerError, check_condition, check_distinct_files,
-                           check_outside_model_dir, check_writable)
+from aligner.utils import (AlignerError, Terminated, check_condition, check_distinct_files,
+                           check_outside_model_dir, check_writable, sigterm_raises)
 
 logger = logging.getLogger(__name__)
 
@@ -207,11 +208,16 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         guide=guide or "", guide_weight=guide_weight, agreement_weight=agreement_weight,
         heuristic=heuristic, threshold=threshold, quiet=quiet, argv=["align"] + sys.argv[1:])
     temporary = None
-    if model_dir is None:
-        temporary = tempfile.mkdtemp(prefix="align-run-")
-        model_dir = os.path.join(temporary, "model")
-        request = dataclasses.replace(request, model_dir=model_dir)
+    # SIGTERM (`kill`, `timeout`, a scheduler) as Ctrl-C: the worker processes (the teacher's,
+    # the directions', the alignment's) are stopped and the temporary directory is removed
+    stack = contextlib.ExitStack()
+    stack.enter_context(sigterm_raises())
+    kept = model_dir is not None   # else in a temporary directory, removed at the end
     try:
+        if not kept:
+            temporary = tempfile.mkdtemp(prefix="align-run-")
+            model_dir = os.path.join(temporary, "model")
+            request = dataclasses.replace(request, model_dir=model_dir)
         # under torchrun one process group for the rounds and the final alignment (its
         # blocks sharded over the ranks, aligner/blocks.py)
         with distributed(device) as context:
@@ -233,14 +239,18 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 write_results(output, matrices.pop("alignments"), soft, matrices)
             seconds = {"training": trained.training_seconds,
                        "alignment": trained.alignment_seconds + time.time() - aligning}
-    except KeyboardInterrupt:
-        raise AlignerError("interrupted; " + (
+    except (KeyboardInterrupt, Terminated) as stop:
+        raise AlignerError(("interrupted; " if isinstance(stop, KeyboardInterrupt)
+                            else "terminated (SIGTERM); ") + (
             f"continue with the same command plus --resume (the run is in {model_dir})"
-            if temporary is None else "the model was in a temporary directory, now removed "
+            if kept else "the model was in a temporary directory, now removed "
             "(give --model-dir to be able to resume)")) from None
     finally:
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+        try:
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+        finally:
+            stack.close()
     if not reports:
         return   # torchrun: rank 0 wrote the outputs (aligner/blocks.py) and reports
     click.echo(f"align run: {n_lines} sentence pairs, {links} links "

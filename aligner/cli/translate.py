@@ -80,7 +80,8 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
     from aligner.translate import translate
-    from aligner.utils import atomic_output, check_condition, check_outside_model_dir
+    from aligner.utils import (atomic_output, check_condition, check_outside_model_dir,
+                               check_writable)
 
     setup_logging(quiet=quiet)
     set_threads(threads)
@@ -89,6 +90,7 @@ def command(model_dir: str, input_path: str, output: str, direction: str, beam: 
                     "--alignment-method chooses the alignment of --print-alignment: give both")
     check_condition(heuristic is None or print_alignment,
                     "--symmetrize combines the alignments of --print-alignment: give both")
+    check_writable(output, "-o")   # before the model loads and the lines are translated
     lines = read_lines(input_path)
     torch_device = resolve_device(device)
     precision = resolve_precision(precision, torch_device)

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from aligner.constants import EOS_ID, PAD_ID
-from aligner.data import check_corpus_file
-from aligner.utils import atomic_output, check_condition, first_line
+from aligner.data import check_corpus_file, save_array
+from aligner.utils import check_condition, first_line
 
 GUIDE_LINKS = "guide.links.npy"
 GUIDE_OFFSETS = "guide.offsets.npy"
@@ -65,8 +65,7 @@ def save_guides(out_dir: str, links_per_pair: Sequence[np.ndarray]) -> None:
     links = (np.concatenate(links_per_pair).astype(np.int32) if len(links_per_pair)
              else np.zeros((0, 2), dtype=np.int32))
     for name, values in ((GUIDE_LINKS, links.reshape(-1, 2)), (GUIDE_OFFSETS, offsets)):
-        with atomic_output(os.path.join(out_dir, name), "wb") as out:
-            np.save(out, values)
+        save_array(os.path.join(out_dir, name), values)   # a full disk: one line
 
 
 class GuideLinks:

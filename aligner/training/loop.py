@@ -374,16 +374,18 @@ class Trainer:
 
         elapsed: training seconds up to now, over all runs of this direction.
 
-        training_state.pt holds the weights it belongs to as well (``"weights"``), so that a
-        resumed run continues from weights and optimizer state of one and the same update even
-        when the run was cut off (a full disk, a kill) after params.last.pt was written and
-        before training_state.pt was: the state file is the checkpoint, written last.
+        training_state.pt holds the weights it belongs to as well (``"weights"``): the state
+        file is the checkpoint, and it is written first, so that a run cut off (a full disk, a
+        kill) between the files resumes from weights and optimizer state of one and the same
+        update, its own. Written before params.*.pt, the first checkpoint is as resumable as
+        the later ones: a direction folder never holds weights without a training state (which
+        :func:`check_resumable` refuses), only a state with the previous checkpoint's weights
+        files, or nothing (the direction starts afresh).
         """
         if not self._write_files():
             return
         self._check_finite_weights()
         os.makedirs(self.out_dir, exist_ok=True)
-        self.save_weights(improved)
         state = {"trainer": {**self.state.to_dict(), "elapsed": elapsed},
                  "optimizer": self.optimizer.state_dict(),
                  "batcher": self.batcher.state_dict(), "rng": _rng_state(self.device),
@@ -391,6 +393,8 @@ class Trainer:
                  "weights": {name: weights_state(model)
                              for name, model in self.weight_models().items()}}
         save_checkpoint_file(state, self._path(C.TRAINING_STATE))
+        del state
+        self.save_weights(improved)
         with atomic_output(self._path(C.METRICS_NAME)) as out:
             out.write("\t".join(METRICS_COLUMNS) + "\n")
             for row in self.state.metrics:
