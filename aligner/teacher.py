@@ -40,6 +40,15 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+#: torch threads of the teacher in `align run` (aligner/training/rounds.py): its
+#: forward-backward steps through the words one small (lines, states) operation at a time, so
+#: a second thread gains little on idle cores, while on a loaded 2-core CPU every operation
+#: waits for the thread that another process holds: on 8,000 Hansards lines with a second
+#: job on the cores, 77-361 s with 2 threads against 13-16 s with 1
+#: (eval/results/teacher_threads.md)
+THREADS = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
     """ibm1_iterations, hmm_iterations: EM iterations of each model (IBM-1 first; its

@@ -405,12 +405,13 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
     """Rank 0: the classical teacher (aligner/teacher.py) trains on round 1's lines and writes
     its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
     links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
-    It runs in a "spawn" process of its own with this process's torch threads, so that its
-    memory (1.5 GiB at its peak on 40,000 Hansards lines) goes back to the system when it ends
-    instead of staying in this process's heap (aligner/malloc.py). Returns the seconds."""
+    It runs in a "spawn" process of its own, so that its memory (1.5 GiB at its peak on
+    40,000 Hansards lines) goes back to the system when it ends instead of staying in this
+    process's heap (aligner/malloc.py), with aligner.teacher.THREADS torch threads. Returns
+    the seconds."""
     import multiprocessing
 
-    import torch
+    from aligner import teacher
 
     start = time.time()
     faults.reached("teacher")
@@ -423,7 +424,7 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
         logger.info("teacher: IBM-1 and HMM alignment (EM) of round 1's %d lines",
                     len(source))
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pool.apply(write_teacher_links, (source, target, path, torch.get_num_threads()))
+            pool.apply(write_teacher_links, (source, target, path, teacher.THREADS))
     seconds = time.time() - start
     if record is not None:
         record.add_stage("teacher", seconds)
