@@ -1,7 +1,8 @@
 """Self-training rounds: train, align the training bitext, train again guided by those links.
 
-What `align train --rounds N` and `align run --rounds N` do (the recipe: four rounds,
-aligner/training/recipe.py). Each round is a complete model directory of its own::
+What `align train --rounds N` and `align run --rounds N` do (the recipe's: recipe.ROUNDS,
+aligner/training/recipe.py), above the training of one model directory
+(aligner/training/run.py). Each round is a complete model directory of its own::
 
     MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
                                      refuses other ones
