@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
