@@ -255,7 +255,6 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
                     "under torchrun the ranks write their blocks beside the output: give an "
                     "output file (-o FILE), not stdout")
     n_lines = len(bitext)
-    n_blocks = -(-n_lines // block_lines)
     names = [name for name, path in outputs.items() if path is not None]
     if folder is None:
         return _stream(bitext, block_lines, outputs, align_block, n_lines, progress,

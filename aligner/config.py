@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Type, TypeVar
 
 from aligner import __version__
 from aligner import constants as C
+from aligner.training import recipe
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 T = TypeVar("T")
@@ -130,22 +131,26 @@ class TrainConfig:
     whichever comes first (0 = no limit; at least one must be set). A checkpoint (validation,
     params.last.pt, training state, and params.best.pt when validation improved) is written every
     `checkpoint_interval` updates and at the end.
+
+    The defaults of batches, learning rate, schedule, label smoothing, clipping and epochs are
+    the recipe's (aligner/training/recipe.py: TRAINING, EPOCHS), the values `align train` takes
+    on the CPU with --rounds 1 (the commands resolve them: aligner/training/builder.py).
     """
 
-    max_tokens: int = 4096
+    max_tokens: int = recipe.TRAINING["max_tokens"]
     update_freq: int = 1
-    lr: float = 5e-4
-    warmup: int = 1000
+    lr: float = recipe.TRAINING["lr"]
+    warmup: int = recipe.TRAINING["warmup"]
     #: decay after the warm-up: one of constants.LR_SCHEDULES
-    lr_schedule: str = "inverse-sqrt"
+    lr_schedule: str = recipe.TRAINING["lr_schedule"]
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
+    label_smoothing: float = recipe.TRAINING["label_smoothing"]
+    clip_norm: float = recipe.TRAINING["clip_norm"]
     max_updates: int = 0
-    max_epochs: int = 10
+    max_epochs: int = recipe.EPOCHS
     checkpoint_interval: int = 1000
     log_interval: int = 100
     #: extraction method used for validation AER ("" = the model kind's first method)

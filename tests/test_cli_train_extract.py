@@ -10,6 +10,7 @@ import torch
 
 from aligner import constants as C
 from aligner.formats import read_pharaoh
+from aligner.training import recipe
 from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
 
@@ -242,13 +243,21 @@ def test_demo_on_a_small_sample(tmp_path):
     assert (tmp_path / "work" / "model" / "fwd" / C.PARAMS_BEST).is_file()
     assert json.loads((tmp_path / "work" / "model" / C.CONFIG_NAME).read_text())[
         "model_kind"] == "hmm1"
+    # the recipe's shape: the teacher's links guide round 1, then its self-training rounds
+    rounds = tmp_path / "work" / "model" / C.ROUNDS_DIR
+    assert (rounds / "0" / C.ROUND_LINKS).is_file() == recipe.TEACHER
+    assert sorted(p.name for p in rounds.iterdir() if p.is_dir()) == [
+        str(r) for r in range(0 if recipe.TEACHER else 1, recipe.ROUNDS + 1)]
     missing = run("demo", "--sample-dir", tmp_path, ok=False)
     assert "sample file missing" in error_line(missing)
     # without -q it says how long it will take before it starts
     loud = run("demo", "--sample-dir", sample, "--max-epochs", 1, "--bpe-merges", 10)
     first = loud.stderr.splitlines()[0]
-    assert first.startswith("align demo: training hmm1 on 30 pairs, 1 epochs per direction: "
-                            "about 1 minute(s)")
+    epochs = " + ".join(["1"] + [str(recipe.FINE_TUNE_EPOCHS)] * (recipe.ROUNDS - 1))
+    teacher = "the teacher, then " if recipe.TEACHER else ""
+    assert first.startswith(f"align demo: training hmm1 on 30 pairs, {teacher}"
+                            f"{recipe.ROUNDS} self-training rounds of {epochs} epochs per "
+                            f"direction: about 1 minute(s)")
 
 
 def test_extract_writes_soft_matrices(tmp_path, corpus):

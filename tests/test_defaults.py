@@ -81,5 +81,10 @@ def test_run_defaults_are_the_recipe():
 
 def test_demo_defaults():
     defaults = _defaults(demo.command)
-    assert demo.DEMO_KIND == recipe.MODEL_KIND
-    assert defaults["max_epochs"] == 3 and defaults["bpe_merges"] == 1000
+    assert (defaults["max_epochs"], defaults["bpe_merges"]) == (recipe.DEMO_EPOCHS,
+                                                                 recipe.DEMO_BPE_MERGES)
+    # the demo's deviations from the recipe: model size, batches and learning rate only
+    assert set(recipe.DEMO_MODEL_OPTIONS) < set(recipe.MODEL_OPTIONS)
+    assert all(recipe.DEMO_MODEL_OPTIONS[key] != recipe.MODEL_OPTIONS[key]
+               for key in recipe.DEMO_MODEL_OPTIONS)
+    assert set(recipe.DEMO_TRAINING) <= set(recipe.TRAINING)

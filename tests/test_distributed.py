@@ -24,7 +24,8 @@ from aligner.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, device_for_rank
                                  shutdown_distributed)
 from aligner.formats import Bitext
 from aligner.prep import PrepConfig
-from aligner.training.run import train_model_dir
+from aligner.training.recipe_guide import train_layer
+from aligner.training.request import TrainRequest
 from aligner.utils import AlignerError
 from synthetic import monotone_corpus
 from test_ddp import MODEL, _config, _free_port
@@ -177,9 +178,10 @@ def _two_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> No
     _environment(rank, world_size, port)
     calls = _count_group_calls()
     sources, targets, _ = monotone_corpus(40, seed=7)
-    train_model_dir(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
-                    "alignment-layer", dict(MODEL), PrepConfig(bpe_merges=10), DataConfig(),
-                    _config(max_updates=2), directions=("fwd",), quiet=True)
+    train_layer(TrainRequest(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
+                             "alignment-layer", dict(MODEL), PrepConfig(bpe_merges=10),
+                             DataConfig(), _config(max_updates=2), directions=("fwd",),
+                             quiet=True))
     with open(os.path.join(workdir, f"calls{rank}.json"), "w") as out:
         json.dump(calls, out)
 
@@ -201,10 +203,11 @@ def _three_stage_worker(rank: int, world_size: int, port: int, workdir: str) -> 
     calls = _count_group_calls()
     # (the recipe's 1,200-token batches: 2+ per epoch for 2 ranks)
     sources, targets, _ = monotone_corpus(400, seed=7)
-    train_model_dir(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
-                    "alignment-layer", dict(MODEL, layer_query="target"),
-                    PrepConfig(bpe_merges=10), DataConfig(),
-                    _config(max_updates=2, guide_weight=10.0), quiet=True, recipe_guide=True)
+    train_layer(TrainRequest(os.path.join(workdir, "model"), Bitext(sources, targets, "s", "t"),
+                             "alignment-layer", dict(MODEL, layer_query="target"),
+                             PrepConfig(bpe_merges=10), DataConfig(),
+                             _config(max_updates=2, guide_weight=10.0), quiet=True,
+                             recipe_guide=True))
     with open(os.path.join(workdir, f"calls{rank}.json"), "w") as out:
         json.dump(calls, out)
 
@@ -232,8 +235,8 @@ def test_the_layers_recipe_guide_runs_under_torchrun(tmp_path):
 def _rounds_worker(rank: int, world_size: int, port: int, workdir: str) -> None:
     """Two self-training rounds of the direct HMM on 2 ranks, torch.distributed's public
     init/destroy counted."""
-    from aligner.training.rounds import SelfTraining, train_rounds
-    from aligner.training.run import TrainRequest
+    from aligner.training.request import SelfTraining
+    from aligner.training.rounds import train_rounds
 
     _environment(rank, world_size, port)
     calls = _count_group_calls()

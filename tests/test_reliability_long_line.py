@@ -93,7 +93,7 @@ def test_streaming_from_a_pipe_skips_the_long_line(corpus):
                             input=corpus["joint"], capture_output=True, text=True, env=ENV, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     _check_lines(result.stdout, corpus["n"])
-    assert f"positions > the model's limit of 16: writing an empty alignment" in result.stderr
+    assert "positions > the model's limit of 16: writing an empty alignment" in result.stderr
 
 
 def test_torchrun_skips_the_long_line(corpus, tmp_path):

@@ -204,7 +204,7 @@ def test_the_recipes_final_agreement_weight_applies_to_runs_of_two_rounds_or_mor
     """Not given, --final-agreement-weight is the recipe's for a run of rounds and 0 for one
     plain training (which then trains as before); given, it is taken as is (and a run of one
     round refuses it)."""
-    from aligner.cli.options import resolve_final_agreement_weight as resolve
+    from aligner.training.builder import resolve_final_agreement_weight as resolve
 
     monkeypatch.setattr(recipe, "FINAL_AGREEMENT_WEIGHT", 3.0)
     assert (resolve(None, 4), resolve(None, 2), resolve(None, 1)) == (3.0, 3.0, 0.0)

@@ -1,9 +1,12 @@
 """`align demo`: the main job on the shipped sample, with no arguments, in a few minutes on CPU.
 
-Trains a small first-order direct HMM (hmm1) in both directions on data/sample (train + trial
-pairs, the trial set appended as in the benchmark set-up; on a CPU with two or more cores the
-directions of 1,000+ pairs train at the same time, one thread each), extracts the trial alignments with the HMM methods,
-symmetrizes them and prints an AER table against the trial gold.
+Trains the recipe's job at the sample's size (aligner/training/recipe.py: its teacher and
+self-training rounds, with a smaller model, DEMO_MODEL_OPTIONS and DEMO_TRAINING) in both
+directions on data/sample (train + trial pairs, the trial set appended as in the benchmark
+set-up; on a CPU with two or more cores the directions of 1,000+ pairs train at the same time,
+one thread each), extracts the trial alignments with the HMM methods, symmetrizes them and
+prints an AER table against the trial gold. The job is made by aligner.training.builder, as
+align train's and align run's.
 """
 from __future__ import annotations
 
@@ -16,11 +19,10 @@ from typing import List, Optional
 import click
 
 from aligner import constants as C
-from aligner.config import CHECKPOINT_AT_THE_END
-from aligner.training import recipe
-from aligner.cli.options import (bpe_merges_option, device_option,
-                                 max_epochs_option, not_empty, quiet_option, seed_option,
+from aligner.cli.options import (bpe_merges_option, device_option, max_epochs_option,
+                                 not_empty, quiet_option, recipe_summary, seed_option,
                                  threads_option)
+from aligner.training import recipe
 from aligner.cli.train import set_threads
 from aligner.utils import check_condition
 
@@ -28,15 +30,9 @@ from aligner.utils import check_condition
 DEFAULT_SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 SAMPLE_FILES = ("train.en", "train.fr", "trial.en", "trial.fr", "trial.talp")
 
-#: the demo model: the kind with the best alignments (eval/results), small enough for a few
-#: minutes on 2 CPU cores
-DEMO_KIND = "hmm1"
-DEMO_MODEL = dict(d_model=64, n_heads=4, enc_layers=2, dec_layers=2, d_ff=256, dropout=0.0,
-                  max_positions=256, tie_embeddings=True,
-                  lexicon_activation=recipe.MODEL_OPTIONS["lexicon_activation"])
-#: small batches and a high learning rate: the most progress per CPU second on 3,000 pairs
-#: (chosen for the transformer demo: its fwd attention's trial AER fell fastest with these)
-DEMO_TRAINING = dict(max_tokens=800, lr=5e-3, warmup=100, label_smoothing=0.0)
+#: minutes per epoch of the 3,037-pair sample on 2 idle cores, the teacher and the guides'
+#: alignment included (eval/results/demo_sample.md)
+MINUTES_PER_EPOCH = 0.5
 DEMO_METHODS = ("hmm-posterior", "hmm-viterbi")
 #: the Moses heuristic the seeds report, and the posterior average that suits the HMM best
 DEMO_HEURISTICS = (C.DEFAULT_HEURISTIC, "intersect", "soft-average")
@@ -52,14 +48,28 @@ def aer_table(rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
-@click.command("demo")
+#: `align demo --help`: what the demo trains, from the recipe's values
+HELP = f"""Train on the shipped sample, align the trial set and print its AER table.
+
+The recipe's job at the sample's size: {recipe_summary("--max-epochs epochs", flags=False)};
+with a smaller model ({", ".join(f"{key} {value}" for key, value in
+recipe.DEMO_MODEL_OPTIONS.items())}) and batches of {recipe.DEMO_TRAINING["max_tokens"]} tokens
+at lr {recipe.DEMO_TRAINING["lr"]:g}. Equivalent to: align train -s train+trial.en -t train+trial.fr with
+those settings; align extract --method hmm-posterior / hmm-viterbi -H grow-diag / intersect /
+soft-average on trial; align score-aer against trial.talp. With -q it prints only the table.
+One thread (--threads 1) is the safe choice for this small model: on a busy machine more
+threads can be slower (two directions side by side still get one each).
+"""
+
+
+@click.command("demo", help=HELP)
 @click.option("--sample-dir", type=click.Path(file_okay=False), default=str(DEFAULT_SAMPLE),
               show_default=True, help="Folder with train.en/.fr and trial.en/.fr/.talp.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               callback=not_empty,
               help="Keep the model directory here (default: a temporary folder, removed).")
-@max_epochs_option(3, min_epochs=1)
-@bpe_merges_option(1000)
+@max_epochs_option(recipe.DEMO_EPOCHS, min_epochs=1)
+@bpe_merges_option(recipe.DEMO_BPE_MERGES)
 @device_option
 @seed_option
 # one thread is the safe choice for this small model: on a busy machine more threads can be
@@ -68,22 +78,15 @@ def aer_table(rows: List[List[str]]) -> str:
 @quiet_option
 def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges: int,
             device: str, seed: int, threads: int, quiet: bool) -> None:
-    """Train on the shipped sample, align the trial set and print its AER table.
-
-    Equivalent to: align train -s train+trial.en -t train+trial.fr --model hmm1 (small model,
-    --parallel-directions on a multi-core CPU); align extract --method hmm-posterior /
-    hmm-viterbi -H grow-diag / intersect / soft-average on trial; align score-aer against
-    trial.talp. With -q it prints only the table. One thread (--threads 1) is the safe
-    choice for this small model: on a busy machine more threads can be slower.
-    """
-    from aligner.config import DataConfig, TrainConfig
+    """`align demo` (its help: :data:`HELP`)."""
     from aligner.distributed import resolve_device
     from aligner.formats import Bitext, read_bitext, read_gold
     from aligner.inference import extract_all
+    from aligner.log import setup_logging
     from aligner.metrics import score_aer
     from aligner.model_dir import LoadedModelDir
-    from aligner.prep import PrepConfig
-    from aligner.training import directions, run
+    from aligner.training.builder import build_job
+    from aligner.training.rounds import train_rounds
 
     set_threads(threads)
     start = time.time()
@@ -96,28 +99,31 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
     gold = read_gold(paths["trial.talp"], n_sentences=len(trial))
     bitext = Bitext(train.source + trial.source, train.target + trial.target,
                     paths["train.en"], paths["train.fr"])
-    if not quiet:   # measured: 1 min 36 s for 3 epochs of the 3,037-pair sample, 2 idle cores
-        minutes = 0.53 * max_epochs * len(bitext) / 3037
-        click.echo(f"align demo: training hmm1 on {len(bitext)} pairs, {max_epochs} epochs per "
-                   f"direction: about {max(1, round(minutes))} minute(s) on 2 CPU cores "
-                   f"(eval/results/demo_sample.md), then the AER table", err=True)
+    # round 1's epochs, then each later round's
+    epochs = [max_epochs] + [recipe.FINE_TUNE_EPOCHS] * (recipe.ROUNDS - 1)
+    schedule = (f"{'the teacher, then ' if recipe.TEACHER else ''}{len(epochs)} self-training "
+                f"rounds of {' + '.join(map(str, epochs))} epochs" if len(epochs) > 1
+                else f"{max_epochs} epochs")
+    if not quiet:   # measured: MINUTES_PER_EPOCH per epoch of the sample, 2 idle cores
+        minutes = MINUTES_PER_EPOCH * sum(epochs) * len(bitext) / 3037
+        click.echo(f"align demo: training {recipe.MODEL_KIND} on {len(bitext)} pairs, "
+                   f"{schedule} per direction: about {max(1, round(minutes))} minute(s) on 2 "
+                   f"CPU cores (eval/results/demo_sample.md), then the AER table", err=True)
     temporary = None
     if workdir is None:
         temporary = tempfile.TemporaryDirectory(prefix="align-demo-")
         workdir = temporary.name
     model_dir = os.path.join(workdir, "model")
-    train_config = TrainConfig(**DEMO_TRAINING, max_epochs=max_epochs,
-                               checkpoint_interval=CHECKPOINT_AT_THE_END, device=device,
-                               seed=seed)
-    # the rule of align train and align run, where --threads 1 still trains side by side
-    parallel = directions.default_parallel_directions(
-        resolve_device(device), C.DIRECTIONS, 0.0, len(bitext), one_thread_each=True)
+    # the recipe's job but for the demo's settings; the directions side by side by the rule
+    # of align train and align run, where --threads 1 still trains them so
+    request, plan = build_job(
+        model_dir, bitext, model_options=dict(recipe.DEMO_MODEL_OPTIONS),
+        bpe_merges=bpe_merges, max_epochs=max_epochs, training=dict(recipe.DEMO_TRAINING),
+        one_thread_each=True, device=device, seed=seed, overwrite=True, quiet=quiet,
+        argv=["align", "demo", "--sample-dir", sample_dir])
+    setup_logging(quiet=quiet)   # the messages between rounds
     try:
-        run.train(run.TrainRequest(
-            model_dir, bitext, DEMO_KIND, dict(DEMO_MODEL), PrepConfig(bpe_merges=bpe_merges),
-            DataConfig(max_len=recipe.TRAIN_MAX_LEN),   # align train's for the recipe's kind
-            train_config, overwrite=True, quiet=quiet,
-            argv=["align", "demo", "--sample-dir", sample_dir], parallel_directions=parallel))
+        train_rounds(request, plan)
         loaded = LoadedModelDir.load(model_dir, device=resolve_device(device))
         rows = []
         for method in DEMO_METHODS:
@@ -128,7 +134,7 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
         if temporary is not None:
             temporary.cleanup()
     click.echo(f"AER (%) on the {len(trial)} trial pairs of {sample_dir} (lower is better); "
-               f"trained on {len(bitext)} pairs, {max_epochs} epochs per direction, "
+               f"trained on {len(bitext)} pairs, {schedule} per direction, "
                f"{time.time() - start:.0f}s in all")
     click.echo(aer_table(rows))
     if temporary is None:

@@ -18,7 +18,7 @@ import click
 
 from aligner import constants as C
 from aligner.training import recipe
-from aligner.utils import AlignerError, check_condition
+from aligner.utils import AlignerError
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -37,11 +37,49 @@ class FiniteFloat(click.FloatRange):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        """The range note of --help ("x>=0", "0<=x<=1"); none without bounds (click's own
+        would print "x<=None")."""
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
 
 def _with_default(text: str, default_help: Optional[str]) -> str:
     """`text` plus a "[default: ...]" note (for a default that click cannot print: None, which
     the command resolves)."""
     return text if default_help is None else f"{text}  [default: {default_help}]"
+
+
+def _count(number: int, thing: str) -> str:
+    """'1 epoch', '2 epochs'."""
+    return f"{number} {thing}" + ("" if number == 1 else "s")
+
+
+def recipe_summary(first_round: str = "", flags: bool = True) -> str:
+    """What the recipe (aligner/training/recipe.py) trains, in the words of the --help of the
+    commands that train it, made from its values so that the help says what they do.
+    first_round: round 1's length in other words than the recipe's epochs (align demo's);
+    flags: name the options that turn the teacher off."""
+    if recipe.TEACHER:
+        teacher = ("round 1 is guided by the links of a classical teacher (IBM-1, then HMMs "
+                   "of both directions in agreement, trained by EM on the words of round 1's "
+                   "lines" + ("; --no-teacher: unguided)" if flags else ")"))
+    else:
+        teacher = "round 1 trains unguided" + (" (--teacher: a classical teacher's links "
+                                               "guide it)" if flags else "")
+    start = ("fine-tunes the previous round's model" if recipe.FINE_TUNE_ROUNDS
+             else "trains new weights")
+    first = first_round or _count(recipe.EPOCHS_PER_ROUND, "epoch")
+    length = (f"of {first} each" if first == _count(recipe.FINE_TUNE_EPOCHS, "epoch")
+              else f"({first} in round 1, {_count(recipe.FINE_TUNE_EPOCHS, 'epoch')} in each "
+                   f"round after it)")
+    rounds = (f"in {recipe.ROUNDS} self-training rounds {length}: {teacher}; each round "
+              f"after the first {start} guided by its own alignments of the bitext, with a "
+              f"{recipe.FINE_TUNE_LR_SCHEDULE} learning-rate decay" if recipe.ROUNDS > 1
+              else f"in one training of {first}")
+    return (f"{recipe.MODEL_KIND}, both directions, {rounds}; its output: {recipe.METHOD} "
+            f"alignments combined by -H {recipe.HEURISTIC} at threshold {recipe.THRESHOLD:g}")
 
 
 def _apply(function, decorators):
@@ -102,7 +140,7 @@ def model_option_option(function):
 
 #: the "[default: ...]" words of the options whose default depends on the device
 #: (recipe.device_defaults, resolved by
-#: :func:`aligner.training.recipe_request.device_defaults`)
+#: :func:`aligner.training.builder.device_defaults`)
 _CPU, _GPU = recipe.device_defaults("cpu"), recipe.device_defaults("cuda")
 
 
@@ -116,7 +154,7 @@ def _by_device(key: str, form: str) -> str:
 
 def max_tokens_option(function):
     """--max-tokens of training batches (aligner.config.TrainConfig.max_tokens); None:
-    :func:`~aligner.training.recipe_request.device_defaults`."""
+    :func:`~aligner.training.builder.device_defaults`."""
     return click.option(
         "--max-tokens", default=None, type=click.IntRange(min=1),
         help=_with_default("Padded tokens per training batch (max(source, target) length x "
@@ -126,7 +164,7 @@ def max_tokens_option(function):
 
 def lr_option(function):
     """--lr, the peak learning rate (aligner.config.TrainConfig.lr); None:
-    :func:`~aligner.training.recipe_request.device_defaults`."""
+    :func:`~aligner.training.builder.device_defaults`."""
     return click.option(
         "--lr", default=None, type=FiniteFloat(min=0),
         help=_with_default("Peak learning rate.",
@@ -136,7 +174,7 @@ def lr_option(function):
 
 def warmup_option(function):
     """--warmup, linear warm-up updates (aligner.config.TrainConfig.warmup); None: the device's
-    (:func:`~aligner.training.recipe_request.device_defaults`), or TRAINING's with a
+    (:func:`~aligner.training.builder.device_defaults`), or TRAINING's with a
     --max-tokens of the user's."""
     return click.option(
         "--warmup", default=None, type=click.IntRange(min=0),
@@ -192,41 +230,6 @@ def guide_options(function):
                           f"[default: {recipe.GUIDE_WEIGHT:g}; {recipe.LAYER_GUIDE_WEIGHT:g} "
                           f"for alignment-layer]"),
     ])
-
-
-def resolve_max_len(max_len: Optional[int], default: int, longest: int,
-                    may_exceed: bool = False) -> int:
-    """--max-len of align train / align run: the value given, else `default` clipped to
-    `longest` (the subwords a side the model takes: max_positions - 1). A value given above
-    `longest` is refused in one line, unless `may_exceed` (--base, --init-from: the model's
-    own size is not known here)."""
-    if max_len is None:
-        return min(default, longest)
-    check_condition(max_len <= longest or may_exceed,
-                    f"--max-len {max_len}: the model takes at most {longest} subwords a side "
-                    f"(max_positions {longest + 1}); lower --max-len or raise max_positions")
-    return max_len
-
-
-def resolve_guide_weight(guide_weight: Optional[float], guided: bool, model_kind: str
-                         ) -> float:
-    """--guide-weight as given, else the kind's (recipe.GUIDE_WEIGHT; LAYER_GUIDE_WEIGHT for a
-    kind trained on a frozen base, the alignment layer); 0 unless the run is `guided` (a
-    --guide, or the alignment layer's recipe guide). A non-zero --guide-weight given to a run
-    with no guide is refused (it would change nothing; a self-training round's weight is
-    --self-guide-weight)."""
-    from aligner.models import model_class
-
-    if not guided:
-        if guide_weight:   # (0 changes nothing either way)
-            raise AlignerError(f"--guide-weight {guide_weight:g}: this run has no guide "
-                               f"(give --guide FILE; self-training rounds take "
-                               f"--self-guide-weight)")
-        return 0.0
-    if guide_weight is not None:
-        return guide_weight
-    return (recipe.LAYER_GUIDE_WEIGHT if model_class(model_kind).BASE_KIND is not None
-            else recipe.GUIDE_WEIGHT)
 
 
 def rounds_option(default: Optional[int], default_help: Optional[str] = None) -> Decorator:
@@ -293,15 +296,6 @@ def self_training_options(function):
                           f"and --afresh rounds keep round 1's: align train --lr-schedule, "
                           f"align run the recipe's {recipe.TRAINING['lr_schedule']})."),
     ])
-
-
-def resolve_final_agreement_weight(given: Optional[float], rounds: int) -> float:
-    """The last round's agreement weight of a run of `rounds` rounds: the one `given`
-    (--final-agreement-weight; a run of one round then refuses it), else the recipe's for
-    two or more rounds, 0 for one."""
-    if given is not None:
-        return given
-    return recipe.FINAL_AGREEMENT_WEIGHT if rounds > 1 else 0.0
 
 
 def agreement_weight_option(function):

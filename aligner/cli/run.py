@@ -1,9 +1,10 @@
 """`align run`: align a whole bitext in one command, as eflomal-align or fast_align do.
 
 Trains both directions of the recipe's model (aligner/training/recipe.py) on the bitext itself, in
-self-training rounds (aligner.training.rounds), then writes the symmetrized word alignments of
-every input line (aligner.corpus_alignment, block by block: memory does not grow with the
-corpus, except with --soft). Only parses options and wires the two; torch is imported inside.
+self-training rounds (aligner.training.rounds; the job made by aligner.training.builder, as
+align train's), then writes the symmetrized word alignments of every input line
+(aligner.corpus_alignment, block by block: memory does not grow with the corpus, except with
+--soft). Only parses options and wires the two; torch is imported inside.
 """
 from __future__ import annotations
 
@@ -16,21 +17,18 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
 from aligner import constants as C
 from aligner.training import recipe
-from aligner.cli.options import (INPUT, FiniteFloat,
-                                 agreement_weight_option, bitext_options, block_lines_option,
-                                 bpe_merges_option, deterministic_option, device_option,
-                                 guide_options, lr_option,
-                                 max_tokens_option, max_updates_option, model_dir_option,
-                                 model_option_option, overwrite_option, precision_option,
-                                 quiet_option, resolve_final_agreement_weight,
-                                 resolve_guide_weight, resolve_max_len, resume_option,
-                                 rounds_option, seed_option,
+from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
+                                 block_lines_option, bpe_merges_option, deterministic_option,
+                                 device_option, guide_options, lr_option, max_tokens_option,
+                                 max_updates_option, model_dir_option, model_option_option,
+                                 overwrite_option, precision_option, quiet_option,
+                                 recipe_summary, resume_option, rounds_option, seed_option,
                                  self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.soft_symmetrize import DEFAULT_THRESHOLD
@@ -39,8 +37,22 @@ from aligner.utils import (AlignerError, Terminated, check_condition, check_dist
 
 logger = logging.getLogger(__name__)
 
+#: `align run --help`: what the command trains, from the recipe's values
+HELP = f"""Train on a bitext and write the word alignments of every one of its lines.
 
-@click.command("run")
+Example: align run -s corpus.en -t corpus.fr -o corpus.align
+
+The model is the recipe of aligner/training/recipe.py: {recipe_summary()}. Exactly one
+output line per input line, in input order; a line with an empty side, or too long for the
+model, gets an empty line (and a warning). The final alignment keeps each finished block of
+--block-lines lines in MODEL_DIR/alignment.parts until the outputs are written: --resume
+after a cut-off run goes on from the first unfinished block (not with --soft, which holds
+every matrix in memory). On a CPU with 2+ cores and 2+ --threads, the two directions of a
+bitext of 1,000+ pairs train at the same time, each with half of the threads.
+"""
+
+
+@click.command("run", help=HELP)
 @bitext_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True,
@@ -111,32 +123,16 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             warmup: Optional[int],
             device: str, precision: str, deterministic: bool, seed: int, threads: int,
             quiet: bool) -> None:
-    """Train on a bitext and write the word alignments of every one of its lines.
-
-    Example: align run -s corpus.en -t corpus.fr -o corpus.align
-
-    The model is the recipe of aligner/training/recipe.py: a first-order direct HMM (hmm1), both
-    directions, hmm-posterior alignments combined by -H soft-average, trained in four rounds
-    of one epoch: each after the first fine-tunes the previous round's model, guided by its
-    own alignments of the bitext (self-training), with a linearly decaying learning rate.
-    Exactly one output line per input line, in input order; a line with an empty side, or too
-    long for the model, gets an empty line (and a warning). The final alignment keeps each
-    finished block of --block-lines lines in MODEL_DIR/alignment.parts until the outputs are
-    written: --resume after a cut-off run goes on from the first unfinished block (not with
-    --soft, which holds every matrix in memory). On a CPU with 2+ cores and 2+
-    --threads, the two directions of a bitext of 1,000+ pairs train at the same time, each
-    with half of the threads.
-    """
+    """`align run` (its help: :data:`HELP`)."""
     from aligner.cli.extract import write_results
     from aligner.corpus_alignment import align_bitext
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
     from aligner.metrics import score_aer
-    from aligner.prep import PrepConfig
-    from aligner.training.rounds import SelfTraining, train_rounds
+    from aligner.training.builder import build_job
     from aligner.training.loop import use_deterministic_algorithms
-    from aligner.training.recipe_request import recipe_request
+    from aligner.training.rounds import train_rounds
 
     use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     logger = setup_logging(quiet=quiet)
@@ -153,9 +149,6 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     check_outside_model_dir(model_dir, outputs)
     for option, path in outputs.items():
         check_writable(path, option)
-    # -M settings over the recipe's
-    model_options: Dict[str, Any] = {**recipe.MODEL_OPTIONS,
-                                     **parse_key_values(model_option, "--model-option")}
     # --soft keeps every matrix: the bitext in memory; otherwise it is read at every pass
     bitext = read_bitext(source, target, joint) if soft else open_bitext(source, target, joint)
     n_lines = len(bitext)
@@ -174,39 +167,32 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     usable = sum(1 for s, t in bitext if s and t)
     check_condition(usable > 0, f"{bitext.source_name}: no line has both sides: nothing to "
                                 f"train on")
-    merges = recipe.bpe_merges(n_lines) if bpe_merges is None else bpe_merges
-    if threshold is None:   # self-trained posteriors are sharper: the best threshold is higher
-        threshold = recipe.THRESHOLD if rounds > 1 else DEFAULT_THRESHOLD
     check_condition(model_dir is not None or torchrun_world_size() == 1,
                     "under torchrun give --model-dir (on a file system every rank reads): "
                     "each process would make a temporary directory of its own")
-    # the training length cap: the recipe's, within what the model takes (align train:
-    # --max-len); longer pairs are skipped in training, every line is aligned
-    train_max_len = resolve_max_len(max_len, recipe.TRAIN_MAX_LEN,
-                                    int(model_options["max_positions"]) - 1)
-    guide_weight = resolve_guide_weight(guide_weight, guide is not None, recipe.MODEL_KIND)
-    plan = SelfTraining(rounds=rounds, guide_weight=self_guide_weight,
-                        guide_threshold=self_guide_threshold, heuristic=heuristic,
-                        output_threshold=threshold, fine_tune=fine_tune,
-                        fine_tune_epochs=fine_tune_epochs,
-                        fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
-                        round_pairs=round_pairs, fine_tune_share=fine_tune_share,
-                        teacher=teacher,
-                        block_lines=block_lines or 0,
-                        final_agreement_weight=resolve_final_agreement_weight(
-                            final_agreement_weight, rounds))
+    # everything is checked before a temporary model directory is made
+    request, plan = build_job(
+        model_dir or "", bitext, model_options=parse_key_values(model_option, "--model-option"),
+        bpe_merges=bpe_merges, max_len=max_len, guide=guide, guide_weight=guide_weight,
+        max_tokens=max_tokens, lr=lr, warmup=warmup,
+        # --epochs: a round's length, which --max-updates replaces
+        max_epochs=0 if max_updates else epochs, max_updates=max_updates,
+        agreement_weight=agreement_weight, rounds=rounds,
+        self_training=dict(guide_weight=self_guide_weight,
+                           guide_threshold=self_guide_threshold, heuristic=heuristic,
+                           fine_tune=fine_tune, fine_tune_epochs=fine_tune_epochs,
+                           fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
+                           round_pairs=round_pairs, fine_tune_share=fine_tune_share,
+                           teacher=teacher, block_lines=block_lines or 0),
+        threshold=threshold, final_agreement_weight=final_agreement_weight,
+        record_output=True, device=device, precision=precision, deterministic=deterministic,
+        seed=seed, resume=resume, overwrite=overwrite, quiet=quiet,
+        argv=["align"] + sys.argv[1:])
+    threshold = plan.output_threshold
     logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
-                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic, merges,
+                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic,
+                request.prep_config.bpe_merges,
                 f"{max_updates} updates" if max_updates else f"{epochs} epochs")
-    # everything is checked before a temporary model directory is made (the settings that
-    # depend on the device, where not given: the device's, or a resumed run's own)
-    request = recipe_request(
-        model_dir or "", bitext, PrepConfig(bpe_merges=merges), device=device,
-        precision=precision, deterministic=deterministic, seed=seed, resume=resume,
-        overwrite=overwrite, model_options=model_options, max_tokens=max_tokens, lr=lr,
-        warmup=warmup, epochs=epochs, max_updates=max_updates, max_len=train_max_len,
-        guide=guide or "", guide_weight=guide_weight, agreement_weight=agreement_weight,
-        heuristic=heuristic, threshold=threshold, quiet=quiet, argv=["align"] + sys.argv[1:])
     temporary = None
     # SIGTERM (`kill`, `timeout`, a scheduler) as Ctrl-C: the worker processes (the teacher's,
     # the directions', the alignment's) are stopped and the temporary directory is removed

@@ -1,7 +1,10 @@
 """`align train`: preprocess a bitext and train an alignment model in both directions.
 
-The command only parses options; the work is aligner.training.run.train. torch is imported
-inside the command function so that other commands start fast.
+The command only parses options: aligner.training.builder.build_job makes the job of them
+(every default the recipe's, aligner/training/recipe.py), which trains as its kind does: in
+self-training rounds (aligner.training.rounds.train_rounds), or, for a kind trained on a
+frozen base, in stages (aligner.training.recipe_guide.train_layer). torch is imported inside
+the command function so that other commands start fast.
 """
 from __future__ import annotations
 
@@ -16,16 +19,13 @@ from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  bpe_merges_option, deterministic_option, device_option,
-                                 guide_options, lr_option,
-                                 max_epochs_option, max_tokens_option, max_updates_option,
-                                 model_dir_option, model_option_option, overwrite_option,
-                                 precision_option, quiet_option, resolve_final_agreement_weight,
-                                 resolve_guide_weight, resolve_max_len, resume_option,
-                                 rounds_option, seed_option,
+                                 guide_options, lr_option, max_epochs_option, max_tokens_option,
+                                 max_updates_option, model_dir_option, model_option_option,
+                                 overwrite_option, precision_option, quiet_option,
+                                 recipe_summary, resume_option, rounds_option, seed_option,
                                  self_training_options, threads_option, warmup_option)
 from aligner.config import DataConfig, TrainConfig
-from aligner.training.recipe_request import (device_chunk_floats, device_defaults,
-                                             training_settings)
+from aligner.prep import PrepConfig
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,6 +84,23 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+#: `align train --help`: what the command trains with no flags, from the recipe's values
+HELP = f"""Train an alignment model (both directions by default) into MODEL_DIR.
+
+Example: align train -s train.en -t train.fr -o model   (the recipe of
+aligner/training/recipe.py)
+
+With no model flags this trains the recipe: {recipe_summary()}. Each round is a model
+directory of its own (MODEL_DIR/rounds/N, with the links that guide the next round in
+links.align); MODEL_DIR holds the last round's model, and align extract MODEL_DIR gives the
+recipe's alignments (its -H and threshold are recorded there).
+
+Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) the same recipe
+runs on all processes: training with DistributedDataParallel, the alignments between
+rounds sharded over the ranks; rank 0 writes the model directory.
+"""
+
+
 def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optional[str],
                       what: str) -> None:
     """One error line unless exactly -s and -t, or -i alone, were given for `what`."""
@@ -93,7 +110,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                     f"give {what} as -s/-t or as -i, not both (and not neither)")
 
 
-@click.command("train")
+@click.command("train", help=HELP)
 @bitext_options
 @model_dir_option("-o", required=True)
 @click.option("--model", "model_kind", default=recipe.MODEL_KIND, show_default=True,
@@ -101,38 +118,52 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("--directions", default="fwd,rev", show_default=True,
               help="Directions to train: fwd = p(target|source), rev = p(source|target).")
 # preprocessing
-@click.option("--tokenize/--no-tokenize", default=False, show_default=True,
+@click.option("--tokenize/--no-tokenize", default=PrepConfig.tokenize, show_default=True,
               help="Moses-tokenize raw text (sacremoses, no escaping). Off: input is tokenized.")
-@click.option("--src-lang", default="en", show_default=True, help="Source language (tokenizer).")
-@click.option("--tgt-lang", default="fr", show_default=True, help="Target language (tokenizer).")
+@click.option("--src-lang", default=PrepConfig.src_lang, show_default=True,
+              help="Source language (tokenizer).")
+@click.option("--tgt-lang", default=PrepConfig.tgt_lang, show_default=True,
+              help="Target language (tokenizer).")
 @click.option("--lowercase", is_flag=True, help="Lowercase both sides.")
 @bpe_merges_option()
-@click.option("--joint-bpe/--separate-bpe", default=True, show_default=True,
+@click.option("--joint-bpe/--separate-bpe", default=PrepConfig.joint_bpe, show_default=True,
               help="Learn one BPE on both languages, or one per language.")
-@click.option("--bpe-min-frequency", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--bpe-sample", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--bpe-min-frequency", default=PrepConfig.bpe_min_frequency, show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--bpe-sample", default=PrepConfig.bpe_sample_sentences, show_default=True,
+              type=click.IntRange(min=0),
               help="Learn BPE on a seeded sample of this many pairs (0 = all).")
 @click.option("--max-len", default=None, type=click.IntRange(min=1),
               help=f"Skip training pairs with a side longer than this (subwords).  [default: "
                    f"{recipe.TRAIN_MAX_LEN} for {recipe.MODEL_KIND}, the recipe's kind; "
                    f"{DataConfig.max_len} for the others]")
-@click.option("--max-ratio", default=0.0, show_default=True, type=FiniteFloat(min=0),
+@click.option("--max-ratio", default=DataConfig.max_ratio, show_default=True,
+              type=FiniteFloat(min=0),
               help="Skip training pairs whose subword length ratio exceeds this (0 = off).")
 # model size
-@click.option("--d-model", default=recipe.MODEL_OPTIONS["d_model"], show_default=True, type=click.IntRange(min=1),
+@click.option("--d-model", default=recipe.MODEL_OPTIONS["d_model"], show_default=True,
+              type=click.IntRange(min=1),
               help="Model (embedding) dimension.")
-@click.option("--heads", default=recipe.MODEL_OPTIONS["n_heads"], show_default=True, type=click.IntRange(min=1),
+@click.option("--heads", default=recipe.MODEL_OPTIONS["n_heads"], show_default=True,
+              type=click.IntRange(min=1),
               help="Attention heads.")
-@click.option("--encoder-layers", default=recipe.MODEL_OPTIONS["enc_layers"], show_default=True, type=click.IntRange(min=1))
-@click.option("--decoder-layers", default=recipe.MODEL_OPTIONS["dec_layers"], show_default=True, type=click.IntRange(min=1))
-@click.option("--ff-dim", default=recipe.MODEL_OPTIONS["d_ff"], show_default=True, type=click.IntRange(min=1),
+@click.option("--encoder-layers", default=recipe.MODEL_OPTIONS["enc_layers"], show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--decoder-layers", default=recipe.MODEL_OPTIONS["dec_layers"], show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--ff-dim", default=recipe.MODEL_OPTIONS["d_ff"], show_default=True,
+              type=click.IntRange(min=1),
               help="Hidden size of the feed-forward blocks.")
-@click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True, type=FiniteFloat(0, 1))
-@click.option("--max-positions", default=1024, show_default=True, type=click.IntRange(min=2),
+@click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True,
+              type=FiniteFloat(0, 1))
+@click.option("--max-positions", default=recipe.MODEL_OPTIONS["max_positions"], show_default=True,
+              type=click.IntRange(min=2),
               help="Longest sequence (subwords + EOS) the model accepts.")
-@click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
+@click.option("--tie-embeddings/--no-tie-embeddings",
+              default=recipe.MODEL_OPTIONS["tie_embeddings"], show_default=True,
               help="Share decoder input embedding and output projection.")
-@click.option("--markov-order", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--markov-order", default=recipe.MODEL_OPTIONS["markov_order"], show_default=True,
+              type=click.IntRange(min=0),
               help="Markov decoder: self-attention sees only the previous k target tokens, "
                    "with their static embeddings as keys/values (0 = off).")
 @model_option_option
@@ -155,7 +186,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    "bitext, trained first into MODEL_DIR/guide)  [default: target]")
 # training
 @max_tokens_option
-@click.option("--update-freq", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--update-freq", default=TrainConfig.update_freq, show_default=True,
+              type=click.IntRange(min=1),
               help="Batches per update (gradient accumulation).")
 @lr_option
 @warmup_option
@@ -165,8 +197,10 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                    "comes first; --resume then needs the same limits).  [default: "
                    f"{recipe.TRAINING['lr_schedule']}; the guided alignment layer's own "
                    f"stage: {recipe.LAYER_LR_SCHEDULE}]")
-@click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True, type=FiniteFloat(0, 1))
-@click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True, type=FiniteFloat(min=0),
+@click.option("--label-smoothing", default=recipe.TRAINING["label_smoothing"], show_default=True,
+              type=FiniteFloat(0, 1))
+@click.option("--clip-norm", default=recipe.TRAINING["clip_norm"], show_default=True,
+              type=FiniteFloat(min=0),
               help="Gradient norm clipping (0 = off).")
 @max_updates_option
 @max_epochs_option(None, default_help=f"{recipe.EPOCHS_PER_ROUND} with self-training rounds "
@@ -233,50 +267,19 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
             overwrite: bool, quiet: bool, verbose: bool) -> None:
-    """Train an alignment model (both directions by default) into MODEL_DIR.
-
-    Example: align train -s train.en -t train.fr -o model   (the recipe of
-    aligner/training/recipe.py)
-
-    With no model flags this trains the recipe: a first-order direct HMM (hmm1) in four
-    self-training rounds of one epoch, each after the first
-    fine-tuning the previous round's model guided by its own alignments of the bitext (each
-    round a model directory of its own, MODEL_DIR/rounds/N, with those links in
-    links.align), with a linearly decaying learning rate; align
-    extract MODEL_DIR then gives the recipe's alignments (hmm-posterior, -H soft-average at
-    the recorded threshold).
-
-    Under torchrun (e.g. torchrun --nproc_per_node 4 -m aligner train ...) the same recipe
-    runs on all processes: training with DistributedDataParallel, the alignments between
-    rounds sharded over the ranks; rank 0 writes the model directory.
-    """
+    """`align train` (its help: :data:`HELP`)."""
     from aligner.formats import open_bitext, read_bitext, read_gold
-    from aligner.models import MODELS, model_class
     from aligner.log import setup_logging
-    from aligner.prep import PrepConfig
-    from aligner.training.rounds import SelfTraining, check_rounds, default_rounds, train_rounds
+    from aligner.models import MODELS, model_class
+    from aligner.training.builder import build_job
     from aligner.training.loop import use_deterministic_algorithms
-    from aligner.training.run import TrainRequest
+    from aligner.training.recipe_guide import train_layer
+    from aligner.training.rounds import train_rounds
 
     use_deterministic_algorithms(deterministic)   # before anything starts CUDA
     set_threads(threads)
     model_class(model_kind)  # one-line error for an unknown kind
     direction_list = parse_directions(directions)
-    if rounds is None:
-        rounds = default_rounds(model_kind, direction_list)
-    check_rounds(model_kind, direction_list, rounds)
-    # the guided layer's own stage: LAYER_EPOCHS where --max-epochs is not given (with
-    # --max-updates, whichever limit comes first, as for its base's EPOCHS), the linear
-    # decay where --lr-schedule is not given
-    layer_training: Dict[str, Any] = {}
-    if max_epochs is None:
-        layer_training["max_epochs"] = recipe.LAYER_EPOCHS
-    if lr_schedule is None:
-        layer_training["lr_schedule"] = recipe.LAYER_LR_SCHEDULE
-    lr_schedule = lr_schedule or recipe.TRAINING["lr_schedule"]
-    if max_epochs is None:   # with rounds as align run: --max-updates alone decides
-        max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
-                      else recipe.EPOCHS_PER_ROUND)
     check_bitext_args(source, target, joint, "the training bitext")
     check_condition((valid_src is None) == (valid_tgt is None),
                     "give both --valid-src and --valid-tgt")
@@ -290,19 +293,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                                          max_positions=max_positions,
                                          tie_embeddings=tie_embeddings,
                                          markov_order=markov_order)
-    # the recipe's settings without a flag of their own (the lexicon of the HMMs), for the
-    # kinds that have them; -M overrides
-    fields = model_class(model_kind).config_class.__dataclass_fields__
-    model_options.update({key: value for key, value in recipe.MODEL_OPTIONS.items()
-                          if key not in model_options and key in fields})
     model_options.update(parse_key_values(model_option, "--model-option"))
-    # the settings that depend on the device, where not given (aligner/training/recipe.py
-    # device_defaults; a resumed run's own)
-    from aligner.distributed import resolve_device
-
-    by_device = device_defaults(resolve_device(device).type, model_dir, resume)
-    batches = training_settings(by_device, max_tokens, lr, warmup, resume)
-    device_chunk_floats(model_options, fields, by_device["chunk_floats"])
     layer_kinds = [name for name, cls in MODELS.items()
                    if "layer_keys" in cls.config_class.__dataclass_fields__]
     for flag, name, value in (("--layer-keys", "layer_keys", layer_keys),
@@ -311,36 +302,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             check_condition(model_kind in layer_kinds,
                             f"{flag} applies to --model {', '.join(layer_kinds)} only")
             model_options[name] = value
-    # the layer is guided by default (Zenkel et al. 2020): by --guide, else by the recipe's
-    # links of the bitext (stage 0, aligner/training/recipe_guide.py); --layer-query prefix is
-    # the unguided layer of 2019
-    recipe_guide = (model_kind in layer_kinds and guide is None
-                    and model_options.get("layer_query") != "prefix")
-    guided_layer = model_kind in layer_kinds and (guide is not None or recipe_guide)
-    if guided_layer:
-        # a guided layer sees the word it aligns (aligner/models/alignment_layer.py); -M wins
-        model_options.setdefault("layer_query", "target")
-    # the training length cap: the recipe's for its kind, within what the model takes
-    max_len = resolve_max_len(
-        max_len, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len,
-        int(model_options.get("max_positions", max_positions)) - 1,   # subwords + EOS
-        may_exceed=(base_dir or init_dir) is not None)
-    train_config = TrainConfig(**batches, update_freq=update_freq, lr_schedule=lr_schedule,
-                               label_smoothing=label_smoothing,
-                               clip_norm=clip_norm, max_updates=max_updates,
-                               max_epochs=max_epochs, checkpoint_interval=checkpoint_interval,
-                               valid_method=valid_method, device=device,
-                               precision=precision, deterministic=deterministic, seed=seed,
-                               guide_weight=resolve_guide_weight(
-                                   guide_weight, guide is not None or recipe_guide, model_kind),
-                               agreement_weight=agreement_weight)
     bitext = open_bitext(source, target, joint)  # checked now, read again at every pass
-    prep_config = PrepConfig(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
-                             lowercase=lowercase,
-                             bpe_merges=(recipe.bpe_merges(len(bitext)) if bpe_merges is None
-                                         else bpe_merges),
-                             joint_bpe=joint_bpe, bpe_min_frequency=bpe_min_frequency,
-                             bpe_sample_sentences=bpe_sample)
     valid_bitext = read_bitext(valid_src, valid_tgt) if valid_src is not None else None
     gold = None
     if valid_gold is not None:
@@ -349,40 +311,44 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         f"{valid_gold}: {len(gold)} alignments for {len(valid_bitext)} "
                         f"validation pairs")
         check_gold_in_range(gold, valid_gold, valid_gold_format, valid_bitext)
-    final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
-    check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
-                    "--final-agreement-weight trains the last round's directions in one loop: "
-                    "it cannot be combined with --parallel-directions")
-    if parallel_directions is None:
-        from aligner.distributed import resolve_device
-        from aligner.training.directions import default_parallel_directions
-
-        parallel_directions = default_parallel_directions(
-            resolve_device(device), direction_list, agreement_weight, len(bitext))
-    plan = SelfTraining(rounds=rounds, guide_weight=self_guide_weight,
-                        guide_threshold=self_guide_threshold, fine_tune=fine_tune,
-                        fine_tune_epochs=fine_tune_epochs,
-                        fine_tune_lr_schedule=fine_tune_lr_schedule, round_pairs=round_pairs,
-                        fine_tune_share=fine_tune_share, teacher=teacher,
-                        final_agreement_weight=final_agreement_weight)
+    request, plan = build_job(
+        model_dir, bitext, model_kind=model_kind, directions=direction_list,
+        model_options=model_options,
+        prep_options=dict(tokenize=tokenize, src_lang=src_lang, tgt_lang=tgt_lang,
+                          lowercase=lowercase, joint_bpe=joint_bpe,
+                          bpe_min_frequency=bpe_min_frequency,
+                          bpe_sample_sentences=bpe_sample),
+        bpe_merges=bpe_merges, max_len=max_len, max_ratio=max_ratio, guide=guide,
+        guide_weight=guide_weight, max_tokens=max_tokens, lr=lr, warmup=warmup,
+        lr_schedule=lr_schedule, max_epochs=max_epochs, max_updates=max_updates,
+        training=dict(update_freq=update_freq, label_smoothing=label_smoothing,
+                      clip_norm=clip_norm, checkpoint_interval=checkpoint_interval,
+                      valid_method=valid_method),
+        agreement_weight=agreement_weight, rounds=rounds,
+        self_training=dict(guide_weight=self_guide_weight,
+                           guide_threshold=self_guide_threshold, fine_tune=fine_tune,
+                           fine_tune_epochs=fine_tune_epochs,
+                           fine_tune_lr_schedule=fine_tune_lr_schedule,
+                           round_pairs=round_pairs, fine_tune_share=fine_tune_share,
+                           teacher=teacher),
+        final_agreement_weight=final_agreement_weight,
+        parallel_directions=parallel_directions, device=device, precision=precision,
+        deterministic=deterministic, seed=seed, base_dir=base_dir, init_dir=init_dir,
+        valid_bitext=valid_bitext, valid_gold=gold, resume=resume, overwrite=overwrite,
+        quiet=quiet, verbose=verbose, argv=["align"] + sys.argv[1:],
+        ignore_data_change=ignore_data_change)
     setup_logging(quiet=quiet, verbose=verbose)   # the messages between rounds
     try:
-        summaries = train_rounds(TrainRequest(
-            model_dir=model_dir, bitext=bitext, model_kind=model_kind,
-            model_options=model_options, prep_config=prep_config,
-            data_config=DataConfig(max_len=max_len, max_ratio=max_ratio, guide=guide or ""),
-            train_config=train_config, directions=direction_list, valid_bitext=valid_bitext,
-            valid_gold=gold, resume=resume, overwrite=overwrite, quiet=quiet, verbose=verbose,
-            argv=["align"] + sys.argv[1:], base_dir=base_dir,
-            parallel_directions=parallel_directions, ignore_data_change=ignore_data_change,
-            init_dir=init_dir, recipe_guide=recipe_guide,
-            layer_training=layer_training if guided_layer else None),
-            plan).summaries
+        if model_class(model_kind).BASE_KIND is not None:   # stages on a frozen base
+            summaries = train_layer(request)
+        else:                                               # rounds, or one training
+            summaries = train_rounds(request, plan).summaries
     except KeyboardInterrupt:
         raise AlignerError(f"interrupted; continue with the same command plus --resume "
                            f"(last checkpoint in {model_dir})") from None
+    rounds = plan.rounds
     if not quiet and summaries:   # (none: a finished run resumed)
-        if agreement_weight > 0 or (rounds > 1 and final_agreement_weight > 0):  # one pair
+        if agreement_weight > 0 or (rounds > 1 and plan.final_agreement_weight > 0):  # one pair
             summaries = {"fwd+rev": summaries[direction_list[0]]}
         for direction, summary in summaries.items():
             click.echo(f"align train: {direction}: {summary.updates} updates, "

@@ -1,7 +1,8 @@
 """Self-training rounds: train, align the training bitext, train again guided by those links.
 
-What `align train --rounds N` and `align run --rounds N` do (the recipe: four rounds,
-aligner/training/recipe.py). Each round is a complete model directory of its own::
+What `align train --rounds N` and `align run --rounds N` do (the recipe's: recipe.ROUNDS,
+aligner/training/recipe.py), above the training of one model directory
+(aligner/training/run.py). Each round is a complete model directory of its own::
 
     MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
                                      refuses other ones
@@ -42,23 +43,39 @@ import contextlib
 import dataclasses
 import json
 import logging
+import multiprocessing
 import os
 import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
 
 from aligner import constants as C
 from aligner import faults
-from aligner.training import recipe
+from aligner.combine import combine
 from aligner.config import RunConfig
-from aligner.utils import AlignerError, atomic_output, check_condition
-
-if TYPE_CHECKING:  # pragma: no cover
-    from aligner.distributed import DistributedContext
-    from aligner.training.loop import TrainSummary
-    from aligner.training.run import TrainRequest
+from aligner.corpus_alignment import align_bitext
+from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.formats import write_pharaoh
+from aligner.log import setup_logging
+from aligner.model_dir import (LOCK_NAME, PUBLISHED_ENTRIES, RUN_MARK, acquire_lock,
+                               checksum_path, config_path, holds_run, load_preprocessing,
+                               mark_run, prepare_output_dir, release_lock, write_version)
+from aligner.models import model_class
+from aligner.precision import resolve_precision
+from aligner.run_record import RunRecord, record_path
+from aligner import teacher
+from aligner.training import recipe
+from aligner.training.corpus import check_inputs
+from aligner.training.loop import TrainSummary
+from aligner.training.request import SelfTraining, TrainRequest
+from aligner.training.run import (begin_record, check_request, request_inputs, run_config,
+                                  run_inputs, supports_guide, train)
+from aligner.training.samples import round_bitext
+from aligner.utils import AlignerError, atomic_output, check_condition, remove_stale_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -70,51 +87,11 @@ OLDER_STATE_NAME = "selftrain.json"
 OLDER_PREVIOUS_ROUND = "previous_round"
 
 
-@dataclass(frozen=True)
-class SelfTraining:
-    """How the rounds after the first train (the defaults are the recipe's).
-
-    rounds: rounds in all (1 = one plain training). guide_weight: weight of the guide term
-    in rounds 2..N. guide_threshold: soft-average threshold of the links that guide the next
-    round. heuristic: how the two directions' alignments are combined, for the guides and the
-    output. output_threshold: the soft-average threshold recorded for `align extract` (the
-    last round's model). fine_tune: round r+1 starts from round r's weights (else from new
-    ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
-    bitext (unless the request limits updates) and learning-rate decay. shortlist: the
-    lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
-    round trains on, a sample of the bitext drawn anew per round (aligner/training/samples.py; 0
-    or more than the bitext has = all; round 1 trains on all when it has a --guide, which
-    covers all). fine_tune_share: the share of the bitext rounds 2, 3, ... train on, at
-    most round_pairs (1 = as round 1).
-    block_lines: lines per block of the guides' alignment (0 = inference.BLOCK_LINES), the
-    unit a guide cut off goes on from. final_agreement_weight: the last round (of two or
-    more) trains both directions together, in one process, with this agreement weight
-    (aligner/training/agreement.py; 0 = apart, as every other round); no round can follow
-    it.
-    """
-
-    rounds: int = recipe.ROUNDS
-    guide_weight: float = recipe.SELF_GUIDE_WEIGHT
-    guide_threshold: float = recipe.SELF_GUIDE_THRESHOLD
-    heuristic: str = recipe.HEURISTIC
-    output_threshold: float = recipe.THRESHOLD
-    fine_tune: bool = recipe.FINE_TUNE_ROUNDS
-    fine_tune_epochs: int = recipe.FINE_TUNE_EPOCHS
-    fine_tune_lr_schedule: str = recipe.FINE_TUNE_LR_SCHEDULE
-    shortlist: int = 0
-    round_pairs: int = recipe.ROUND_PAIRS
-    fine_tune_share: float = recipe.FINE_TUNE_SHARE
-    block_lines: int = 0
-    final_agreement_weight: float = recipe.FINAL_AGREEMENT_WEIGHT
-    teacher: bool = recipe.TEACHER
-
-
 @dataclass
 class RoundsResult:
     """What :func:`train_rounds` did: the last round's training summary per direction, and
     the seconds spent training and aligning the bitext (the guides), over every round."""
-
-    summaries: Dict[str, "TrainSummary"]
+    summaries: Dict[str, TrainSummary]
     training_seconds: float = 0.0
     alignment_seconds: float = 0.0
 
@@ -137,9 +114,6 @@ def done_path(model_dir: str, round_number: int) -> str:
 
 def _why_not_self_training(model_kind: str, directions: Sequence[str]) -> Optional[str]:
     """Why rounds after the first cannot align the bitext or train on it; None when they can."""
-    from aligner.models import model_class
-    from aligner.training.run import supports_guide
-
     if not supports_guide(model_kind) or model_class(model_kind).BASE_KIND is not None:
         return (f"self-training trains with a guide, implemented for the direct HMMs (hmm0, "
                 f"hmm1), not '{model_kind}'")   # (the alignment layer: its frozen base)
@@ -155,7 +129,7 @@ def default_rounds(model_kind: str, directions: Sequence[str]) -> int:
     return recipe.ROUNDS if _why_not_self_training(model_kind, directions) is None else 1
 
 
-def teacher_guides(request: "TrainRequest", plan: SelfTraining) -> bool:
+def teacher_guides(request: TrainRequest, plan: SelfTraining) -> bool:
     """Whether round 1 of `plan` is guided by the teacher's links: rounds follow it, and the
     user gave no --guide."""
     return plan.teacher and plan.rounds > 1 and not request.data_config.guide
@@ -168,8 +142,8 @@ def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> Non
         check_condition(reason is None, f"--rounds {rounds}: {reason}")
 
 
-def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
-                  ) -> "TrainRequest":
+def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
+                  ) -> TrainRequest:
     """The training request of round `round_number` (1-based) of `plan` on `request` (round
     1's; its resume flag is left to the caller)."""
     extra = dict(request.extra or {})
@@ -209,27 +183,22 @@ def round_request(request: "TrainRequest", plan: SelfTraining, round_number: int
                                         guide=guide_path(model_dir, round_number - 1)))
 
 
-def training_lines(request: "TrainRequest", plan: SelfTraining, round_number: int):
+def training_lines(request: TrainRequest, plan: SelfTraining, round_number: int):
     """The bitext round `round_number` of `plan` trains on (and the round before it aligns to
     guide it): ``request.bitext``, or its sample of ``plan.round_pairs`` lines for that round
     (aligner/training/samples.py) — not for one plain training, nor for a round 1 trained with
     the user's --guide (its lines are the whole bitext's)."""
-    from aligner.training.samples import round_bitext
-
     if plan.rounds == 1 or (round_number == 1 and request.data_config.guide):
         return request.bitext
     return round_bitext(request.bitext, plan.round_pairs, request.train_config.seed,
                         round_number, plan.fine_tune_share)
 
 
-def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
+def train_rounds(request: TrainRequest, plan: SelfTraining) -> RoundsResult:
     """Train `plan.rounds` rounds into ``request.model_dir`` (see the module docstring);
     ``request`` is round 1's, naming the run's directory. With ``request.resume`` the run goes
     on with its first round that is not done. Under torchrun every rank calls this. Returns
     the last round's summaries and the time spent."""
-    from aligner.distributed import distributed
-    from aligner.training.run import train
-
     check_rounds(request.model_kind, request.directions, plan.rounds)
     check_condition(plan.final_agreement_weight == 0 or plan.rounds > 1,
                     "--final-agreement-weight trains the last of two or more self-training "
@@ -241,17 +210,11 @@ def train_rounds(request: "TrainRequest", plan: SelfTraining) -> RoundsResult:
         return _train_rounds_in_group(request, plan, context)
 
 
-def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
-                           context: "DistributedContext") -> RoundsResult:
+def _train_rounds_in_group(request: TrainRequest, plan: SelfTraining,
+                           context: DistributedContext) -> RoundsResult:
     """:func:`train_rounds` inside the process group `context` (one process: a 1-rank
     context). Rank 0 alone writes the run's own files (settings, done marks, the published
     model); every rank trains and aligns its share of the guides."""
-    from aligner.distributed import resolve_device
-    from aligner.model_dir import release_lock
-    from aligner.precision import resolve_precision
-    from aligner.run_record import RunRecord, record_path
-    from aligner.training.run import begin_record, run_inputs
-
     model_dir = request.model_dir
     result = RoundsResult(summaries={})
     lock = record = None
@@ -310,15 +273,10 @@ def _train_rounds_in_group(request: "TrainRequest", plan: SelfTraining,
     return result
 
 
-def _open_run(request: "TrainRequest", plan: SelfTraining):
+def _open_run(request: TrainRequest, plan: SelfTraining):
     """Rank 0: take the run's directory (its lock, then as train() takes a model directory:
     a new or empty one, an earlier run of ours with --overwrite, or the run itself with
     --resume) and write or check the plan's settings. Returns (the lock, resumed)."""
-    from aligner.model_dir import (LOCK_NAME, RUN_MARK, acquire_lock, holds_run, mark_run,
-                                   prepare_output_dir, release_lock, write_version)
-    from aligner.training.run import check_request, request_inputs
-    from aligner.utils import remove_stale_temporaries
-
     model_dir = request.model_dir
     check_condition(not os.path.exists(model_dir) or os.path.isdir(model_dir),
                     f"{model_dir}: exists and is not a directory")
@@ -368,15 +326,12 @@ def _open_run(request: "TrainRequest", plan: SelfTraining):
         raise
 
 
-def _train_round(model_dir: str, this_round: "TrainRequest", plan: SelfTraining,
-                 round_number: int, record, context) -> Dict[str, "TrainSummary"]:
+def _train_round(model_dir: str, this_round: TrainRequest, plan: SelfTraining,
+                 round_number: int, record, context) -> Dict[str, TrainSummary]:
     """Train round `round_number` into its directory (``this_round.model_dir``): resumed from
     its checkpoints when its training had begun (its config.json is written), else from the
     start (anything a start cut off left there is removed: the folder is the run's own);
     then its done mark."""
-    from aligner.model_dir import config_path
-    from aligner.training.run import train
-
     folder = this_round.model_dir
     resume = os.path.isfile(config_path(folder))
     if round_number > 1:
@@ -401,7 +356,7 @@ def _train_round(model_dir: str, this_round: "TrainRequest", plan: SelfTraining,
     return summaries
 
 
-def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context) -> float:
+def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -> float:
     """Rank 0: the classical teacher (aligner/teacher.py) trains on round 1's lines and writes
     its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
     links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
@@ -409,10 +364,6 @@ def _teacher_guide(request: "TrainRequest", plan: SelfTraining, record, context)
     40,000 Hansards lines) goes back to the system when it ends instead of staying in this
     process's heap (aligner/malloc.py), with aligner.teacher.THREADS torch threads. Returns
     the seconds."""
-    import multiprocessing
-
-    from aligner import teacher
-
     start = time.time()
     faults.reached("teacher")
     path = guide_path(request.model_dir, 0)
@@ -438,29 +389,21 @@ def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequen
     """Train the teacher on the lines (source words, target words) with `threads` torch
     threads and write its soft-average links at recipe.TEACHER_THRESHOLD to `path`, one
     Pharaoh line per line (the body of :func:`_teacher_guide`'s process)."""
-    import torch
 
-    from aligner.combine import combine
-    from aligner.formats import write_pharaoh
-    from aligner.teacher import soft_alignments
-    from aligner.utils import remove_stale_temporaries
 
     torch.set_num_threads(threads)
     links = combine(C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD,
-                    soft=soft_alignments(source, target))
+                    soft=teacher.soft_alignments(source, target))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale_temporaries(os.path.dirname(path))   # of a teacher killed as it wrote
     write_pharaoh(path, links)
 
 
-def _align_guide(request: "TrainRequest", plan: SelfTraining, round_number: int, device,
+def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, device,
                  record, context) -> float:
     """Round `round_number`'s model aligns round `round_number` + 1's lines into its
     links.align (every rank its share of the blocks, rank 0 writes; a guide cut off goes on
     from its last finished block). Returns the seconds it took."""
-    from aligner.corpus_alignment import align_bitext
-    from aligner.models import model_class
-
     aligning = time.time()
     faults.reached("guide-alignment")
     path = guide_path(request.model_dir, round_number)
@@ -486,8 +429,6 @@ def _publish(source_dir: str, model_dir: str) -> None:
     """Copy the last round's model (MODEL_DIR/rounds/N: what `align extract` reads) to the top
     of MODEL_DIR, the weights first and config.json last, so that a copy cut off is never a
     loadable model; done again when a run is resumed."""
-    from aligner.model_dir import PUBLISHED_ENTRIES, checksum_path, config_path
-
     with contextlib.suppress(FileNotFoundError):
         os.unlink(config_path(model_dir))
     for name in PUBLISHED_ENTRIES:   # config.json is the last entry
@@ -555,28 +496,22 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
                     f"--resume; or --overwrite to start a new run)")
 
 
-def _check_trained_round(request: "TrainRequest", log_to_file: bool = True) -> None:
+def _check_trained_round(request: TrainRequest, log_to_file: bool = True) -> None:
     """What train() checks on --resume, for the last done round when the run goes on after
     it (its training is not resumed): the bitext is the one the cached corpus was built from, and
     the settings are the
     saved run's (but for its bookkeeping in ``extra``: the round, the output's defaults).
     Attaches MODEL_DIR/train.log (the round's log) to the console logging (`log_to_file`:
     rank 0's; the other ranks of a torchrun job log nothing, as in training)."""
-    from aligner.log import setup_logging
-
     _check_round_inputs(request)
     setup_logging(quiet=request.quiet, verbose=request.verbose, console=log_to_file,
                   logfile=os.path.join(request.model_dir, C.LOG_NAME) if log_to_file
                   else None)
 
 
-def _check_round_inputs(request: "TrainRequest") -> None:
+def _check_round_inputs(request: TrainRequest) -> None:
     """The checks of :func:`_check_trained_round`: the bitext and the settings are the done
     round's (one line, naming what differs)."""
-    from aligner.model_dir import config_path, load_preprocessing
-    from aligner.training.corpus import check_inputs
-    from aligner.training.run import run_config
-
     model_dir = request.model_dir
     check_inputs(model_dir, request.bitext, request.ignore_data_change,
                  request.data_config.guide or None)

@@ -1,12 +1,14 @@
-"""A whole `align train` run around the training loop (aligner/training/loop.py).
+"""The training of one model directory around the training loop (aligner/training/loop.py).
 
-:func:`train` takes a :class:`TrainRequest` (what to train, on which data, how; passed on as
-one object, e.g. to stage 1 of a two-stage kind), prepares the model directory (lock,
---resume/--overwrite, the corpus of aligner/training/corpus.py, config.json), then trains every
-direction: one after the other in this process, each in a process of its own
-(aligner/training/directions.py), or both in one loop (aligner/training/agreement.py,
---agreement-weight). Kinds trained on a frozen base run two stages (:func:`_base_stage`).
-:func:`train_model_dir` is the same as a call with the settings as arguments.
+:func:`train` takes a :class:`~aligner.training.request.TrainRequest` (what to train, on
+which data, how), prepares its model directory (lock, --resume/--overwrite, the corpus of
+aligner/training/corpus.py, config.json), then trains every direction: one after the other in
+this process, each in a process of its own (aligner/training/directions.py), or both in one
+loop (aligner/training/agreement.py, --agreement-weight). It trains exactly that directory:
+self-training rounds are aligner/training/rounds.py's (each round one call of :func:`train`),
+the stages of a kind trained on a frozen base aligner/training/recipe_guide.py's (its last
+stage one call of :func:`train`, on the trained base). :func:`train_model_dir` is the same as
+a call with the settings as arguments.
 """
 from __future__ import annotations
 
@@ -15,31 +17,37 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
 from aligner import constants as C
 from aligner.config import DataConfig, RunConfig, TrainConfig
-from aligner.data import EncodedCorpus
-from aligner.distributed import DistributedContext
-from aligner.formats import Bitext, GoldAlignment
-from aligner.model_dir import CORPUS_DIR, load_preprocessing
+from aligner.data import EncodedCorpus, TokenBatcher, encode_pair
+from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.formats import Bitext
+from aligner.log import log_run_info, setup_logging
+from aligner.model_dir import (CORPUS_DIR, acquire_lock, config_path, direction_dir,
+                               discard_unstarted_run, load_preprocessing, mark_run, params_path,
+                               prepare_output_dir, recorded_checksum, release_lock,
+                               write_version)
 from aligner.models import model_class
+from aligner.precision import resolve_precision
+from aligner.run_record import RunRecord, record_path
+from aligner.training.agreement import (check_agreement_options, check_agreement_resumable,
+                                        train_agreement)
+from aligner.training.corpus import (INPUTS_NAME, check_inputs, prepare_data, prepare_like,
+                                     tokenize_bitext)
+from aligner.training.directions import (DirectionRun, train_direction,
+                                         train_directions_in_parallel)
+from aligner.training.guidance import check_guide_file
 from aligner.training.loop import TrainSummary, Validation, check_resumable
+from aligner.training.request import TrainRequest
 from aligner.utils import AlignerError, check_condition, remove_stale_temporaries
 from aligner.vocab import Vocabulary
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.prep import Preprocessor, PrepConfig
-    from aligner.run_record import RunRecord
-
-from aligner.training.agreement import check_agreement_options, train_agreement
-from aligner.training.corpus import (INPUTS_NAME, check_inputs, prepare_data, prepare_like,
-                                     tokenize_bitext)
-from aligner.training.directions import (DirectionRun, train_direction,
-                                         train_directions_in_parallel)
 
 logger = logging.getLogger(__name__)
 
@@ -82,64 +90,6 @@ def direction_model_configs(model_options: Dict[str, Any], directions: Sequence[
     return configs
 
 
-@dataclass(frozen=True)
-class TrainRequest:
-    """One `align train` run as :func:`train` takes it (and passes on, e.g. to stage 1).
-
-    model_dir: where the run goes; bitext: the training pairs; model_kind / model_options: the
-    model config without vocabulary sizes (those come from the data); prep_config, data_config,
-    train_config: preprocessing, corpus filtering / guide, training. directions: the models to
-    train. valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and
-    their gold alignments. resume / overwrite: continue or replace an earlier run in
-    `model_dir`; ignore_data_change: with `resume`, continue on the cached corpus even if
-    `bitext` differs (:func:`check_inputs`). quiet / verbose: console logging; argv: the
-    command line, logged. extra: more settings for config.json's ``extra``. base_dir: a
-    trained base model directory for a kind trained on a frozen base (``align train --base``).
-    parallel_directions: each direction in a process of its own (see :func:`train`).
-    init_dir: a trained model directory of the same kind to start from (``align train
-    --init-from``, fine-tuning): its preprocessing, vocabularies, model configs and best
-    weights; `prep_config` and `model_options` are then not used. record: the run record the
-    run adds its session and stages to (a self-training job's, kept across its rounds,
-    aligner/training/rounds.py); None: a new one, or for `resume` MODEL_DIR/run.json's.
-    recipe_guide: a kind trained on a frozen base, guided by the recipe's links of `bitext`
-    (stage 0, aligner/training/recipe_guide.py: `align train --model alignment-layer` with no
-    --guide); `data_config.guide` is then empty until that stage has written them.
-    layer_training: TrainConfig fields that the kind's own stage (stage 2, on its frozen base)
-    trains with instead of `train_config`'s, which its base (stage 1) keeps (the guided
-    layer's epochs and schedule where not given: recipe.LAYER_EPOCHS, LAYER_LR_SCHEDULE,
-    filled in by `align train`; None: both stages train with `train_config`).
-    """
-
-    model_dir: str
-    bitext: Bitext
-    model_kind: str
-    model_options: Dict[str, Any]
-    prep_config: "PrepConfig"
-    data_config: DataConfig
-    train_config: TrainConfig
-    directions: Sequence[str] = C.DIRECTIONS
-    valid_bitext: Optional[Bitext] = None
-    valid_gold: Optional[List[GoldAlignment]] = None
-    resume: bool = False
-    overwrite: bool = False
-    quiet: bool = False
-    verbose: bool = False
-    argv: Sequence[str] = ()
-    extra: Optional[Dict[str, Any]] = None
-    base_dir: Optional[str] = None
-    parallel_directions: bool = False
-    ignore_data_change: bool = False
-    init_dir: Optional[str] = None
-    record: Optional["RunRecord"] = None
-    recipe_guide: bool = False
-    layer_training: Optional[Dict[str, Any]] = None
-
-    @property
-    def agreement(self) -> bool:
-        """Both directions trained together (--agreement-weight)."""
-        return self.train_config.agreement_weight > 0
-
-
 def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
                     model_options: Dict[str, Any], prep_config: "PrepConfig",
                     data_config: DataConfig, train_config: TrainConfig,
@@ -151,7 +101,9 @@ def train_model_dir(model_dir: str, bitext: Bitext, model_kind: str,
 
 
 def train(request: TrainRequest) -> Dict[str, TrainSummary]:
-    """`align train`: prepare ``request.model_dir`` and train the model kind in every direction.
+    """Prepare ``request.model_dir`` and train the model kind in every direction: `align
+    train` of one model directory (one self-training round; the last stage of a kind trained
+    on a frozen base, whose ``base_dir`` is then its trained base).
 
     Under torchrun every rank calls this; rank 0 prepares and writes. Returns the training
     summary per direction.
@@ -169,43 +121,26 @@ def train(request: TrainRequest) -> Dict[str, TrainSummary]:
     vocabularies and every direction starts from its best weights (not when resumed: the
     checkpoint holds the weights then).
 
-    Model kinds trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the
-    alignment layer on a transformer) train in two stages, after a stage 0 with
-    `recipe_guide` (the recipe's links of the bitext, the guide of stage 2:
-    aligner/training/recipe_guide.py): stage 1 is an ordinary run of
-    ``BASE_KIND`` into ``MODEL_DIR/base`` (skipped when `base_dir` names a trained model
-    directory of that kind, ``align train --base``); stage 2 reuses the base's preprocessing
-    and vocabularies, copies the base's weights into the new model (``load_base``) and trains
-    what is not frozen. Model size comes from the base; of `model_options` only the kind's own
-    options (``split_options``) apply in stage 2.
+    A kind trained on a frozen base (a class attribute ``BASE_KIND``, e.g. the alignment layer
+    on a transformer) trains here on the trained base ``base_dir``: its preprocessing and
+    vocabularies, its weights copied into the new model (``load_base``), what is not frozen
+    trained; the stages before (the recipe's guide, the base) are
+    aligner/training/recipe_guide.py's.
     """
-    from aligner.distributed import distributed
-
     check_request(request)
-    # one process group for the whole run: stage 1 of a two-stage kind trains inside it
+    kind = request.model_kind
+    check_condition(model_class(kind).BASE_KIND is None or (request.base_dir is not None
+                                                            and not request.recipe_guide),
+                    f"'{kind}' trains in stages on a frozen base "
+                    f"(aligner.training.recipe_guide.train_layer), not in one model directory")
     with distributed(request.train_config.device) as context:
-        if model_class(request.model_kind).BASE_KIND is not None:
-            if request.recipe_guide:
-                from aligner.training.recipe_guide import check_stages, train_guide
-
-                if context.is_main:   # refused now, not after hours of stage 0
-                    check_stages(request)
-                context.barrier()
-                request = train_guide(request, context)
-            request = _base_stage(request, context)
         return _train_in_group(request, context)
 
 
 def _train_in_group(request: TrainRequest, context: DistributedContext
                     ) -> Dict[str, TrainSummary]:
     """:func:`train` inside the process group `context` (one process: a 1-rank context)."""
-    from aligner.distributed import resolve_device
-    from aligner.log import log_run_info, setup_logging
-    from aligner.model_dir import (acquire_lock, config_path, discard_unstarted_run,
-                                   mark_run, release_lock, write_version)
-
     model_dir = request.model_dir
-    from aligner.precision import resolve_precision
 
     device = resolve_device(request.train_config.device, context.local_rank,
                             context.local_world_size)
@@ -285,8 +220,6 @@ def begin_record(request: TrainRequest, resumed: bool, device: torch.device, pre
                   processes: int) -> "RunRecord":
     """Rank 0, the model directory open: the run record this run adds to (the request's, the
     resumed run's, or a new one) with this process's session begun, saved."""
-    from aligner.run_record import RunRecord, record_path
-
     record = request.record
     if record is None:
         record = (RunRecord.resumed(request.model_dir) if resumed
@@ -310,8 +243,6 @@ def run_inputs(request: TrainRequest) -> Dict[str, Any]:
     of the file}; ``init_from`` / ``base`` when given: {"path", "sha256": {direction: the
     sha256 of its params.best.pt as its checksum file records it, None without one}}.
     """
-    from aligner.model_dir import params_path, recorded_checksum
-
     def absolute(path: str) -> str:
         return path if path == "-" else os.path.abspath(path)
 
@@ -355,8 +286,6 @@ def check_request(request: TrainRequest) -> None:
                     f"without --guide, not '{kind}'")
     if request.data_config.guide and os.path.isfile(request.data_config.guide):
         # (a pipe can be read once: it is checked while it is encoded)
-        from aligner.training.guidance import check_guide_file
-
         # the links against the words only where training sees the words as they are
         check_guide_file(request.data_config.guide, request.bitext,
                          check_links=not request.prep_config.tokenize
@@ -371,8 +300,6 @@ def check_init_dir(init_dir: str, model_kind: str, directions: Sequence[str],
                    model_dir: str) -> None:
     """``--init-from``: `init_dir` must be a trained model directory of `model_kind` with
     weights for every direction, not the directory being trained (it is rewritten)."""
-    from aligner.model_dir import config_path, params_path
-
     check_condition(model_class(model_kind).BASE_KIND is None,
                     f"--init-from: not for '{model_kind}', trained on a frozen base (--base)")
     check_condition(os.path.isfile(config_path(init_dir)),
@@ -394,8 +321,6 @@ def check_batches(model_dir: str, train_config: TrainConfig) -> None:
     """The batcher's own checks on the encoded corpus (pairs left to train on, --max-tokens
     against the longest pair), before the run counts as configured: one error line, and a
     fresh run refused there removes what it wrote."""
-    from aligner.data import TokenBatcher
-
     corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
     TokenBatcher.from_corpus(corpus, train_config.max_tokens, seed=train_config.seed)
 
@@ -413,8 +338,6 @@ def _open_model_dir(request: TrainRequest) -> bool:
     """Rank 0, holding the lock: make the model directory ready (:func:`prepare_output_dir`);
     when an earlier run is resumed, check its cached corpus and every direction before anything
     is trained. Returns whether the run is resumed."""
-    from aligner.model_dir import config_path, direction_dir, prepare_output_dir
-
     model_dir = request.model_dir
     resumed = prepare_output_dir(model_dir, request.resume, request.overwrite,
                                  request_inputs(request))
@@ -428,8 +351,6 @@ def _open_model_dir(request: TrainRequest) -> bool:
                      start_dir=request.base_dir or request.init_dir,
                      saved_guide=saved.data.guide or None)
         if request.agreement:
-            from aligner.training.agreement import check_agreement_resumable
-
             check_agreement_resumable(model_dir)
         else:
             for direction in request.directions:
@@ -441,8 +362,6 @@ def run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: in
                ) -> RunConfig:
     """The run's config.json: the model configs per direction (vocabulary sizes from the data;
     in stage 2 the base's configs plus the kind's own options) and every setting."""
-    from aligner.model_dir import config_path
-
     directions = request.directions
     models = direction_model_configs(request.model_options, directions, n_src, n_tgt)
     prep_config = request.prep_config
@@ -464,8 +383,6 @@ def run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: in
 def _validation(request: TrainRequest, pre: "Preprocessor", src_vocab: Vocabulary,
                 tgt_vocab: Vocabulary) -> Optional[Validation]:
     """The validation pairs encoded like the training data (None without them)."""
-    from aligner.data import encode_pair
-
     if request.valid_bitext is None:
         return None
     source, target = tokenize_bitext(pre, request.valid_bitext)
@@ -514,61 +431,3 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
         summaries[run.direction] = train_direction(run, device, context)
         finished(run.direction)
     return summaries
-
-
-def _base_stage(request: TrainRequest, context: DistributedContext) -> TrainRequest:
-    """Stage 1 of a kind trained on a frozen base: train the base into MODEL_DIR/base (unless
-    `base_dir` is given), check it. Returns the request of stage 2: the kind's own model
-    options, its own training settings (``layer_training`` over `train_config`), the base
-    directory (also recorded in config.json's ``extra``), and resume only
-    when stage 2 had started (a start of it cut off, its config.json not written, starts
-    again). `context`: the run's process group (every rank calls this)."""
-    import dataclasses
-
-    from aligner.model_dir import BASE_DIR, config_path, holds_run, run_entries
-
-    model_kind, train_config = request.model_kind, request.train_config
-    cls = model_class(model_kind)
-    base_kind = cls.BASE_KIND
-    base_options, own_options = cls.split_options(request.model_options)
-    base_dir, resume, overwrite = request.base_dir, request.resume, request.overwrite
-    if base_dir is None:
-        base_dir = os.path.join(request.model_dir, BASE_DIR)
-        base_methods = model_class(base_kind).METHODS
-        # the base trains without the guide: the guide is the layer's (stage 2)
-        stage1 = dataclasses.replace(train_config, guide_weight=0.0)
-        if train_config.valid_method and train_config.valid_method not in base_methods:
-            stage1 = dataclasses.replace(stage1, valid_method="")
-        logger.info("stage 1: training the %s base into %s", base_kind, base_dir)
-        # resumed where its training had begun (config.json written; a run cut off in stage
-        # 0 has no base yet), started again where a start was cut off: every rank decides
-        # before rank 0 can write there
-        resume_base = resume and os.path.isfile(config_path(base_dir))
-        restart_base = resume and not resume_base and os.path.isdir(base_dir) and holds_run(
-            base_dir)
-        context.barrier()
-        train(dataclasses.replace(request, model_dir=base_dir, model_kind=base_kind,
-                                  resume=resume_base,
-                                  overwrite=request.overwrite or restart_base,
-                                  model_options=base_options, train_config=stage1, extra=None,
-                                  data_config=dataclasses.replace(request.data_config, guide=""),
-                                  base_dir=None, record=None))
-        # stage 2 resumes only when it had started (it writes config.json first); a start of
-        # it cut off starts again
-        started = os.path.isfile(config_path(request.model_dir))
-        overwrite = overwrite or (resume and not started and holds_run(request.model_dir)
-                                  and bool(run_entries(request.model_dir)))
-        resume = resume and started
-    check_condition(os.path.isfile(config_path(base_dir)),
-                    f"{base_dir}: not a model directory ({C.CONFIG_NAME} is missing)")
-    base_config = RunConfig.load(config_path(base_dir))
-    check_condition(base_config.model_kind == base_kind,
-                    f"{base_dir}: the base of '{model_kind}' must be a '{base_kind}' model "
-                    f"directory, this one holds '{base_config.model_kind}'")
-    missing = [d for d in request.directions if d not in base_config.directions]
-    check_condition(not missing, f"{base_dir}: the base has no {', '.join(missing)} model")
-    return dataclasses.replace(request, model_options=own_options, base_dir=base_dir,
-                               resume=resume, overwrite=overwrite,
-                               train_config=dataclasses.replace(
-                                   train_config, **(request.layer_training or {})),
-                               extra={**(request.extra or {}), "base": os.path.abspath(base_dir)})
