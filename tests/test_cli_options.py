@@ -43,11 +43,6 @@ OUTSIDE_TRAINING = {
     "--link-probs": "extract writes the link probabilities there; score-aer reads them",
     "--resume": "train, run: the run in --model-dir; extract: the blocks kept in -o's FILE.parts",
     "--overwrite": "train, run: the run in --model-dir; extract: the parts folder FILE.parts",
-    # the same meaning, declared in the inference commands' own modules (not yet shared)
-    "-q": "not yet shared with extract, show, symmetrize, translate",
-    "--quiet": "as -q",
-    "--device": "as -q",
-    "--threads": "as -q",
     "-H": "not yet shared with extract, symmetrize",
     "--symmetrize": "as -H",
     "--threshold": "not yet shared with extract",
@@ -138,3 +133,16 @@ def test_max_tokens_counts_padded_positions():
     for command in ("train", "run"):
         text = option_helps(command)["--max-tokens"]
         assert "target tokens" not in text and "Padded tokens" in text, (command, text)
+
+
+def test_inference_commands_declare_their_options_once():
+    """extract, show and translate take --checkpoint, --device, --threads and -q from
+    aligner/cli/options.py (one help text, also the training commands' where they have it);
+    extract and translate share the inference --precision."""
+    extract, show, translate = (option_helps(c) for c in ("extract", "show", "translate"))
+    for name in ("--checkpoint", "--device", "--threads", "-q"):
+        assert extract[name] == show[name] == translate[name] != "", name
+    for name in ("--device", "--threads", "-q"):
+        assert extract[name] == option_helps("train")[name], name
+    assert extract["--precision"] == translate["--precision"] != option_helps("run")[
+        "--precision"]

@@ -11,7 +11,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
-from aligner.cli.options import block_lines_option
+from aligner.cli.options import (block_lines_option, checkpoint_option, device_option,
+                                 inference_precision_option, quiet_option, threads_option)
 from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
 from aligner.utils import (AlignerError, check_condition, check_distinct_files,
                            check_outside_model_dir, check_writable)
@@ -122,21 +123,14 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("--overwrite", is_flag=True,
               help="Remove the parts folder a cut-off run of this command left beside -o "
                    "FILE (FILE.parts) and align anew.")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
-              show_default=True, help="Which saved weights to use.")
+@checkpoint_option
 @click.option("--max-tokens", default=None, type=click.IntRange(min=1),
               help="Padded tokens per batch (pairs are batched by length, order restored) "
                    "[default: 500 on a CPU, where small batches are faster; 4000 on a GPU].")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
-              show_default=True,
-              help="bf16: bfloat16 autocast (softmaxes and HMM sums stay float32); auto = bf16 "
-                   "on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default).")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Warnings only (no progress bar: by default one over the input lines, on "
-                   "stderr).")
+@device_option
+@inference_precision_option
+@threads_option()
+@quiet_option
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],

@@ -1,4 +1,7 @@
-"""The options that `align train`, `align run` and `align demo` share, each declared once.
+"""The options that commands share, each declared once: the training options of `align
+train`, `align run` and `align demo`, and the inference options of `align extract`, `align show`
+and `align translate` (--checkpoint, --device, --precision, --threads, -q; the last three also
+the training commands', with one help text).
 
 Each function here is a click decorator (one option, or a group of options) that every command
 taking the option applies, so that the same option has the same name, type and help text in
@@ -337,11 +340,29 @@ def block_lines_option(function):
 
 
 def device_option(function):
-    """--device (aligner.distributed.resolve_device)."""
+    """--device of every command that runs a model (aligner.distributed.resolve_device)."""
     return click.option(
         "--device", default="auto", show_default=True,
-        help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N (align train under "
-             "torchrun: local rank r on GPU N+r).")(function)
+        help="auto (CUDA if available, else CPU), cpu, cuda, cuda:N (under torchrun: local "
+             "rank r on GPU N+r).")(function)
+
+
+def checkpoint_option(function):
+    """--checkpoint of the commands that load a model directory (extract, show, translate:
+    aligner.model_dir.LoadedModelDir.load)."""
+    return click.option(
+        "--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
+        help="Which saved weights to use.")(function)
+
+
+def inference_precision_option(function):
+    """``--precision`` of inference (`align extract`, `align translate`: aligner/precision.py);
+    the training commands' is :func:`precision_option`."""
+    return click.option(
+        "--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
+        show_default=True,
+        help="bf16: bfloat16 autocast (softmaxes, HMM sums and scores stay float32); auto = "
+             "bf16 on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")(function)
 
 
 def precision_option(function):
@@ -371,16 +392,16 @@ def seed_option(function):
 
 
 def threads_option(default: int = 0) -> Decorator:
-    """--threads (aligner.cli.train.set_threads): 0 for align train and align run; align demo
-    takes 1 (its small model is no faster with more threads on a busy machine)."""
+    """--threads (aligner.cli.train.set_threads): 0 but for align demo, which takes 1 (its
+    small model is no faster with more threads on a busy machine)."""
     return click.option(
         "--threads", default=default, show_default=True, type=click.IntRange(min=0),
         help="CPU threads for torch (0 = torch's default, usually all cores); two directions "
-             "trained side by side get half each, at least 1.")
+             "trained or aligned side by side get half each, at least 1.")
 
 
 def quiet_option(function):
-    """-q/--quiet (aligner.log.setup_logging)."""
+    """-q/--quiet (aligner.log.setup_logging) of every command that logs."""
     return click.option(
         "-q", "--quiet", is_flag=True,
         help="Warnings only, no progress bars or messages (align run and align demo still "

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 import click
 
 from aligner.cli.extract import method_options
+from aligner.cli.options import checkpoint_option, device_option, quiet_option, threads_option
 from aligner.cli.train import INPUT, bitext_options, check_bitext_args, set_threads
 from aligner.utils import (check_condition, check_distinct_files, check_outside_model_dir,
                            check_writable)
@@ -37,12 +38,10 @@ from aligner.utils import (check_condition, check_distinct_files, check_outside_
               help="PNG file to write (atomically).")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
               help="Resolution; the size in inches follows the sentence lengths.")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
-              show_default=True, help="Which saved weights to use.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default).")
-@click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
+@checkpoint_option
+@device_option
+@threads_option()
+@quiet_option
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             line_no: int, gold: Optional[str], gold_format: str, methods: Tuple[str, ...],
             method_option: Tuple[str, ...], direction: str, output: str, dpi: int,

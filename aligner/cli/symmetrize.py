@@ -5,6 +5,7 @@ from typing import Optional
 
 import click
 
+from aligner.cli.options import quiet_option
 from aligner.constants import DEFAULT_HEURISTIC
 from aligner.formats import (check_alignments_against_bitext, check_same_length, read_bitext,
                              read_pharaoh, write_pharaoh)
@@ -32,7 +33,7 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
 @click.option("-t", "--target", type=INPUT, help="Target sentences, to check link indices.")
 @click.option("-i", "--input", "joint", type=INPUT,
               help="'source ||| target' file, to check link indices (instead of -s/-t).")
-@click.option("-q", "--quiet", is_flag=True, help="No summary on stderr.")
+@quiet_option
 def command(forward: str, reverse: str, heuristic: str, reverse_orientation: str, output: str,
             source: Optional[str], target: Optional[str], joint: Optional[str],
             quiet: bool) -> None:

@@ -9,6 +9,8 @@ from typing import Optional
 import click
 
 from aligner import constants as C
+from aligner.cli.options import (checkpoint_option, device_option, inference_precision_option,
+                                 quiet_option, threads_option)
 from aligner.cli.train import FiniteFloat
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
@@ -49,16 +51,11 @@ INPUT = click.Path(dir_okay=False, allow_dash=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=8000, show_default=True,
               help="Beam rows x padded input subwords per batch (inputs are batched by "
                    "length; output order = input order).")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best",
-              show_default=True, help="Which saved weights to use.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
-              show_default=True,
-              help="bf16: bfloat16 autocast (softmaxes and scores stay float32); auto = bf16 "
-                   "on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="CPU threads for torch (0 = torch's default).")
-@click.option("-q", "--quiet", is_flag=True, help="Warnings only.")
+@checkpoint_option
+@device_option
+@inference_precision_option
+@threads_option()
+@quiet_option
 def command(model_dir: str, input_path: str, output: str, direction: str, beam: int,
             print_alignment: bool, alignment_method: Optional[str], heuristic: Optional[str],
             max_len_a: float,
