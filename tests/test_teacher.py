@@ -205,5 +205,5 @@ def test_lines_longer_than_max_words_get_no_links():
     target = [["x", "y", "z"], ["x"]]
     soft = soft_alignments(source, target, TeacherConfig(ibm1_iterations=1, hmm_iterations=1,
                                                          max_words=2))
-    assert soft["fwd"][0].shape == (3, 3) and not soft["fwd"][0].any()
+    assert soft["fwd"][0].shape == (0, 0)   # no elements, whatever the line's length
     assert soft["rev"][1].shape == (1, 1) and soft["rev"][1].any()
