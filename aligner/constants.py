@@ -11,7 +11,7 @@ BPE_SEPARATOR = "@@"
 # Directions. "fwd" models p(target | source), "rev" models p(source | target).
 DIRECTIONS = ("fwd", "rev")
 
-# Model directory layout (see README "Model directory").
+# Model directory layout (see aligner/model_dir.py).
 MODEL_FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 VERSION_NAME = "version"

@@ -4,17 +4,21 @@ Layout (file names from aligner/constants.py)::
 
     MODEL_DIR/
       config.json          every hyper-parameter (RunConfig: versions, model kind, model configs
-                           per direction, preprocessing, data, training, seed)
+                           per direction, preprocessing, data, training, seed); extra.align_run:
+                           the -H / --threshold that align extract takes as its defaults here
       version              the package version that wrote the directory
       prep.json            preprocessing config (aligner.prep.Preprocessor.save)
       bpe.src.codes        subword-nmt BPE codes (with "#version" header), source language
       bpe.tgt.codes        ... target language (the same file twice with joint BPE)
       vocab.src.json       subword vocabulary of the source language
       vocab.tgt.json       ... of the target language
-      corpus/              the encoded training corpus (memory-mapped ids; needed by --resume)
+      corpus/              the encoded training corpus (memory-mapped ids; needed by --resume),
+                           the subword links of a --guide, and inputs.json (names, pair count
+                           and sha256 of the bitext it was built from)
       train.log            the training log
       alignment.parts/     align run's final alignment while it runs: the finished blocks'
                            lines (aligner/blocks.py), removed once the outputs are written
+                           (a self-training guide's: rounds/N/links.align.parts)
       .aligner             the mark of a directory written by a run of ours (written first;
                            --overwrite replaces only a directory that has it, or a config.json
                            of ours, and never removes it)
@@ -25,9 +29,12 @@ Layout (file names from aligner/constants.py)::
                            writes the directory (the file names its pid and host)
       rounds/              a self-training run's rounds (aligner/training/rounds.py): N/, round
                            N's model directory (with links.align, its links of round N+1's
-                           lines, and done); settings.json, the rounds' settings. The top
-                           level then holds the last round's model: config.json, the
-                           preprocessing and vocabularies, each direction's params.best.pt
+                           lines, and done); 0/links.align, the teacher's links of round 1's
+                           lines (its guide); settings.json, the rounds' settings (kept by
+                           --resume). The top level then holds the last round's model:
+                           config.json, the preprocessing and vocabularies, each direction's
+                           params.best.pt
+      joint/               agreement training (--agreement-weight): both directions' state
       base/                alignment-layer only: the stage-1 transformer model directory (the
                            layer's params files hold the base weights too; extraction needs
                            only the top level)
