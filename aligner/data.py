@@ -91,7 +91,7 @@ def save_array(path: str, values: np.ndarray) -> None:
     with atomic_output(path, "wb") as out:
         np.lib.format.write_array_header_1_0(out, np.lib.format.header_data_from_array_1_0(
             values))
-        data = memoryview(values).cast("B")
+        data = memoryview(values.reshape(-1).view(np.uint8))   # bytes, no copy
         for start in range(0, len(data), _WRITE_CHUNK):
             out.write(data[start:start + _WRITE_CHUNK])
 
