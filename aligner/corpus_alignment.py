@@ -1,17 +1,26 @@
-"""Align a whole bitext with a trained model directory, block by block, into Pharaoh files.
+"""The one extraction path of a whole bitext: every command that aligns a corpus with a model
+directory aligns it here.
 
-What `align run` writes as its output and what a self-training round (aligner/training/rounds.py)
-writes as the next round's guide: every input line gets exactly one output line, in input order
-(a line with an empty side, or too long for the model, an empty one; in a guide, also a line
-the next round's training skips). The bitext is read in blocks of inference.BLOCK_LINES lines,
-each aligned and its lines written (to a parts folder that a cut-off run resumes from,
-aligner/blocks.py) before the next is read, so memory does not grow with the corpus (but with
-``keep_soft``); under torch.distributed the ranks share the blocks out.
+* `align extract` (a file, block by block; a pipe, batch by batch, aligner/streaming.py;
+  torchrun, the blocks shared out over the ranks; --soft, one block holding every matrix),
+* `align run`'s final alignment (its outputs -o, -f, -r, the links of the gold lines),
+* a self-training round's guide (aligner/training/rounds.py) and the alignment layer's stage 0
+  (aligner/training/recipe_guide.py)
+
+all describe what they align with as one :class:`Extraction` (the loaded model directory and
+the method's settings, resolved) and turn each block of lines into its output lines with
+:func:`lines_of_block`; :func:`align_bitext` does that block by block through
+aligner/blocks.py. Every input line gets exactly one output line, in input order (a line with
+an empty side, or too long for the model, an empty one; in a guide, also a line the next
+round's training skips). The bitext is read in blocks of inference.BLOCK_LINES lines, each
+aligned and its lines written (to a parts folder that a cut-off run resumes from) before the
+next is read, so memory does not grow with the corpus (but with ``keep_soft``).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -20,95 +29,207 @@ from aligner.data import EncodedPair, filtered_out
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import DataConfig
+    from aligner.model_dir import LoadedModelDir
 
+Link = Tuple[int, int]
+#: the output of :func:`align_bitext` that holds each main link's probability (the lines of
+#: ``align extract --link-probs``)
+PROBS = "probs"
 
 #: what a line that training skips is aligned as: no subwords, so no links
 _EMPTY_PAIR = EncodedPair(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [], [])
 
 
-def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, heuristic: str,
-                 threshold: float, outputs: Dict[str, Optional[str]],
-                 gold_lines: range = range(0), keep_soft: bool = False, quiet: bool = False,
-                 precision: str = "fp32", parts: Optional[str] = None, resume: bool = False,
-                 overwrite: bool = False, stale: str = "refuse",
-                 block_lines: Optional[int] = None, description: str = "align",
-                 trained_by: Optional["DataConfig"] = None
-                 ) -> Tuple[Dict[str, List[Set[Tuple[int, int]]]], Optional[Dict[str, Any]], int]:
-    """Align every line of `bitext` (a Bitext, BitextFiles or SampledBitext) with the model
-    in `model_dir`: extraction `method` in both directions, combined by `heuristic` (a soft
-    one at `threshold`), block by block (`block_lines`, default inference.BLOCK_LINES; one
-    block with `keep_soft`), writing each block's lines to `outputs` ({"fwd" / "rev" /
-    heuristic: Pharaoh file, '-' = stdout, or None}). `shortlist`: the lexicon's shortlist
-    size (0 = exact); `device`: a torch.device; `precision`: of the extraction
-    (aligner/precision.py; ``auto``: bf16 on CUDA with native bfloat16, else fp32).
+@dataclass
+class Extraction:
+    """What a model directory aligns sentence pairs with, resolved.
+
+    loaded: the model directory (aligner.model_dir.LoadedModelDir) with the directions used.
+    method: the extraction method (the model kind's METHODS). direction: ``fwd``, ``rev`` or
+    ``both`` (symmetrized by `heuristic`: a Moses heuristic, or soft-average at
+    `threshold`). device: a torch.device. options: the method's options (-O KEY=VALUE,
+    ``shortlist``). max_tokens: positions per inference batch (None: the device's).
+    """
+
+    loaded: "LoadedModelDir"
+    method: str
+    direction: str
+    heuristic: str
+    threshold: float
+    device: Any
+    options: Dict[str, Any] = field(default_factory=dict)
+    max_tokens: Optional[int] = None
+
+    @classmethod
+    def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
+             options: Optional[Dict[str, Any]] = None, direction: str = "both",
+             checkpoint: str = "best") -> "Extraction":
+        """The model directory's `checkpoint` weights of the directions used, on `device`."""
+        from aligner.model_dir import LoadedModelDir
+
+        directions = C.DIRECTIONS if direction == "both" else (direction,)
+        loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
+        return cls(loaded, method, direction, heuristic, threshold, device, options or {})
+
+    @property
+    def directions(self) -> Tuple[str, ...]:
+        """The directions whose models align: both, or the one asked for."""
+        return C.DIRECTIONS if self.direction == "both" else (self.direction,)
+
+    @property
+    def main(self) -> str:
+        """The name of the main output: the heuristic (both directions) or the direction."""
+        return self.heuristic if self.direction == "both" else self.direction
+
+
+def shortlist_options(shortlist: int) -> Dict[str, Any]:
+    """The method options of the lexicon's `shortlist` (0: exact, no option)."""
+    return {"shortlist": shortlist} if shortlist else {}
+
+
+def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: Sequence[str],
+                inline: bool = False, gold_here: Sequence[int] = (), keep_soft: bool = False,
+                workers: Any = False
+                ) -> Tuple[Dict[str, List[str]], Dict[str, List[Set[Link]]],
+                           Dict[str, List[np.ndarray]]]:
+    """Align the encoded `pairs` of one block (or one streamed batch) and format its lines.
+
+    names: the outputs wanted: ``fwd``, ``rev`` (each direction's own links; direction
+    ``both`` only), ``extraction.main`` and :data:`PROBS` (the main links' probabilities,
+    aligner.link_probs); `inline`: the main output's links as ``i-j:p``. gold_here: lines
+    (indices into `pairs`) whose links of ``fwd``, ``rev`` and the main output are wanted too.
+    keep_soft: the soft matrices are computed (and returned) even where no output needs them.
+    workers: the DirectionWorkers of the caller (or True / False), for the soft matrices.
+
+    Returns (lines per name in `names`, each ending in a newline; the links per name, with
+    every line of an output asked for and the gold lines of the others, the rest empty; the
+    soft matrices per direction, empty when none were computed). What is computed: each
+    direction's hard links (aligner.inference.align_pairs) where an output or the heuristic
+    needs them, the soft matrices (soft_alignments_by_direction) where soft-average, the
+    probabilities or `keep_soft` need them, the main links from those.
+    """
+    from aligner import inference
+    from aligner.combine import combine, needs_soft
+    from aligner.formats import format_links
+    from aligner.link_probs import output_lines
+
+    main, both = extraction.main, extraction.direction == "both"
+    scored = PROBS in names or inline
+    soft_main = both and needs_soft(extraction.heuristic)
+    everything = range(len(pairs))
+    # the hard links of each direction: of every line where an output takes them (its own
+    # output, the main output of one direction, a Moses heuristic), else of the gold lines
+    hard_everywhere = {d for d in extraction.directions
+                       if d in names or not both or not soft_main}
+    hard: Dict[str, List[Set[Link]]] = {}
+    for direction in extraction.directions:
+        lines = everything if direction in hard_everywhere else gold_here
+        links = inference.align_pairs(
+            extraction.loaded.models[direction], [pairs[k] for k in lines], direction,
+            extraction.method, extraction.max_tokens, extraction.device,
+            extraction.options) if len(lines) else []
+        hard[direction] = [set() for _ in pairs]
+        for k, line_links in zip(lines, links):
+            hard[direction][k] = line_links
+    soft: Dict[str, List[np.ndarray]] = {}
+    if soft_main or scored or keep_soft:   # one pass, used for all
+        soft = inference.soft_alignments_by_direction(
+            extraction.loaded.models, pairs, extraction.directions, extraction.method,
+            extraction.max_tokens, extraction.device, extraction.options, parallel=workers)
+    if both:
+        hard[main] = combine(extraction.heuristic, extraction.threshold, hard=hard, soft=soft)
+    lines_by_name: Dict[str, List[str]] = {}
+    if scored:
+        lines_by_name[main], numbers = output_lines(hard[main], soft, extraction.direction,
+                                                    extraction.heuristic, inline)
+        lines_by_name[PROBS] = numbers or []
+    for name in names:
+        if name not in lines_by_name:
+            lines_by_name[name] = [format_links(links) + "\n" for links in hard[name]]
+    return {name: lines_by_name[name] for name in names}, hard, soft
+
+
+def encode_block(extraction: Extraction, block, trained_by: Optional["DataConfig"] = None
+                 ) -> List[EncodedPair]:
+    """The encoded pairs of a block (aligner.inference.encode_bitext: its warnings about lines
+    that get an empty alignment); `trained_by`: a line that training with these length filters
+    skips (:func:`aligner.data.filtered_out`) is aligned as an empty pair."""
+    from aligner import inference
+
+    pairs = inference.encode_bitext(extraction.loaded, block)
+    if trained_by is None:
+        return pairs
+    return [pair if filtered_out(len(pair.src_ids), len(pair.tgt_ids), trained_by.max_len,
+                                 trained_by.max_ratio) is None else _EMPTY_PAIR
+            for pair in pairs]
+
+
+def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str]],
+                 inline_probs: bool = False, gold_lines: range = range(0),
+                 keep_soft: bool = False, quiet: bool = False, precision: str = "fp32",
+                 parts: Optional[str] = None, resume: bool = False, overwrite: bool = False,
+                 stale: str = "refuse", block_lines: Optional[int] = None,
+                 description: str = "align", trained_by: Optional["DataConfig"] = None,
+                 checkpoint: str = "best",
+                 anew: str = "give the same ones, or --overwrite to start anew"
+                 ) -> Tuple[Dict[str, List[Set[Link]]], Optional[Dict[str, Any]], int]:
+    """Align every line of `bitext` (a Bitext, BitextFiles or SampledBitext) with
+    `extraction`, block by block (`block_lines`, default inference.BLOCK_LINES; one block
+    with `keep_soft`), writing each block's lines to `outputs` ({"fwd" / "rev" /
+    extraction.main / :data:`PROBS`: a file, '-' = stdout, or None}; see
+    :func:`lines_of_block`, `inline_probs` its `inline`). `precision`: of the extraction
+    (aligner/precision.py; ``auto``: bf16 on CUDA with native bfloat16, else fp32);
+    `checkpoint`: the weights the extraction loaded (for the parts record); `anew`: what a
+    refused --resume tells the user to do (aligner/blocks.py).
 
     `parts`: the parts folder that keeps each finished block (aligner/blocks.py; not with
     `keep_soft`), with `resume` / `overwrite` / `stale` as there: a run cut off goes on from
     its first unfinished block. Under torch.distributed the blocks are shared out over the
     ranks (every rank calls this) and rank 0 writes the outputs. One progress bar
-    (`description`) over the corpus unless `quiet`. `trained_by`: the length filters of the
-    training that reads the output (a self-training round's guide): a line that training skips
-    (:func:`aligner.data.filtered_out`) is written empty instead of aligned.
+    (`description`) over the corpus unless `quiet`. `trained_by`: see :func:`encode_block`.
 
-    Returns (the links of `gold_lines` per direction and for the heuristic; with `keep_soft`
-    the soft matrices named as in the --soft .npz plus "alignments", the heuristic's links of
-    every line, for :func:`aligner.cli.extract.write_results` — the heuristic's output is then
-    left to it; the number of links the heuristic wrote). On ranks other than 0: no links,
-    None, 0.
+    Returns (the links of `gold_lines` of "fwd", "rev" and the main output, those the
+    extraction has; with `keep_soft` the soft matrices named as in the --soft .npz
+    ("{direction}_{line}", 0-based) plus "alignments", the main output's links of every line,
+    for :func:`aligner.cli.extract.write_results` — the main output and its probabilities are
+    then left to it; the number of links of the main output). On ranks other than 0: no
+    links, None, 0.
     """
     from aligner import inference
     from aligner.blocks import align_in_blocks, bitext_identity
-    from aligner.combine import combine, needs_soft
-    from aligner.formats import format_links
-    from aligner.model_dir import LoadedModelDir, model_checksums
+    from aligner.model_dir import model_checksums
     from aligner.precision import autocast_context, resolve_precision
 
-    loaded = LoadedModelDir.load(model_dir, device=device)
-    options = {"shortlist": shortlist} if shortlist else {}
-    gold_rows: Dict[str, List[Set[Tuple[int, int]]]] = {"fwd": [], "rev": [], heuristic: []}
+    main, device = extraction.main, extraction.device
+    gold_names = [name for name in ("fwd", "rev", main)
+                  if name == main or extraction.direction == "both"]
+    gold_rows: Dict[str, List[Set[Link]]] = {name: [] for name in gold_names}
     kept: Dict[str, Any] = {"alignments": []} if keep_soft else {}
     paths = {name: path for name, path in outputs.items()
-             if path is not None and not (keep_soft and name == heuristic)}
+             if path is not None and not (keep_soft and name in (main, PROBS))}
     size = max(1, len(bitext)) if keep_soft else (block_lines or inference.BLOCK_LINES)
-    hard_all = bool({"fwd", "rev"} & paths.keys()) or not needs_soft(heuristic)
 
     def align_block(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
         first = block.first_line - 1                 # 0-based input line of the block's 0
-        pairs = inference.encode_bitext(loaded, block)
-        if trained_by is not None:
-            pairs = [pair if filtered_out(len(pair.src_ids), len(pair.tgt_ids),
-                                          trained_by.max_len, trained_by.max_ratio) is None
-                     else _EMPTY_PAIR for pair in pairs]
+        pairs = encode_block(extraction, block, trained_by)
         gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
-        hard_lines = range(len(pairs)) if hard_all else gold_here
-        hard: Dict[str, List[Set[Tuple[int, int]]]] = {}
-        for direction in C.DIRECTIONS:
-            links = inference.align_pairs(
-                loaded.models[direction], [pairs[k] for k in hard_lines], direction,
-                method, device=device, options=options) if len(hard_lines) else []
-            hard[direction] = [set() for _ in pairs]
-            for k, line_links in zip(hard_lines, links):
-                hard[direction][k] = line_links
-        soft: Dict[str, List[Any]] = {}
-        if needs_soft(heuristic) or keep_soft:   # one pass, used twice
-            soft = inference.soft_alignments_by_direction(
-                loaded.models, pairs, C.DIRECTIONS, method, device=device,
-                options=options, parallel=workers)
-            if keep_soft:
-                kept.update({f"{d}_{first + k}": m for d in C.DIRECTIONS
-                             for k, m in enumerate(soft[d])})
-        hard[heuristic] = combine(heuristic, threshold, hard=hard, soft=soft)
+        lines, hard, soft = lines_of_block(extraction, pairs, list(paths), inline_probs,
+                                        gold_here, keep_soft, workers)
         if keep_soft:
-            kept["alignments"].extend(hard[heuristic])
-        lines = {name: [format_links(links) + "\n" for links in hard[name]]
-                 for name in paths}
-        gold = {name: [sorted(hard[name][k]) for k in gold_here] for name in gold_rows}
-        return lines, {"links": sum(map(len, hard[heuristic])), "gold": gold}
+            kept.update({f"{d}_{first + k}": m for d, matrices in soft.items()
+                         for k, m in enumerate(matrices)})
+            kept["alignments"].extend(hard[main])
+        gold = {name: [sorted(hard[name][k]) for k in gold_here] for name in gold_names}
+        return lines, {"links": sum(map(len, hard[main])), "gold": gold}
 
-    record = {"model": model_checksums(model_dir, C.DIRECTIONS), "input":
-              bitext_identity(bitext), "method": method, "shortlist": shortlist,
-              "heuristic": heuristic, "threshold": threshold,
+    record = {"model": model_checksums(extraction.loaded.path, extraction.directions,
+                                       checkpoint),
+              "input": bitext_identity(bitext), "method": extraction.method,
+              "options": extraction.options, "direction": extraction.direction,
+              "heuristic": extraction.heuristic, "threshold": extraction.threshold,
               "precision": resolve_precision(precision, device),
+              "inline_probs": inline_probs,
+              "max_tokens": extraction.max_tokens or inference.default_max_tokens(device),
               "gold lines": [gold_lines.start, gold_lines.stop]}
     if trained_by is not None:
         record["skipped as training skips"] = [trained_by.max_len, trained_by.max_ratio]
@@ -118,7 +239,7 @@ def align_bitext(model_dir: str, bitext, device, method: str, shortlist: int, he
         metas = align_in_blocks(bitext, size, paths, align_block,
                                 None if keep_soft else parts, record, resume, overwrite,
                                 progress=not quiet, description=description, stale=stale,
-                                anew=f"remove {parts} to align anew")
+                                anew=anew)
     if metas is None:
         return gold_rows, None, 0
     for meta in metas:

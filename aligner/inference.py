@@ -482,31 +482,3 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                            device, options, threshold, progress, parallel)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
                        options, progress=progress)[direction]
-
-
-def extract_with_soft(loaded: LoadedModelDir, bitext: Bitext, method: str,
-                      direction: str = "both", heuristic: str = C.DEFAULT_HEURISTIC,
-                      max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
-                      options: Optional[Dict[str, Any]] = None,
-                      threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
-                      parallel: Union[bool, "DirectionWorkers"] = False
-                      ) -> Tuple[List[Set[Link]], Dict[str, List[np.ndarray]]]:
-    """:func:`extract` and the word-level soft alignments of the same run, in one pass over
-    the encoded pairs: (links per line, {direction: matrices per line}) for the directions
-    used (both for ``direction="both"``). The links equal :func:`extract`'s; the matrices are
-    :func:`soft_alignments`' (what ``--soft`` writes and soft-average thresholds), from
-    which aligner.link_probs takes each link's probability.
-    """
-    pairs = encode_bitext(loaded, bitext)
-    directions = C.DIRECTIONS if direction == "both" else (direction,)
-    soft = soft_alignments_by_direction(loaded.models, pairs, directions, method, max_tokens,
-                                        device, options, progress, parallel)
-    if direction == "both" and needs_soft(heuristic):
-        return combine(heuristic, threshold, soft=soft), soft
-    hard = {d: align_pairs(loaded.models[d], pairs, d, method, max_tokens, device, options,
-                           progress) for d in directions}
-    if direction == "both":
-        links = combine(heuristic, threshold, hard=hard)
-    else:
-        links = hard[direction]
-    return links, soft

@@ -25,7 +25,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import IO, Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 from aligner.formats import GZIP_MAGIC, Bitext, gzip_on_a_pipe, joint_sides, tokenize_line
 from aligner.utils import AlignerError, atomic_output, check_condition
@@ -249,56 +249,20 @@ def optional_output(path: Optional[str], mode: str = "w") -> Iterator[Optional[I
         yield handle
 
 
-@dataclass
-class AlignRun:
-    """What `align extract` aligns with (the model and the method's settings, resolved), to
-    align one batch or block of pairs and write its lines."""
-
-    loaded: Any
-    method: str
-    direction: str
-    heuristic: str
-    threshold: float
-    max_tokens: Optional[int]
-    device: Any
-    options: Dict[str, Any]
-
-    def align(self, bitext: Bitext, scored: bool, progress: bool = False,
-              parallel: Any = False) -> Tuple[List[Set[Tuple[int, int]]], Optional[Dict]]:
-        """(links per line, {direction: word-level matrices per line} when `scored`, else
-        None): aligner.inference.extract / extract_with_soft."""
-        from aligner import inference
-
-        args = (self.loaded, bitext, self.method, self.direction, self.heuristic,
-                self.max_tokens, self.device, self.options, self.threshold, progress, parallel)
-        if scored:
-            return inference.extract_with_soft(*args)
-        return inference.extract(*args), None
-
-    def write(self, bitext: Bitext, out: IO, probs_out: Optional[IO], inline: bool,
-              progress: bool = False, parallel: Any = False) -> Tuple[int, int]:
-        """Align `bitext` and write its Pharaoh lines to `out` (``i-j:p`` links when
-        `inline`) and its probabilities lines to `probs_out` (if any); (pairs, links)."""
-        from aligner.link_probs import output_lines
-
-        links, soft = self.align(bitext, inline or probs_out is not None, progress, parallel)
-        lines, numbers = output_lines(links, soft, self.direction, self.heuristic, inline)
-        out.writelines(lines)
-        if probs_out is not None and numbers is not None:
-            probs_out.writelines(numbers)
-        return len(links), sum(map(len, links))
-
-
-def stream_extract(run: AlignRun, source: Optional[str], target: Optional[str],
+def stream_extract(extraction: Any, source: Optional[str], target: Optional[str],
                    joint: Optional[str], output: str, link_probs: Optional[str],
                    inline: bool, wait: float = WAIT_SECONDS) -> Tuple[int, int]:
     """`align extract` on streamed input: every batch of :meth:`StreamBitext.batches` is
-    aligned, written and flushed before the next is read (stdout at once; a regular -o or
-    --link-probs file appears, atomically, at the end); `wait`: see :data:`WAIT_SECONDS`.
-    Returns (pairs, links)."""
+    aligned by `extraction` (an aligner.corpus_alignment.Extraction, through the same
+    :func:`~aligner.corpus_alignment.lines_of_block` as a block of a file), written and
+    flushed before the next is read (stdout at once; a regular -o or --link-probs file
+    appears, atomically, at the end); `wait`: see :data:`WAIT_SECONDS`. Returns (pairs,
+    links)."""
+    from aligner.corpus_alignment import PROBS, encode_block, lines_of_block
     from aligner.inference import DirectionWorkers
 
     n_pairs = n_links = 0
+    names = [extraction.main] + ([PROBS] if link_probs is not None else [])
     bitext = StreamBitext.open(source, target, joint, wait)
     try:
         # the two direction processes start only for a batch of 1,000+ pairs (a fast
@@ -306,11 +270,16 @@ def stream_extract(run: AlignRun, source: Optional[str], target: Optional[str],
         with atomic_output(output) as out, optional_output(link_probs) as probs_out, \
                 DirectionWorkers() as workers:
             for batch in bitext.batches():
-                pairs, links = run.write(batch, out, probs_out, inline, parallel=workers)
+                pairs = encode_block(extraction, batch)
+                lines, hard, _ = lines_of_block(extraction, pairs, names, inline,
+                                                workers=workers)
+                out.writelines(lines[extraction.main])
                 out.flush()
                 if probs_out is not None:
+                    probs_out.writelines(lines[PROBS])
                     probs_out.flush()
-                n_pairs, n_links = n_pairs + pairs, n_links + links
+                n_pairs += len(pairs)
+                n_links += sum(map(len, hard[extraction.main]))
     finally:
         bitext.close()
     return n_pairs, n_links

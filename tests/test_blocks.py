@@ -208,7 +208,7 @@ def _align_bitext_worker(rank: int, world_size: int, port: int, model: str, src:
     """One rank of a torchrun-like group calling align_bitext, as a stage of a run does."""
     import torch
 
-    from aligner.corpus_alignment import align_bitext
+    from aligner.corpus_alignment import Extraction, align_bitext
     from aligner.distributed import init_distributed, shutdown_distributed
     from aligner.formats import open_bitext
 
@@ -216,8 +216,9 @@ def _align_bitext_worker(rank: int, world_size: int, port: int, model: str, src:
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     context = init_distributed("cpu")
-    _, _, links = align_bitext(model, open_bitext(src, tgt), torch.device("cpu"),
-                               "hmm-posterior", 0, "soft-average", 0.55,
+    extraction = Extraction.load(model, torch.device("cpu"), "hmm-posterior", "soft-average",
+                                 0.55)
+    _, _, links = align_bitext(extraction, open_bitext(src, tgt),
                                {"soft-average": out, "fwd": out + ".fwd"}, quiet=True,
                                parts=out + C.PARTS_SUFFIX, block_lines=BLOCK)
     assert (links > 0) == (rank == 0)             # rank 0 reports, the others return nothing
@@ -232,14 +233,15 @@ def test_align_bitext_under_a_process_group_shards_blocks_and_rank_0_writes(run_
     import torch
     import torch.multiprocessing as mp
 
-    from aligner.corpus_alignment import align_bitext
+    from aligner.corpus_alignment import Extraction, align_bitext
     from aligner.formats import open_bitext
 
     model = str(run_corpus["tmp"] / "ref-model")
     src, tgt = str(run_corpus["src"]), str(run_corpus["tgt"])
     ref = str(tmp_path / "ref.txt")
-    align_bitext(model, open_bitext(src, tgt), torch.device("cpu"), "hmm-posterior", 0,
-                 "soft-average", 0.55, {"soft-average": ref, "fwd": ref + ".fwd"},
+    align_bitext(Extraction.load(model, torch.device("cpu"), "hmm-posterior", "soft-average",
+                                 0.55), open_bitext(src, tgt),
+                 {"soft-average": ref, "fwd": ref + ".fwd"},
                  quiet=True, parts=ref + C.PARTS_SUFFIX, block_lines=BLOCK)
     out = str(tmp_path / "dist.txt")
     mp.spawn(_align_bitext_worker, args=(2, _free_port(), model, src, tgt, out), nprocs=2,

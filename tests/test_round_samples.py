@@ -182,7 +182,7 @@ def test_a_guide_leaves_the_lines_training_skips_unaligned(tmp_path, corpus):
     the filter gives (aligner.corpus_alignment.align_bitext of round 1's model)."""
     import torch
 
-    from aligner.corpus_alignment import align_bitext
+    from aligner.corpus_alignment import Extraction, align_bitext
     from aligner.training import recipe
 
     src, tgt, sources, targets = corpus
@@ -192,9 +192,10 @@ def test_a_guide_leaves_the_lines_training_skips_unaligned(tmp_path, corpus):
             "--max-updates", "60", "--seed", "5", *TRAIN_TINY, "--max-len", "4")
     guide = read_pharaoh(str(model / "rounds" / "1" / "links.align"))
     unfiltered = tmp_path / "unfiltered.align"
-    align_bitext(str(model / "rounds" / "1"), Bitext(sources, targets, str(src), str(tgt)),
-                 torch.device("cpu"), "hmm-posterior", 0, recipe.HEURISTIC,
-                 recipe.SELF_GUIDE_THRESHOLD, {recipe.HEURISTIC: str(unfiltered)}, quiet=True)
+    align_bitext(Extraction.load(str(model / "rounds" / "1"), torch.device("cpu"),
+                                 "hmm-posterior", recipe.HEURISTIC, recipe.SELF_GUIDE_THRESHOLD),
+                 Bitext(sources, targets, str(src), str(tgt)),
+                 {recipe.HEURISTIC: str(unfiltered)}, quiet=True)
     every_line = read_pharaoh(str(unfiltered))
     longer = [k for k in range(20) if max(len(sources[k]), len(targets[k])) > 4]
     assert 0 < len(longer) < 20 and len(guide) == len(every_line) == 20

@@ -1,7 +1,8 @@
 """`align extract`: word alignments of sentence pairs from a trained model directory.
 
-Only parses options and writes the result; the work is aligner.inference. torch is imported
-inside the command function.
+Only parses options, resolves the extraction (aligner.corpus_alignment.Extraction) and writes
+the result; the work is aligner.corpus_alignment's, the path every whole-bitext alignment takes
+(aligner/streaming.py for a pipe). torch is imported inside the command function.
 """
 from __future__ import annotations
 
@@ -162,18 +163,17 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     """
     import time
 
-    from aligner import inference
-    from aligner import link_probs as link_probs_module
     from aligner import streaming
-    from aligner.blocks import align_in_blocks, bitext_identity, parts_folder
-    from aligner.combine import combine, needs_soft
+    from aligner.blocks import parts_folder
+    from aligner.combine import needs_soft
+    from aligner.corpus_alignment import PROBS, Extraction, align_bitext
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
-    from aligner.formats import format_links, open_bitext, read_bitext
-    from aligner.inference import extract
+    from aligner.formats import open_bitext, read_bitext
+    from aligner.link_probs import output_lines
     from aligner.log import setup_logging
-    from aligner.model_dir import LoadedModelDir, model_checksums
+    from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.streaming import AlignRun, stream_extract
+    from aligner.streaming import stream_extract
 
     ranks = torchrun_world_size()
     is_main = ranks == 1 or int(os.environ.get("RANK", "0")) == 0
@@ -234,83 +234,33 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         or needs_soft(heuristic),
                         f"--threshold is the threshold of -H soft-average, and this model's "
                         f"default heuristic is {heuristic}: give -H soft-average too")
-        n_pairs = n_links = 0
-        scored = link_probs is not None or inline_probs
-        run = AlignRun(loaded, method, direction, heuristic, threshold, max_tokens,
-                       torch_device, options)
+        extraction = Extraction(loaded, method, direction, heuristic, threshold,
+                                torch_device, options, max_tokens)
         with autocast_context(precision, torch_device):
             if stream:   # pairs as they arrive, each batch written and flushed at once
-                n_pairs, n_links = stream_extract(run, source, target, joint, output,
+                n_pairs, n_links = stream_extract(extraction, source, target, joint, output,
                                                   link_probs, inline_probs, stream_wait)
-            elif soft is None:   # block by block: the output grows, memory does not
-                # one pair of direction workers for every block
-                with inference.DirectionWorkers() as workers:
-                    def align_block(block):
-                        links, matrices = run.align(block, scored, parallel=workers)
-                        if scored:
-                            lines, numbers = link_probs_module.output_lines(
-                                links, matrices, direction, heuristic, inline_probs)
-                        else:
-                            lines = [format_links(line) + "\n" for line in links]
-                            numbers = None
-                        return ({"out": lines, "probs": numbers},
-                                {"links": sum(map(len, links))})
-
-                    record = {"model": model_checksums(model_dir, directions, checkpoint),
-                              "input": bitext_identity(bitext), "method": method,
-                              "options": options, "direction": direction,
-                              "heuristic": heuristic, "threshold": threshold,
-                              "precision": precision, "inline_probs": inline_probs,
-                              "max_tokens": max_tokens
-                              or inference.default_max_tokens(torch_device)}
-                    metas = align_in_blocks(
-                        bitext, block_lines or inference.BLOCK_LINES,
-                        {"out": output, "probs": link_probs}, align_block, parts, record,
-                        resume, overwrite, progress=not quiet)
-                if metas is not None:
-                    n_pairs = sum(meta["lines"] for meta in metas)
-                    n_links = sum(meta["links"] for meta in metas)
-            else:   # the .npz holds every matrix: the whole bitext at once
-                matrices = soft_matrices(loaded, bitext, method, directions, max_tokens,
-                                         torch_device, options, progress=not quiet)
-                by_direction = {d: [matrices[f"{d}_{k}"] for k in range(len(bitext))]
-                                for d in directions}
-                if direction == "both" and needs_soft(heuristic):
-                    # the matrices --soft writes are the ones soft-average combines: one pass
-                    alignments = combine(heuristic, threshold, soft=by_direction)
-                else:
-                    alignments = extract(loaded, bitext, method, direction, heuristic,
-                                         max_tokens, torch_device, options, threshold,
-                                         progress=not quiet, parallel=True)
-                if scored:
-                    lines, numbers = link_probs_module.output_lines(
-                        alignments, by_direction, direction, heuristic, inline_probs)
-                else:
-                    lines, numbers = None, None
-                write_results(output, alignments, soft, matrices, lines, link_probs, numbers)
-                n_pairs, n_links = len(alignments), sum(map(len, alignments))
+            else:   # block by block (the output grows, memory does not); --soft: one block
+                _, kept, n_links = align_bitext(
+                    extraction, bitext, {extraction.main: output, PROBS: link_probs},
+                    inline_probs=inline_probs, keep_soft=soft is not None, quiet=quiet,
+                    precision=precision, parts=parts, resume=resume, overwrite=overwrite,
+                    block_lines=block_lines, checkpoint=checkpoint)
+                n_pairs = len(bitext)
+                if kept is not None:   # the .npz holds every matrix: written with -o
+                    alignments = kept.pop("alignments")
+                    lines = numbers = None
+                    if link_probs is not None or inline_probs:
+                        by_direction = {d: [kept[f"{d}_{k}"] for k in range(n_pairs)]
+                                        for d in extraction.directions}
+                        lines, numbers = output_lines(alignments, by_direction, direction,
+                                                      heuristic, inline_probs)
+                    write_results(output, alignments, soft, kept, lines, link_probs, numbers)
     if is_main:
         logger.info("aligned %d sentence pairs (%s, %s%s, %s): %d links in %.1fs", n_pairs,
                     method, direction,
                     f", {heuristic}" if direction == "both" else "",
                     precision, n_links, time.time() - start)
-
-
-def soft_matrices(loaded, bitext, method: str, directions, max_tokens: Optional[int], device,
-                  options, progress: bool = False) -> Dict[str, Any]:
-    """Soft alignment matrices of every line and direction, named as in the --soft .npz file.
-
-    Array ``"{direction}_{k}"``: float32 (source words, target words) for input line k
-    (0-based); see aligner.inference.soft_alignments for the normalization.
-    """
-    from aligner.inference import encode_bitext, soft_alignments_by_direction
-
-    pairs = encode_bitext(loaded, bitext)
-    by_direction = soft_alignments_by_direction(loaded.models, pairs, directions, method,
-                                                max_tokens, device, options, progress,
-                                                parallel=True)
-    return {f"{direction}_{k}": m for direction in directions
-            for k, m in enumerate(by_direction[direction])}
 
 
 def check_link_probs(link_probs: Optional[str], output: str, soft: Optional[str]) -> None:

@@ -125,7 +125,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             quiet: bool) -> None:
     """`align run` (its help: :data:`HELP`)."""
     from aligner.cli.extract import write_results
-    from aligner.corpus_alignment import align_bitext
+    from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.log import setup_logging
@@ -210,17 +210,20 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             reports = context.is_main   # torchrun: rank 0 writes the outputs and reports
             trained = train_rounds(request, plan)
             aligning = time.time()
+            parts = os.path.join(model_dir, C.ALIGNMENT_PARTS)
             gold_rows, matrices, links = align_bitext(
-                model_dir, bitext,
-                resolve_device(device, context.local_rank, context.local_world_size),
-                recipe.METHOD, shortlist, heuristic, threshold,
-                {heuristic: output, "fwd": forward_links, "rev": reverse_links}, gold_lines,
-                keep_soft=soft is not None, quiet=quiet, precision=precision,
+                Extraction.load(model_dir, resolve_device(device, context.local_rank,
+                                                          context.local_world_size),
+                                recipe.METHOD, heuristic, threshold,
+                                shortlist_options(shortlist)),
+                bitext, {heuristic: output, "fwd": forward_links, "rev": reverse_links},
+                gold_lines=gold_lines, keep_soft=soft is not None, quiet=quiet,
+                precision=precision,
                 # the finished blocks, kept until the outputs are written: --resume goes on
                 # from the first unfinished one (a run without --resume starts in a model
                 # directory of its own, where such a folder can only be stale)
-                parts=os.path.join(model_dir, C.ALIGNMENT_PARTS), resume=resume,
-                overwrite=not resume, block_lines=block_lines)
+                parts=parts, resume=resume, overwrite=not resume, block_lines=block_lines,
+                anew=f"remove {parts} to align anew")
             if matrices is not None:
                 write_results(output, matrices.pop("alignments"), soft, matrices)
             seconds = {"training": trained.training_seconds,

@@ -39,7 +39,7 @@ from typing import Dict, Tuple
 
 from aligner import constants as C
 from aligner.config import RunConfig
-from aligner.corpus_alignment import align_bitext
+from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.distributed import DistributedContext, distributed, resolve_device
 from aligner.model_dir import (BASE_DIR, GUIDE_DIR, check_new_run, config_path, holds_run,
                                load_preprocessing, remove_run_files, run_entries)
@@ -160,11 +160,13 @@ def train_guide(request: TrainRequest, context: DistributedContext) -> TrainRequ
     if not os.path.isfile(links):
         device = resolve_device(request.train_config.device, context.local_rank,
                                 context.local_world_size)
-        align_bitext(folder, request.bitext, device, recipe.METHOD, plan.shortlist,
-                     plan.heuristic, plan.output_threshold, {plan.heuristic: links},
+        align_bitext(Extraction.load(folder, device, recipe.METHOD, plan.heuristic,
+                                     plan.output_threshold, shortlist_options(plan.shortlist)),
+                     request.bitext, {plan.heuristic: links},
                      quiet=request.quiet or not context.is_main,
                      precision=request.train_config.precision, parts=links + C.PARTS_SUFFIX,
-                     resume=True, description="guide")
+                     resume=True, description="guide",
+                     anew=f"remove {links + C.PARTS_SUFFIX} to align anew")
     context.barrier()
     return dataclasses.replace(request, recipe_guide=False,
                                data_config=dataclasses.replace(request.data_config, guide=links))

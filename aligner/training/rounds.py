@@ -57,7 +57,7 @@ from aligner import constants as C
 from aligner import faults
 from aligner.combine import combine
 from aligner.config import RunConfig
-from aligner.corpus_alignment import align_bitext
+from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.distributed import DistributedContext, distributed, resolve_device
 from aligner.formats import write_pharaoh
 from aligner.log import setup_logging
@@ -407,10 +407,10 @@ def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, d
     aligning = time.time()
     faults.reached("guide-alignment")
     path = guide_path(request.model_dir, round_number)
-    align_bitext(round_dir(request.model_dir, round_number),
-                 training_lines(request, plan, round_number + 1), device,
-                 model_class(request.model_kind).METHODS[0], plan.shortlist, plan.heuristic,
-                 plan.guide_threshold, {plan.heuristic: path},
+    align_bitext(Extraction.load(round_dir(request.model_dir, round_number), device,
+                                 model_class(request.model_kind).METHODS[0], plan.heuristic,
+                                 plan.guide_threshold, shortlist_options(plan.shortlist)),
+                 training_lines(request, plan, round_number + 1), {plan.heuristic: path},
                  quiet=request.quiet or not context.is_main,
                  precision=request.train_config.precision, parts=path + C.PARTS_SUFFIX,
                  resume=True, stale="discard", block_lines=plan.block_lines or None,
