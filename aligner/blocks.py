@@ -37,7 +37,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from aligner import constants as C
 from aligner import faults
@@ -229,7 +229,9 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
                     align_block: Callable[[Any], BlockResult], folder: Optional[str],
                     record: Dict[str, Any], resume: bool = False, overwrite: bool = False,
                     progress: bool = True, description: str = "align", stale: str = "refuse",
-                    anew: str = "give the same ones, or --overwrite to start anew"
+                    anew: str = "give the same ones, or --overwrite to start anew",
+                    map_blocks: Optional[Callable[[Iterator[Tuple[int, Any]]],
+                                                  Iterator[Tuple[int, BlockResult]]]] = None
                     ) -> Optional[List[Dict[str, Any]]]:
     """Align `bitext` block by block (``block_lines`` lines) with `align_block` and write
     each output of `outputs` ({name: file, '-' = stdout; None: not written}) in input order.
@@ -244,7 +246,10 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
 
     Under torch.distributed each rank aligns the blocks i with i % world_size == rank; rank
     0 writes the outputs. Returns every block's meta in input order (on rank 0; None on the
-    other ranks, which write nothing but their parts).
+    other ranks, which write nothing but their parts). `map_blocks`: aligns the (index,
+    block) pairs to do, giving (index, its result) in their order, instead of `align_block`
+    one after the other in this process (aligner.corpus_alignment.BlockProcesses; with a
+    parts folder only).
     """
     rank, world, distributed = process_group()
     if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1 \
@@ -270,7 +275,7 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
     _broadcast_error(error, distributed)
     try:
         return _align_blocks(bitext, block_lines, outputs, align_block, folder, names, rank,
-                             world, distributed, progress, description)
+                             world, distributed, progress, description, map_blocks)
     finally:
         if lock is not None:
             from aligner.model_dir import release_lock
@@ -280,8 +285,8 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
 
 def _align_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
                   align_block: Callable[[Any], BlockResult], folder: str, names: List[str],
-                  rank: int, world: int, distributed: bool, progress: bool, description: str
-                  ) -> Optional[List[Dict[str, Any]]]:
+                  rank: int, world: int, distributed: bool, progress: bool, description: str,
+                  map_blocks=None) -> Optional[List[Dict[str, Any]]]:
     """The blocks of :func:`align_in_blocks` in a prepared parts folder: this rank's
     unfinished ones aligned into their parts, then (rank 0) the outputs written."""
     from aligner.formats import bitext_blocks
@@ -295,17 +300,18 @@ def _align_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
                     len(done), n_blocks)
     with _progress(n_lines, sum(sizes[k] for k in done), description,
                    progress and rank == 0) as bar:
-        for index, block in enumerate(bitext_blocks(bitext, block_lines,
-                                                    bitext.source_name, bitext.target_name)):
-            if index % world != rank or index in done:
-                continue
-            lines, meta = align_block(block)
+        todo = ((index, block) for index, block in enumerate(
+            bitext_blocks(bitext, block_lines, bitext.source_name, bitext.target_name))
+            if index % world == rank and index not in done)
+        results = (map_blocks(todo) if map_blocks is not None
+                   else ((index, align_block(block)) for index, block in todo))
+        for index, (lines, meta) in results:
             for name in names:
                 with atomic_output(os.path.join(folder, _block_name(index, name))) as out:
                     out.writelines(lines[name])
             with atomic_output(_meta_path(folder, index)) as out:
-                json.dump(dict(meta, lines=len(block)), out)
-            del block, lines
+                json.dump(dict(meta, lines=sizes[index]), out)
+            del lines
             faults.reached("alignment-block")
             if world == 1:
                 bar.update(sizes[index])

@@ -18,9 +18,12 @@ next is read, so memory does not grow with the corpus (but with ``keep_soft``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -30,6 +33,8 @@ from aligner.data import EncodedPair, filtered_out
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import DataConfig
     from aligner.model_dir import LoadedModelDir
+
+logger = logging.getLogger(__name__)
 
 Link = Tuple[int, int]
 #: the output of :func:`align_bitext` that holds each main link's probability (the lines of
@@ -63,13 +68,14 @@ class Extraction:
     @classmethod
     def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
              options: Optional[Dict[str, Any]] = None, direction: str = "both",
-             checkpoint: str = "best") -> "Extraction":
+             checkpoint: str = "best", max_tokens: Optional[int] = None) -> "Extraction":
         """The model directory's `checkpoint` weights of the directions used, on `device`."""
         from aligner.model_dir import LoadedModelDir
 
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
-        return cls(loaded, method, direction, heuristic, threshold, device, options or {})
+        return cls(loaded, method, direction, heuristic, threshold, device, options or {},
+                   max_tokens)
 
     @property
     def directions(self) -> Tuple[str, ...]:
@@ -164,6 +170,139 @@ def encode_block(extraction: Extraction, block, trained_by: Optional["DataConfig
             for pair in pairs]
 
 
+@dataclass
+class BlockJob:
+    """What every block of one :func:`align_bitext` is aligned with, besides the extraction:
+    the output names of :func:`lines_of_block`, `inline`, the 0-based input lines whose
+    links are wanted (`gold_lines`) and the training filters `trained_by`
+    (:func:`encode_block`)."""
+
+    names: List[str]
+    inline: bool
+    gold_lines: range
+    trained_by: Optional["DataConfig"]
+
+    def gold_names(self, extraction: Extraction) -> List[str]:
+        """The outputs whose links of the gold lines are returned: fwd and rev (both
+        directions) and the main one."""
+        return [name for name in ("fwd", "rev", extraction.main)
+                if name == extraction.main or extraction.direction == "both"]
+
+    def align(self, extraction: Extraction, block, keep_soft: bool = False,
+              workers: Any = False) -> Tuple[Dict[str, List[str]], Dict[str, Any], Any]:
+        """One block: (its lines per output name, its meta: the main output's number of links
+        and the gold lines' links, (its main links, its soft matrices by direction))."""
+        first = block.first_line - 1                 # 0-based input line of the block's 0
+        pairs = encode_block(extraction, block, self.trained_by)
+        gold_here = [k - first for k in self.gold_lines if first <= k < first + len(pairs)]
+        lines, hard, soft = lines_of_block(extraction, pairs, self.names, self.inline,
+                                           gold_here, keep_soft, workers)
+        gold = {name: [sorted(hard[name][k]) for k in gold_here]
+                for name in self.gold_names(extraction)}
+        meta = {"links": sum(map(len, hard[extraction.main])), "gold": gold}
+        return lines, meta, (hard[extraction.main], soft)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+def block_processes(asked: int, device: Any, n_blocks: int) -> int:
+    """How many processes align the blocks of one bitext: `asked` (--processes; 0 = every
+    core), at most one per block; 1 (this process, with a pair of direction workers) on a GPU,
+    under torch.distributed (the ranks share the blocks out already) and for one block."""
+    from aligner.blocks import process_group
+
+    if device.type != "cpu" or process_group()[2] or n_blocks < 2:
+        return 1
+    return max(1, min(asked or cpu_cores(), n_blocks))
+
+
+#: the extraction and job of a block process (:class:`BlockProcesses`), set at its start
+_BLOCK_WORKER: Dict[str, Any] = {}
+
+
+def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any],
+                        job: BlockJob, threads: int, autocast: Any, quiet: bool) -> None:
+    """Initializer of a block process: the direction workers' start (allocator, SIGTERM),
+    the console logging, `threads` torch threads, and the model directory loaded on the CPU
+    (the same weights as the parent's: its checksums are in the parts record)."""
+    import torch
+
+    from aligner.inference import _direction_worker_start
+    from aligner.log import setup_logging
+
+    _direction_worker_start()
+    setup_logging(quiet=quiet)
+    torch.set_num_threads(threads)
+    extraction = Extraction.load(model_dir, torch.device("cpu"), checkpoint=checkpoint,
+                                 **settings)
+    _BLOCK_WORKER.update(extraction=extraction, job=job, autocast=autocast)
+
+
+def _align_block_in_worker(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
+    """Body of a block process: one block's lines and meta (:meth:`BlockJob.align`)."""
+    import torch
+
+    autocast = _BLOCK_WORKER["autocast"]
+    with (torch.autocast("cpu", dtype=autocast) if autocast is not None
+          else contextlib.nullcontext()):
+        lines, meta, _ = _BLOCK_WORKER["job"].align(_BLOCK_WORKER["extraction"], block)
+    return lines, meta
+
+
+class BlockProcesses:
+    """`processes` "spawn" processes that align whole blocks, each with its share of this
+    process's torch threads (at least 1): every core of a CPU at work on a corpus of several
+    blocks, where the two direction workers of one block at a time stop at two
+    (:func:`block_processes`). :meth:`map` keeps at most two blocks per process in flight, so
+    memory does not grow with the corpus, and gives the results in input order; a block
+    gives the same lines as in this process with as many threads."""
+
+    def __init__(self, extraction: Extraction, job: BlockJob, processes: int,
+                 checkpoint: str, quiet: bool) -> None:
+        import multiprocessing
+
+        import torch
+
+        from aligner.precision import active_autocast_dtype
+
+        settings = dict(method=extraction.method, heuristic=extraction.heuristic,
+                        threshold=extraction.threshold, options=extraction.options,
+                        direction=extraction.direction, max_tokens=extraction.max_tokens)
+        self.processes = processes
+        threads = max(1, torch.get_num_threads() // processes)
+        self._pool = multiprocessing.get_context("spawn").Pool(
+            processes, initializer=_block_worker_start,
+            initargs=(extraction.loaded.path, checkpoint, settings, job, threads,
+                      active_autocast_dtype("cpu"), quiet))
+
+    def map(self, blocks):
+        """(index, (lines, meta)) of every (index, block) of `blocks`, in their order."""
+        pending: Deque[Tuple[int, Any]] = collections.deque()
+        for index, block in blocks:
+            pending.append((index, self._pool.apply_async(_align_block_in_worker, (block,))))
+            if len(pending) >= 2 * self.processes:
+                index, result = pending.popleft()
+                yield index, result.get()
+        while pending:
+            index, result = pending.popleft()
+            yield index, result.get()
+
+    def __enter__(self) -> "BlockProcesses":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        if exc_type is not None:
+            self._pool.terminate()
+        self._pool.close()
+        self._pool.join()
+
+
 def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str]],
                  inline_probs: bool = False, gold_lines: range = range(0),
                  keep_soft: bool = False, quiet: bool = False, precision: str = "fp32",
@@ -171,7 +310,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
                  stale: str = "refuse", block_lines: Optional[int] = None,
                  description: str = "align", trained_by: Optional["DataConfig"] = None,
                  checkpoint: str = "best",
-                 anew: str = "give the same ones, or --overwrite to start anew"
+                 anew: str = "give the same ones, or --overwrite to start anew",
+                 processes: int = 0
                  ) -> Tuple[Dict[str, List[Set[Link]]], Optional[Dict[str, Any]], int]:
     """Align every line of `bitext` (a Bitext, BitextFiles or SampledBitext) with
     `extraction`, block by block (`block_lines`, default inference.BLOCK_LINES; one block
@@ -180,7 +320,9 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     :func:`lines_of_block`, `inline_probs` its `inline`). `precision`: of the extraction
     (aligner/precision.py; ``auto``: bf16 on CUDA with native bfloat16, else fp32);
     `checkpoint`: the weights the extraction loaded (for the parts record); `anew`: what a
-    refused --resume tells the user to do (aligner/blocks.py).
+    refused --resume tells the user to do (aligner/blocks.py). `processes`: how many
+    processes align the blocks on a CPU (0 = every core; :func:`block_processes`), each
+    block's lines the same whatever the number.
 
     `parts`: the parts folder that keeps each finished block (aligner/blocks.py; not with
     `keep_soft`), with `resume` / `overwrite` / `stale` as there: a run cut off goes on from
@@ -201,26 +343,23 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     from aligner.precision import autocast_context, resolve_precision
 
     main, device = extraction.main, extraction.device
-    gold_names = [name for name in ("fwd", "rev", main)
-                  if name == main or extraction.direction == "both"]
-    gold_rows: Dict[str, List[Set[Link]]] = {name: [] for name in gold_names}
+    gold_rows: Dict[str, List[Set[Link]]] = {
+        name: [] for name in BlockJob([], False, gold_lines, None).gold_names(extraction)}
     kept: Dict[str, Any] = {"alignments": []} if keep_soft else {}
     paths = {name: path for name, path in outputs.items()
              if path is not None and not (keep_soft and name in (main, PROBS))}
     size = max(1, len(bitext)) if keep_soft else (block_lines or inference.BLOCK_LINES)
 
+    job = BlockJob(list(paths), inline_probs, gold_lines, trained_by)
+
     def align_block(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
-        first = block.first_line - 1                 # 0-based input line of the block's 0
-        pairs = encode_block(extraction, block, trained_by)
-        gold_here = [k - first for k in gold_lines if first <= k < first + len(pairs)]
-        lines, hard, soft = lines_of_block(extraction, pairs, list(paths), inline_probs,
-                                        gold_here, keep_soft, workers)
+        lines, meta, (links, soft) = job.align(extraction, block, keep_soft, workers)
         if keep_soft:
+            first = block.first_line - 1
             kept.update({f"{d}_{first + k}": m for d, matrices in soft.items()
                          for k, m in enumerate(matrices)})
-            kept["alignments"].extend(hard[main])
-        gold = {name: [sorted(hard[name][k]) for k in gold_here] for name in gold_names}
-        return lines, {"links": sum(map(len, hard[main])), "gold": gold}
+            kept["alignments"].extend(links)
+        return lines, meta
 
     record = {"model": model_checksums(extraction.loaded.path, extraction.directions,
                                        checkpoint),
@@ -233,13 +372,22 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "gold lines": [gold_lines.start, gold_lines.stop]}
     if trained_by is not None:
         record["skipped as training skips"] = [trained_by.max_len, trained_by.max_ratio]
+    # (without a parts folder the lines go out as they come, one block after the other)
+    n_blocks = 1 if keep_soft or parts is None else -(-len(bitext) // size)
+    processes = block_processes(processes, device, n_blocks)
     with contextlib.ExitStack() as stack:
         stack.enter_context(autocast_context(precision, device))
-        workers = stack.enter_context(inference.DirectionWorkers())   # one pair for all blocks
+        if processes > 1:   # whole blocks in processes of their own, every core at work
+            logger.info("%s: %d blocks of %d lines in %d processes", description, n_blocks,
+                        size, processes)
+            workers, pool = False, stack.enter_context(
+                BlockProcesses(extraction, job, processes, checkpoint, quiet))
+        else:   # one block at a time, its two directions in a pair of worker processes
+            workers, pool = stack.enter_context(inference.DirectionWorkers()), None
         metas = align_in_blocks(bitext, size, paths, align_block,
                                 None if keep_soft else parts, record, resume, overwrite,
                                 progress=not quiet, description=description, stale=stale,
-                                anew=anew)
+                                anew=anew, map_blocks=pool.map if pool is not None else None)
     if metas is None:
         return gold_rows, None, 0
     for meta in metas:

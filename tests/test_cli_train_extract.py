@@ -118,7 +118,10 @@ def test_extract_in_blocks_equals_extract_at_once(tmp_path, corpus, monkeypatch)
         whole = run("extract", model, "-i", test, "-H", heuristic, "-q").stdout
         monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 3)
         out = tmp_path / f"{heuristic}.txt"
-        blocks = run("extract", model, "-i", test, "-H", heuristic, "-o", out)
+        # (one process: the warnings of block processes go to their own stderr, which
+        # tests/test_block_processes.py reads)
+        blocks = run("extract", model, "-i", test, "-H", heuristic, "-o", out,
+                     "--processes", "1")
         monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 50_000)
         assert out.read_text() == whole and len(whole.split("\n")) == 11
         assert "test.joint:8: an empty side" in blocks.stderr

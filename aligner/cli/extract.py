@@ -13,7 +13,8 @@ import click
 
 from aligner import constants as C
 from aligner.cli.options import (block_lines_option, checkpoint_option, device_option,
-                                 inference_precision_option, quiet_option, threads_option)
+                                 inference_precision_option, processes_option, quiet_option,
+                                 threads_option)
 from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
 from aligner.utils import (AlignerError, check_condition, check_distinct_files,
                            check_outside_model_dir, check_writable)
@@ -117,6 +118,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                    "batch's first pair for more pairs to join it (0: align what has "
                    "arrived at once).")
 @block_lines_option
+@processes_option
 @click.option("--resume", is_flag=True,
               help="Go on with the alignment that a cut-off run of this command left beside "
                    "-o FILE (FILE.parts: its finished blocks; the same model, input and "
@@ -137,7 +139,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float], output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
-            stream_wait: float, block_lines: Optional[int], resume: bool, overwrite: bool,
+            stream_wait: float, block_lines: Optional[int], processes: int, resume: bool,
+            overwrite: bool,
             checkpoint: str, max_tokens: Optional[int], device: str, precision: str,
             threads: int, quiet: bool) -> None:
     """Align the sentence pairs of -s/-t (or -i) with the model in MODEL_DIR.
@@ -245,7 +248,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                     extraction, bitext, {extraction.main: output, PROBS: link_probs},
                     inline_probs=inline_probs, keep_soft=soft is not None, quiet=quiet,
                     precision=precision, parts=parts, resume=resume, overwrite=overwrite,
-                    block_lines=block_lines, checkpoint=checkpoint)
+                    block_lines=block_lines, checkpoint=checkpoint, processes=processes)
                 n_pairs = len(bitext)
                 if kept is not None:   # the .npz holds every matrix: written with -o
                     alignments = kept.pop("alignments")

@@ -339,6 +339,16 @@ def block_lines_option(function):
              "torchrun, what one process aligns  [default: 10000]")(function)
 
 
+def processes_option(function):
+    """--processes of a whole-bitext alignment on a CPU
+    (aligner.corpus_alignment.block_processes)."""
+    return click.option(
+        "--processes", type=click.IntRange(min=0), default=0, show_default=True,
+        help="Processes that align the blocks of the bitext on a CPU, each with its share of "
+             "the threads (0 = one per core; at most one per block; the same output with any "
+             "number).")(function)
+
+
 def device_option(function):
     """--device of every command that runs a model (aligner.distributed.resolve_device)."""
     return click.option(

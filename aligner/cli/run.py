@@ -25,6 +25,7 @@ from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  block_lines_option, bpe_merges_option, deterministic_option,
+                                 processes_option,
                                  device_option, guide_options, lr_option, max_tokens_option,
                                  max_updates_option, model_dir_option, model_option_option,
                                  overwrite_option, precision_option, quiet_option,
@@ -100,6 +101,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 @model_option_option
 @max_tokens_option
 @block_lines_option
+@processes_option
 @lr_option
 @warmup_option
 @device_option
@@ -119,7 +121,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             fine_tune_share: float, final_agreement_weight: Optional[float], teacher: bool,
             max_updates: int,
             bpe_merges: Optional[int], max_len: Optional[int], model_option: Tuple[str, ...],
-            max_tokens: Optional[int], block_lines: Optional[int], lr: Optional[float],
+            max_tokens: Optional[int], block_lines: Optional[int], processes: int,
+            lr: Optional[float],
             warmup: Optional[int],
             device: str, precision: str, deterministic: bool, seed: int, threads: int,
             quiet: bool) -> None:
@@ -223,6 +226,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 # from the first unfinished one (a run without --resume starts in a model
                 # directory of its own, where such a folder can only be stale)
                 parts=parts, resume=resume, overwrite=not resume, block_lines=block_lines,
+                processes=processes,
                 anew=f"remove {parts} to align anew")
             if matrices is not None:
                 write_results(output, matrices.pop("alignments"), soft, matrices)
