@@ -29,6 +29,7 @@ import numpy as np
 
 from aligner import constants as C
 from aligner.data import EncodedPair, filtered_out
+from aligner.utils import AlignerError
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import DataConfig
@@ -213,13 +214,16 @@ def cpu_cores() -> int:
 
 def block_processes(asked: int, device: Any, n_blocks: int) -> int:
     """How many processes align the blocks of one bitext: `asked` (--processes; 0 = every
-    core), at most one per block; 1 (this process, with a pair of direction workers) on a GPU,
+    core this process has threads for: min(cores, torch threads)), at most one per block; 1 (this process, with a pair of direction workers) on a GPU,
     under torch.distributed (the ranks share the blocks out already) and for one block."""
     from aligner.blocks import process_group
 
+    import torch
+
     if device.type != "cpu" or process_group()[2] or n_blocks < 2:
         return 1
-    return max(1, min(asked or cpu_cores(), n_blocks))
+    # by default no more processes than this process's threads (--threads 4 on 64 cores: 4)
+    return max(1, min(asked or min(cpu_cores(), torch.get_num_threads()), n_blocks))
 
 
 #: the extraction and job of a block process (:class:`BlockProcesses`), set at its start
@@ -261,46 +265,70 @@ class BlockProcesses:
     blocks, where the two direction workers of one block at a time stop at two
     (:func:`block_processes`). :meth:`map` keeps at most two blocks per process in flight, so
     memory does not grow with the corpus, and gives the results in input order; a block
-    gives the same lines as in this process with as many threads."""
+    gives the same lines as in this process with as many threads.
+
+    A process that dies (the OOM killer) or cannot start (a model that does not load) ends
+    the alignment with one error instead of a wait for its block (concurrent.futures raises
+    BrokenProcessPool, where multiprocessing.Pool would start another and wait forever). A
+    SIGTERM inside the block stops the processes (utils.sigterm_raises), as an error does."""
 
     def __init__(self, extraction: Extraction, job: BlockJob, processes: int,
                  checkpoint: str, quiet: bool) -> None:
+        import concurrent.futures
         import multiprocessing
 
         import torch
 
         from aligner.precision import active_autocast_dtype
+        from aligner.utils import sigterm_raises
 
         settings = dict(method=extraction.method, heuristic=extraction.heuristic,
                         threshold=extraction.threshold, options=extraction.options,
                         direction=extraction.direction, max_tokens=extraction.max_tokens)
         self.processes = processes
         threads = max(1, torch.get_num_threads() // processes)
-        self._pool = multiprocessing.get_context("spawn").Pool(
-            processes, initializer=_block_worker_start,
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(sigterm_raises())   # `kill` of this process stops them too
+        self._executor = concurrent.futures.ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_block_worker_start,
             initargs=(extraction.loaded.path, checkpoint, settings, job, threads,
                       active_autocast_dtype("cpu"), quiet))
 
     def map(self, blocks):
         """(index, (lines, meta)) of every (index, block) of `blocks`, in their order."""
+        from concurrent.futures.process import BrokenProcessPool
+
         pending: Deque[Tuple[int, Any]] = collections.deque()
+
+        def oldest() -> Tuple[int, Any]:
+            index, future = pending.popleft()
+            try:
+                return index, future.result()
+            except BrokenProcessPool:
+                raise AlignerError(f"a block process ended before its block {index} was "
+                                   f"aligned (out of memory? try --processes 1 or fewer "
+                                   f"--threads)") from None
+
         for index, block in blocks:
-            pending.append((index, self._pool.apply_async(_align_block_in_worker, (block,))))
+            pending.append((index, self._executor.submit(_align_block_in_worker, block)))
             if len(pending) >= 2 * self.processes:
-                index, result = pending.popleft()
-                yield index, result.get()
+                yield oldest()
         while pending:
-            index, result = pending.popleft()
-            yield index, result.get()
+            yield oldest()
 
     def __enter__(self) -> "BlockProcesses":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
-        if exc_type is not None:
-            self._pool.terminate()
-        self._pool.close()
-        self._pool.join()
+        try:
+            if exc_type is not None:   # stop the blocks in flight instead of waiting for them
+                for process in list((getattr(self._executor, "_processes", None)
+                                     or {}).values()):
+                    process.terminate()
+            self._executor.shutdown(wait=True, cancel_futures=exc_type is not None)
+        finally:
+            self._signals.close()
 
 
 def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str]],

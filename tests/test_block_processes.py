@@ -23,11 +23,52 @@ SAMPLE = ROOT / "data" / "sample"
 def test_block_processes_one_per_core_at_most_one_per_block(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(corpus_alignment, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     assert corpus_alignment.block_processes(0, cpu, 41) == 16     # every core
     assert corpus_alignment.block_processes(0, cpu, 5) == 5       # at most one per block
     assert corpus_alignment.block_processes(3, cpu, 41) == 3      # as asked
     assert corpus_alignment.block_processes(0, cpu, 1) == 1       # one block: this process
     assert corpus_alignment.block_processes(0, gpu, 41) == 1      # a GPU: this process
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)     # --threads 4
+    assert corpus_alignment.block_processes(0, cpu, 41) == 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_block_process_killed_ends_the_alignment_in_one_line(tmp_path):
+    """SIGKILL of one block process (as the OOM killer would): the command ends with one
+    error line and a non-zero status instead of waiting for the lost block forever; the
+    finished blocks stay for --resume."""
+    import signal
+    import time
+
+    from test_faults import _cmdline, _descendants
+
+    model, _, _ = make_model_dir(tmp_path)
+    sources, targets, _ = monotone_corpus(2000, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "corpus", sources, targets)
+    out = tmp_path / "out"
+    process = subprocess.Popen([*ALIGN, "extract", str(model), "-s", str(src), "-t", str(tgt),
+                                "-o", str(out), "--block-lines", "20", "--processes", "2",
+                                "-q"], env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("out.parts/block*.json")):
+            assert process.poll() is None, process.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.01)
+        workers = [pid for pid in _descendants(process.pid) if "spawn_main" in _cmdline(pid)]
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("align: error: "), stderr
+    assert "a block process ended" in lines[0]
+    assert not out.exists() and list(tmp_path.glob("out.parts/block*.json"))
 
 
 def _extract(model, src, tgt, out, processes, *more):
@@ -77,3 +118,43 @@ def test_align_run_in_two_processes_writes_the_one_process_bytes(tmp_path):
         outputs[processes] = [open(f"{out}.{name}", "rb").read()
                               for name in ("align", "fwd", "rev")]
     assert outputs[1] == outputs[2]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_of_extract_stops_its_block_processes(tmp_path):
+    """`kill PID` of align extract while its block processes work: one error line, a
+    non-zero status, and no block process left running (they would hold the model's memory
+    and finish their blocks for nobody)."""
+    import signal
+    import time
+
+    from test_faults import _cmdline, _descendants, _state
+
+    model, _, _ = make_model_dir(tmp_path)
+    sources, targets, _ = monotone_corpus(2000, seed=4)
+    src, tgt, _ = write_corpus(tmp_path, "corpus", sources, targets)
+    process = subprocess.Popen([*ALIGN, "extract", str(model), "-s", str(src), "-t", str(tgt),
+                                "-o", str(tmp_path / "out"), "--block-lines", "20",
+                                "--processes", "2", "-q"], env=ENV, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("out.parts/block*.json")):
+            assert process.poll() is None, process.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.01)
+        everything = _descendants(process.pid)
+        assert len([pid for pid in everything if "spawn_main" in _cmdline(pid)]) == 2
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode not in (0, -signal.SIGTERM), stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "terminated (SIGTERM)" in lines[0], stderr
+    deadline = time.time() + 10
+    while [pid for pid in everything if _state(pid) not in ("", "Z")] and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in everything if _state(pid) not in ("", "Z")]
