@@ -66,8 +66,10 @@ def test_a_block_process_killed_ends_the_alignment_in_one_line(tmp_path):
             process.wait()
     assert process.returncode == 1, stderr
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("align: error: "), stderr
-    assert "a block process ended" in lines[0]
+    assert lines[0].startswith("align: error: ") and "a block process ended" in lines[0], stderr
+    # a process killed by SIGKILL cannot give back a semaphore it held: Python's resource
+    # tracker may then warn about it at exit (its lines, not ours; none with SIGTERM)
+    assert all("resource_tracker" in line for line in lines[1:]), stderr
     assert not out.exists() and list(tmp_path.glob("out.parts/block*.json"))
 
 
