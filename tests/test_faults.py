@@ -13,6 +13,7 @@ import pytest
 from aligner import faults
 from aligner.utils import AlignerError
 from cli_runner import error_line, run
+import processes
 from conftest import ROOT, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
 
@@ -109,43 +110,6 @@ SAMPLE_TINY = ["-M", "d_model=16", "-M", "n_heads=2", "-M", "enc_layers=1", "-M"
                "--threads", "2", "-q"]
 
 
-def _descendants(pid):
-    """PIDs of the live processes below `pid` (Linux /proc), children first."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        below = parents.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
-def _state(pid):
-    """The one-letter state of `pid` ("" when gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 @pytest.mark.parametrize("stage", ["teacher", "final-alignment"])
 def test_sigterm_of_align_run_removes_its_temporary_model_and_its_workers(tmp_path, stage):
@@ -169,11 +133,10 @@ def test_sigterm_of_align_run_removes_its_temporary_model_and_its_workers(tmp_pa
         deadline = time.time() + 300
         workers = []
         while process.poll() is None and time.time() < deadline:
-            workers = [pid for pid in _descendants(process.pid)
-                       if "spawn_main" in _cmdline(pid)]
+            workers = processes.workers(process.pid)
             if stage == "teacher" and workers:
                 break
-            if stage == "final-alignment" and _state(process.pid) == "T":
+            if stage == "final-alignment" and processes.state(process.pid) == "T":
                 break
             time.sleep(0.1)
         assert process.poll() is None, process.stderr.read()
@@ -181,10 +144,8 @@ def test_sigterm_of_align_run_removes_its_temporary_model_and_its_workers(tmp_pa
         assert list(tmpdir.glob("align-run-*"))
         if stage == "teacher":
             time.sleep(1)   # inside the teacher's EM
-        everything = _descendants(process.pid)
-        process.send_signal(signal.SIGTERM)
-        process.send_signal(signal.SIGCONT)
-        _, stderr = process.communicate(timeout=120)
+        everything = processes.descendants(process.pid)
+        stderr = processes.terminate(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -195,7 +156,4 @@ def test_sigterm_of_align_run_removes_its_temporary_model_and_its_workers(tmp_pa
         "removed (give --model-dir to be able to resume)"], stderr
     assert not list(tmpdir.glob("align-run-*"))
     assert not output.exists()
-    deadline = time.time() + 10
-    while [pid for pid in everything if _state(pid) not in ("", "Z")] and time.time() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in everything if _state(pid) not in ("", "Z")]
+    assert not processes.left_running(everything)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from aligner import constants as C
 from aligner.cli import main
 from aligner.model_dir import load_checkpoint_file
+import processes
 from synthetic import monotone_corpus, write_corpus
 
 #: one training run each (--rounds 1; self-training rounds: tests/test_self_training.py)
@@ -107,40 +108,6 @@ def test_error_in_one_process_is_one_line(tmp_path, corpus):
     assert len(errors) == 1 and C.TRAINING_STATE in errors[0], result.output
 
 
-def _children(pid):
-    """PIDs of the live (not zombie) processes whose parent is `pid` (Linux /proc)."""
-    import os
-
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _alive(pid):
-    """Running (not a zombie, not gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
 def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
     """`kill PID` of `align train --parallel-directions`: one error line, exit 1, and no
@@ -158,15 +125,15 @@ def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
     workers = []
     while len(workers) < 2 and time.time() < deadline and process.poll() is None:
         time.sleep(0.5)   # the two direction processes (spawn also starts a resource tracker)
-        workers = [pid for pid in _children(process.pid) if "spawn_main" in _cmdline(pid)]
+        workers = [pid for pid in processes.children(process.pid)
+                   if "spawn_main" in processes.cmdline(pid)]
     assert len(workers) >= 2, process.stderr.read() if process.poll() is not None else workers
     time.sleep(2)         # inside training
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     assert "align: error: terminated (SIGTERM)" in stderr and "Traceback" not in stderr
-    time.sleep(1)
-    assert not [pid for pid in workers if _alive(pid)]
+    assert not processes.left_running(workers, wait=1)
 
 
 def test_directions_train_side_by_side_by_default_where_it_pays(monkeypatch):
