@@ -121,7 +121,8 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
     from aligner.link_probs import output_lines
 
     main, both = extraction.main, extraction.direction == "both"
-    scored = PROBS in names or inline
+    # the probabilities of the main links, where an output takes them
+    scored = PROBS in names or (inline and main in names)
     soft_main = both and needs_soft(extraction.heuristic)
     everything = range(len(pairs))
     # the hard links of each direction: of every line where an output takes them (its own
@@ -171,6 +172,13 @@ def encode_block(extraction: Extraction, block, trained_by: Optional["DataConfig
             for pair in pairs]
 
 
+def gold_names(extraction: Extraction) -> List[str]:
+    """The outputs whose links of the gold lines :func:`align_bitext` returns: fwd and rev
+    (both directions) and the main one."""
+    return [name for name in ("fwd", "rev", extraction.main)
+            if name == extraction.main or extraction.direction == "both"]
+
+
 @dataclass
 class BlockJob:
     """What every block of one :func:`align_bitext` is aligned with, besides the extraction:
@@ -183,12 +191,6 @@ class BlockJob:
     gold_lines: range
     trained_by: Optional["DataConfig"]
 
-    def gold_names(self, extraction: Extraction) -> List[str]:
-        """The outputs whose links of the gold lines are returned: fwd and rev (both
-        directions) and the main one."""
-        return [name for name in ("fwd", "rev", extraction.main)
-                if name == extraction.main or extraction.direction == "both"]
-
     def align(self, extraction: Extraction, block, keep_soft: bool = False,
               workers: Any = False) -> Tuple[Dict[str, List[str]], Dict[str, Any], Any]:
         """One block: (its lines per output name, its meta: the main output's number of links
@@ -199,7 +201,7 @@ class BlockJob:
         lines, hard, soft = lines_of_block(extraction, pairs, self.names, self.inline,
                                            gold_here, keep_soft, workers)
         gold = {name: [sorted(hard[name][k]) for k in gold_here]
-                for name in self.gold_names(extraction)}
+                for name in gold_names(extraction)}
         meta = {"links": sum(map(len, hard[extraction.main])), "gold": gold}
         return lines, meta, (hard[extraction.main], soft)
 
@@ -371,8 +373,7 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     from aligner.precision import autocast_context, resolve_precision
 
     main, device = extraction.main, extraction.device
-    gold_rows: Dict[str, List[Set[Link]]] = {
-        name: [] for name in BlockJob([], False, gold_lines, None).gold_names(extraction)}
+    gold_rows: Dict[str, List[Set[Link]]] = {name: [] for name in gold_names(extraction)}
     kept: Dict[str, Any] = {"alignments": []} if keep_soft else {}
     paths = {name: path for name, path in outputs.items()
              if path is not None and not (keep_soft and name in (main, PROBS))}
