@@ -234,20 +234,25 @@ _BLOCK_WORKER: Dict[str, Any] = {}
 
 def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any],
                         job: BlockJob, threads: int, autocast: Any, quiet: bool) -> None:
-    """Initializer of a block process: the direction workers' start (allocator, SIGTERM),
-    the console logging, `threads` torch threads, and the model directory loaded on the CPU
-    (the same weights as the parent's: its checksums are in the parts record)."""
+    """Initializer of a block process: the parent's allocator settings, the console logging,
+    `threads` torch threads, the model directory loaded on the CPU (the same weights as the
+    parent's: its checksums are in the parts record), then SIGTERM as in the direction
+    workers (aligner.inference._exit_on_sigterm). A SIGTERM while the model loads ends the
+    process on the spot, as it holds nothing then: raised as SystemExit inside this
+    initializer, concurrent.futures would print its traceback."""
     import torch
 
-    from aligner.inference import _direction_worker_start
+    from aligner.inference import _exit_on_sigterm
     from aligner.log import setup_logging
+    from aligner.malloc import keep_freed_memory
 
-    _direction_worker_start()
+    keep_freed_memory()
     setup_logging(quiet=quiet)
     torch.set_num_threads(threads)
     extraction = Extraction.load(model_dir, torch.device("cpu"), checkpoint=checkpoint,
                                  **settings)
     _BLOCK_WORKER.update(extraction=extraction, job=job, autocast=autocast)
+    _exit_on_sigterm()
 
 
 def _align_block_in_worker(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:

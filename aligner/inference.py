@@ -271,14 +271,13 @@ def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair]
                                torch.device("cpu"), options, progress)
 
 
-def _direction_worker_start() -> None:
-    """Initializer of a :class:`DirectionWorkers` process: the allocator settings of the
-    parent (aligner/malloc.py), and SIGTERM (the parent's Pool.terminate() after an error,
-    Ctrl-C or SIGTERM of its own) ends the process by SystemExit, so that multiprocessing's
-    clean-up runs: a process killed on the spot leaves its semaphores (tqdm's lock) to the
-    resource tracker, which warns about them at the parent's exit. Once the process is on its
-    way out (its pool told it to stop), SIGTERM is ignored: an exception raised in its exit
-    handlers would only print noise."""
+def _exit_on_sigterm() -> None:
+    """In a worker process: SIGTERM (the parent's terminate() after an error, Ctrl-C or
+    SIGTERM of its own) ends the process by SystemExit, so that multiprocessing's clean-up
+    runs: a process killed on the spot leaves its semaphores (tqdm's lock) to the resource
+    tracker, which warns about them at the parent's exit. Once the process is on its way out
+    (its pool told it to stop), SIGTERM is ignored: an exception raised in its exit handlers
+    would only print noise."""
     import signal
     import sys
     from multiprocessing.util import Finalize
@@ -287,10 +286,16 @@ def _direction_worker_start() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         sys.exit(1)
 
-    keep_freed_memory()
     signal.signal(signal.SIGTERM, stop)
     # the first of multiprocessing's exit handlers of this process
     Finalize(None, signal.signal, (signal.SIGTERM, signal.SIG_IGN), exitpriority=1000)
+
+
+def _direction_worker_start() -> None:
+    """Initializer of a :class:`DirectionWorkers` process: the allocator settings of the
+    parent (aligner/malloc.py) and :func:`_exit_on_sigterm`."""
+    keep_freed_memory()
+    _exit_on_sigterm()
 
 
 class DirectionWorkers:
