@@ -5,11 +5,12 @@ torch is listed without an upper bound. On a machine with a local CPU wheel, ins
 pull CUDA packages. GPU users install the torch build of their choice first in the same way.
 
 The floor, torch 2.4: the device-generic autocast queries torch.is_autocast_enabled(device_type)
-and torch.get_autocast_dtype(device_type) (aligner/models/direct_hmm.py, aligner/inference.py,
-aligner/translate.py) came with torch 2.4 (pytorch PR #124359; huggingface/transformers PR
-#43509 guards the same call for torch < 2.4); the rest of the package uses older API. Checked by
-running: the whole test suite passes on torch 2.4.1 (its PyPI wheel, on the CPU) and 2.13.0,
-and the CUDA tests (pytest -m cuda) on 2.11.0+cu130 on an H100 (eval/results/gpu_enfr.md).
+and torch.get_autocast_dtype(device_type) (aligner/models/direct_hmm.py,
+aligner/extract/inference.py, aligner/translate.py) came with torch 2.4 (pytorch PR #124359;
+huggingface/transformers PR #43509 guards the same call for torch < 2.4); the rest of the package
+uses older API. Checked by running: the whole test suite passes on torch 2.4.1 (its PyPI wheel, on
+the CPU) and 2.13.0, and the CUDA tests (pytest -m cuda) on 2.11.0+cu130 on an H100
+(eval/results/gpu_enfr.md).
 """
 import re
 from pathlib import Path

@@ -13,8 +13,8 @@ Example (a model directory written by ``align train``)::
     aligner.align_with_link_probs(["das Haus"], ["the house"], heuristic="soft-average")
     # [[((0, 0), (0.97,)), ((1, 1), (0.95,))]]           each link with its probability
 
-Everything runs through :mod:`aligner.inference` (the code path of ``align extract``), so the
-API and the command line give identical links. Indices are 0-based word positions of the
+Everything runs through :mod:`aligner.extract.inference` (the code path of ``align extract``), so
+the API and the command line give identical links. Indices are 0-based word positions of the
 (tokenized) input, always source–target, whatever the direction.
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Aligner:
         direction: "fwd", "rev" or "both" (both directions, combined by `heuristic`, one of
             intersect, union, grow-diag, grow-diag-final, grow-diag-final-and, or
             soft-average: links where the mean of the two directions' probabilities exceeds
-            `threshold`; see aligner.soft_symmetrize). Defaults as ``align extract``: what
+            `threshold`; see aligner.links.soft_symmetrize). Defaults as ``align extract``: what
             ``align run`` aligned with, for a model directory it trained; else the model
             kind's best heuristic (soft-average for hmm0/hmm1, grow-diag for the others) and
             threshold 0.5.
@@ -137,12 +137,12 @@ class Aligner:
         method's word-level soft alignment (for "fwd" every target column sums to 1 over the
         source words, for "rev" every source row sums to 1 over the target words — to the
         word's probability of being aligned, for a model with the empty word; see
-        :func:`aligner.inference.soft_alignments`). A pair that cannot be aligned (empty side,
-        too long for the model) gets zeros.
+        :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be aligned (empty
+        side, too long for the model) gets zeros.
         """
-        from aligner.combine import check_heuristic, combine, needs_soft
+        from aligner.extract.inference import align_pairs, encode_bitext, soft_alignments
         from aligner.formats import Bitext, check_same_length
-        from aligner.inference import align_pairs, encode_bitext, soft_alignments
+        from aligner.links.combine import check_heuristic, combine, needs_soft
         from aligner.precision import autocast_context
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
@@ -185,13 +185,13 @@ class Aligner:
                               ) -> List[List[Tuple[Link, Tuple[float, ...]]]]:
         """The links of every pair (as :meth:`align`, same arguments), each with its
         probability: per pair a list of ``((i, j), numbers)`` sorted by i then j, the numbers
-        ``align extract --link-probs`` writes (unrounded; see :mod:`aligner.link_probs`):
+        ``align extract --link-probs`` writes (unrounded; see :mod:`aligner.extract.link_probs`):
         ``(p,)`` with p = ``(p_fwd + p_rev) / 2`` for soft-average, the direction's own
         probability for ``direction="fwd"`` / ``"rev"``, and ``(p_fwd, p_rev)`` for a Moses
         heuristic (intersect, union, grow-diag, ...). The model stays loaded: call it for
         each new list of pairs.
         """
-        from aligner.link_probs import link_numbers
+        from aligner.extract.link_probs import link_numbers
 
         heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
         aligned = self.align(src, tgt, method, direction, heuristic, True, max_tokens,

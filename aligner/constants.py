@@ -24,11 +24,11 @@ PARAMS_LAST = "params.last.pt"
 TRAINING_STATE = "training_state.pt"
 METRICS_NAME = "metrics.tsv"
 LOG_NAME = "train.log"
-#: the run record: the command, inputs and seconds of each stage (aligner/run_record.py)
+#: the run record: the command, inputs and seconds of each stage (aligner/training/run_record.py)
 RUN_RECORD_NAME = "run.json"
 #: the parts folder of `align run`'s final alignment: each finished block's output lines,
 #: kept until the outputs are complete, so that --resume goes on from the first unfinished
-#: block (aligner/blocks.py)
+#: block (aligner/extract/blocks.py)
 ALIGNMENT_PARTS = "alignment.parts"
 #: the parts folder of another alignment is its output's name plus this (`align extract -o
 #: FILE`: FILE.parts; a self-training guide: MODEL_DIR/rounds/N/links.align.parts)
@@ -44,7 +44,8 @@ ROUND_SETTINGS = "settings.json"
 # Symmetrization heuristics (Koehn et al. 2005; fast_align `atools -c`).
 HEURISTICS = ("intersect", "union", "grow-diag", "grow-diag-final", "grow-diag-final-and")
 DEFAULT_HEURISTIC = "grow-diag"
-# Combine the two directions' soft alignments instead of their links (aligner.soft_symmetrize).
+# Combine the two directions' soft alignments instead of their links
+# (aligner.links.soft_symmetrize).
 SOFT_HEURISTICS = ("soft-average",)
 #: config.json ``extra`` key where `align run` (and a self-training `align train`,
 #: aligner/training/rounds.py) records the -H and --threshold of its output

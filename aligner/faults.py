@@ -35,9 +35,10 @@ POINTS: Dict[str, str] = {
     "round-start": "a self-training round after the first begins: the previous round's links "
                    "of the bitext are written, nothing of the new round is",
     "guide-alignment": "a self-training round's model begins to align the next round's lines",
-    "teacher": "the classical teacher begins to align round 1's lines (aligner/teacher.py)",
+    "teacher": "the classical teacher begins to align round 1's lines "
+               "(aligner/training/teacher.py)",
     "alignment-block": "a block of lines of a whole-bitext alignment is finished (its part "
-                       "and the part's record written, aligner/blocks.py)",
+                       "and the part's record written, aligner/extract/blocks.py)",
 }
 ACTIONS = ("kill", "interrupt", "stop")
 

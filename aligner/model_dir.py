@@ -17,14 +17,14 @@ Layout (file names from aligner/constants.py)::
                            and sha256 of the bitext it was built from)
       train.log            the training log
       alignment.parts/     align run's final alignment while it runs: the finished blocks'
-                           lines (aligner/blocks.py), removed once the outputs are written
+                           lines (aligner/extract/blocks.py), removed once the outputs are written
                            (a self-training guide's: rounds/N/links.align.parts)
       .aligner             the mark of a directory written by a run of ours (written first;
                            --overwrite replaces only a directory that has it, or a config.json
                            of ours, and never removes it)
       run.json             the run record: command, inputs and their checksums, device, the
                            seconds of each stage of every session and self-training round
-                           (aligner/run_record.py)
+                           (aligner/training/run_record.py)
       .lock                the run lock: an OS lock on it is held while a training process
                            writes the directory (the file names its pid and host)
       rounds/              a self-training run's rounds (aligner/training/rounds.py): N/, round
@@ -282,7 +282,7 @@ def acquire_lock(model_dir: str, holder_is: str = "another training process") ->
     Refuses (one line naming the holder's host and pid, which the file records, as
     `holder_is`) while another process holds the lock, so two ``align train`` runs never write
     the same directory at once (nor two ``align extract`` the same parts folder,
-    aligner/blocks.py).
+    aligner/extract/blocks.py).
     The OS drops the lock when its process ends, however it ends: a ``.lock`` file left by a
     crashed run, or one naming an unrelated live process, never blocks. Where the file system
     has no locks (or the OS has no ``flock``), a warning says so and the run goes on unlocked.
@@ -427,7 +427,7 @@ def recorded_checksum(path: str) -> Optional[str]:
 
 def model_checksums(model_dir: str, directions: Sequence[str],
                     checkpoint: str = "best") -> Dict[str, str]:
-    """What identifies the model that aligns (a parts folder records it, aligner/blocks.py):
+    """What identifies the model that aligns (a parts folder records it, aligner/extract/blocks.py):
     the sha256 of each direction's `checkpoint` weights (the one its ``.sha256`` file
     records, else computed) and of the files extraction reads beside them (config,
     preprocessing, BPE codes, vocabularies); "" for a file that is missing."""
@@ -597,9 +597,9 @@ class LoadedModelDir:
         (or a self-training `align train`) recorded in config.json
         (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it trained, else the model
         kind's ``BEST_HEURISTIC`` and
-        aligner.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
+        aligner.links.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
         recorded heuristic."""
-        from aligner.soft_symmetrize import DEFAULT_THRESHOLD
+        from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 
         recorded = recorded_symmetrization(self.path, self.config)
         heuristic = (heuristic or recorded.get("symmetrize")

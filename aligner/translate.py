@@ -23,7 +23,7 @@ returns float32 log-probabilities (each casts before its log_softmax / logsumexp
 beam's running scores and the finished hypotheses' log-probabilities are float32 sums.
 
 **Alignments** (``alignment_method``): after the search, the chosen output is force-decoded
-through :func:`aligner.inference.hard_alignment` — for a causal model its alignment of
+through :func:`aligner.extract.inference.hard_alignment` — for a causal model its alignment of
 output word i equals what it computed while generating i (the guided alignment layer also
 reads the words after i). Defaults
 (:func:`default_alignment_method`): transformer ``attention`` (penultimate decoder layer,
@@ -51,7 +51,7 @@ import torch
 
 from aligner import constants as C
 from aligner.data import make_batch, subword_to_word_links
-from aligner.inference import batched, hard_alignment, model_max_positions
+from aligner.extract.inference import batched, hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
 from aligner.precision import active_autocast_dtype
@@ -265,7 +265,7 @@ def align_outputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
                   outputs: Sequence[Sequence[int]], output_word_index: Sequence[Sequence[int]],
                   method: str, device: torch.device) -> List[Set[Link]]:
     """Word links (input word, output word) of each input with its output subword ids, by
-    force-decoding the outputs and extracting with `method` (see aligner.inference)."""
+    force-decoding the outputs and extracting with `method` (see aligner.extract.inference)."""
     batch = make_batch([item.ids for item in inputs], [list(out) for out in outputs],
                        "fwd").to(device)
     path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method).cpu().tolist()
@@ -350,7 +350,7 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
     """Replace each translation's links by the symmetrization of both directions' alignments.
 
     The translating model's links (``results[k].links``, input word → output word) are combined
-    by `heuristic` (aligner.symmetrize) with those of the other direction's model, which
+    by `heuristic` (aligner.links.symmetrize) with those of the other direction's model, which
     force-decodes the input given the output (its source = the output's subwords as generated,
     its target = the input's). As in ``align extract``, the forward alignment is the one of
     p(target language | source language): for ``direction`` fwd that is the translating model,
@@ -358,7 +358,7 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
     for (input, output) — for rev, for (output, input), flipped — when the output re-encodes to
     the generated subwords. Translations with no words keep no links.
     """
-    from aligner.symmetrize import symmetrize
+    from aligner.links.symmetrize import symmetrize
 
     other = "rev" if direction == "fwd" else "fwd"
     check_condition(other in loaded.models,

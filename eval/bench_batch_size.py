@@ -1,7 +1,7 @@
 """Benchmark: extraction pairs/s by batch size (``max_tokens``), one direction, one process.
 
-Times ``aligner.inference.soft_alignments`` of the same sentence pairs at each batch size, in
-this process with ``--threads`` torch threads (a warm-up batch first). Two kinds of models:
+Times ``aligner.extract.inference.soft_alignments`` of the same sentence pairs at each batch size,
+in this process with ``--threads`` torch threads (a warm-up batch first). Two kinds of models:
 
 * ``--model-dir DIR``: a trained model directory (its fwd model, the kind's first method);
 * ``--random KIND ...``: models of that kind at the recipe's size (d_model 128, 3+3 layers,
@@ -19,8 +19,8 @@ from typing import List, Tuple
 
 import torch
 
+from aligner.extract.inference import encode_bitext, soft_alignments
 from aligner.formats import Bitext, read_bitext
-from aligner.inference import encode_bitext, soft_alignments
 from aligner.model_dir import LoadedModelDir
 from aligner.models import model_class
 from aligner.models.base import AlignmentModel

@@ -81,7 +81,7 @@ def long_pair(src: str, tgt: str, words: int, out_src: str, out_tgt: str) -> Tup
 def score(hypothesis: str, gold: str) -> Tuple[float, float, float]:
     """(AER, precision, recall) in % of a Pharaoh file against a talp gold file."""
     from aligner.formats import read_gold, read_pharaoh
-    from aligner.metrics import score_aer
+    from aligner.links.metrics import score_aer
     result = score_aer(read_pharaoh(hypothesis), read_gold(gold))
     return 100 * result.aer, 100 * result.precision, 100 * result.recall
 

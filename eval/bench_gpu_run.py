@@ -10,7 +10,7 @@ other, on the same bitext, each in its own model directory under ``--workdir``. 
 * the GPU memory in use on GPU 0, the most seen by ``nvidia-smi`` polled every 0.2 s (the
   job's CUDA context and its allocator's reserve included: what another job on the card can
   no longer have);
-* AER / precision / recall of the lines of each ``--gold`` (aligner.metrics.score_aer, as
+* AER / precision / recall of the lines of each ``--gold`` (aligner.links.metrics.score_aer, as
   `align score-aer` scores them).
 
 A variant still running at ``--deadline`` seconds from the start is stopped; its row keeps the
@@ -36,8 +36,8 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from aligner.formats import read_gold, read_pharaoh
-from aligner.metrics import score_aer
-from aligner.run_record import RunRecord
+from aligner.links.metrics import score_aer
+from aligner.training.run_record import RunRecord
 from aligner.utils import AlignerError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

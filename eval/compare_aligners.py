@@ -6,7 +6,7 @@ per gold set) are then scored against each gold set. For every system the table 
 precision and recall of the forward links (model p(target | source)), the reverse links
 (p(source | target)), and their grow-diag and grow-diag-final-and symmetrizations, plus wall
 time and peak memory. Symmetrization and scoring use the project's own library
-(aligner.symmetrize, aligner.metrics), so every system is scored by the same code.
+(aligner.links.symmetrize, aligner.links.metrics), so every system is scored by the same code.
 
 Each command of a system runs in its own child process; its wall time is measured around it
 and its peak memory is the largest resident set size of the process and its waited-for
@@ -68,8 +68,8 @@ from aligner import __version__ as aligner_version  # noqa: E402
 from aligner import constants as C  # noqa: E402
 from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
                              read_bitext, read_gold, read_pharaoh, write_pharaoh)
-from aligner.metrics import AERScore, score_aer  # noqa: E402
-from aligner.symmetrize import symmetrize  # noqa: E402
+from aligner.links.metrics import AERScore, score_aer  # noqa: E402
+from aligner.links.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -443,11 +443,11 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
               + " + " + " + ".join(f"{g.size} {g.name}" for g in corpus.gold_sets)
               + f" = {len(corpus)} lines; every system trains on all of them",
               "- cells: AER % (precision % / recall %), corpus-level counts "
-              "(Och & Ney; `aligner.metrics.score_aer`); fwd = p(target|source), "
-              "rev = p(source|target), symmetrized by `aligner.symmetrize`; soft-average "
+              "(Och & Ney; `aligner.links.metrics.score_aer`); fwd = p(target|source), "
+              "rev = p(source|target), symmetrized by `aligner.links.symmetrize`; soft-average "
               "(`align` rows only: peers give no probabilities) = `align extract -H "
               "soft-average`, links where the mean of the two directions' word-level "
-              "probabilities exceeds the threshold (`aligner.soft_symmetrize`): 0.5, or the "
+              "probabilities exceeds the threshold (`aligner.links.soft_symmetrize`): 0.5, or the "
               "one `align run` or a self-training `align train` recorded in its model "
               "directory (0.55 for their default)",
               "- time: wall seconds of the system's commands (training and alignment of the "
@@ -573,7 +573,7 @@ class TrainingRecord:
     """Training seconds recorded in a model directory, and where each number came from.
 
     ``seconds`` maps a part to wall seconds: ``preparation`` (BPE, vocabularies, corpus
-    encoding), ``teacher`` (the classical teacher that guides round 1, aligner/teacher.py),
+    encoding), ``teacher`` (the classical teacher that guides round 1, aligner/training/teacher.py),
     ``training`` (every direction's training, the directions trained side by side counting as
     the longest), ``guides`` (a self-training run's alignments of the bitext for the next
     round), each over every round and session of the run record; without a run record
@@ -594,14 +594,14 @@ def recorded_training(model_dir: str, directions: Sequence[str] = DIRECTIONS,
     """The training time a model directory records, and for a model trained on a frozen base
     (alignment layer) its `base_dir`'s too.
 
-    From the run record (MODEL_DIR/run.json, aligner/run_record.py): every stage of every
+    From the run record (MODEL_DIR/run.json, aligner/training/run_record.py): every stage of every
     session and self-training round. A directory without one (trained by a version before run
     records) gets one note saying so and the one cheap fallback: the last ``elapsed_s`` of
     each direction's metrics.tsv (:func:`last_elapsed_seconds`), the training loops of the last
     round only (preparation, earlier rounds and their guides are not known, not counted).
     AlignerError (one line naming the file) for a damaged run record or metrics.tsv.
     """
-    from aligner.run_record import record_path
+    from aligner.training.run_record import record_path
 
     record = TrainingRecord()
     folders = [("", model_dir)] + ([("base ", base_dir)] if base_dir else [])
@@ -621,7 +621,7 @@ def _add_run_record(record: TrainingRecord, prefix: str, folder: str,
                     directions: Sequence[str]) -> None:
     """Count the stages of FOLDER/run.json (directions it records no training of: their
     metrics.tsv, as a directory joined from two one-direction runs has)."""
-    from aligner.run_record import RunRecord, record_path
+    from aligner.training.run_record import RunRecord, record_path
 
     run = RunRecord.load(folder)
     path = record_path(folder)
@@ -792,8 +792,8 @@ def _check_recorded_inputs(model_dir: str, corpus: Corpus) -> Tuple[Optional[str
     run record names (the first session's), by pair count and fingerprint (the sha256 of its
     words pair by pair, aligner.training.corpus.bitext_fingerprint)."""
     from aligner.formats import Bitext
-    from aligner.run_record import RunRecord, record_path
     from aligner.training.corpus import bitext_fingerprint
+    from aligner.training.run_record import RunRecord, record_path
 
     path = record_path(model_dir)
     if not os.path.isfile(path):

@@ -1,6 +1,6 @@
 """AER of `-H soft-average` for one model directory or several averaged (an ensemble).
 
-Each direction's word-level soft matrices (aligner.inference.soft_alignments_by_direction,
+Each direction's word-level soft matrices (aligner.extract.inference.soft_alignments_by_direction,
 the --soft matrices of `align extract`) are averaged over the models, then combined by
 soft-average at each --threshold and scored against gold sets that cover given lines of the
 text. Prints one line per model and threshold and, with several models, per ensemble of the
@@ -20,14 +20,14 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from aligner import inference
+from aligner.extract import inference
 from aligner.formats import Bitext, read_gold, read_lines, tokenize_line
-from aligner.metrics import score_aer
+from aligner.links.metrics import score_aer
+from aligner.links.soft_symmetrize import soft_average
 from aligner.model_dir import LoadedModelDir
-from aligner.soft_symmetrize import soft_average
 
 #: how two directions' (I, J) word-level probabilities become one score per link
-COMBINE = {"mean": None,   # aligner.soft_symmetrize.soft_average itself
+COMBINE = {"mean": None,   # aligner.links.soft_symmetrize.soft_average itself
            "geometric": lambda f, r: np.sqrt(f * r), "minimum": np.minimum}
 
 

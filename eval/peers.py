@@ -300,7 +300,7 @@ def check_systran_agreement(forward_table: str, backward_table: str,
     """
     import systran_align  # pylint: disable=import-outside-toplevel
 
-    from aligner.symmetrize import symmetrize  # pylint: disable=import-outside-toplevel
+    from aligner.links.symmetrize import symmetrize  # pylint: disable=import-outside-toplevel
 
     aligner = systran_align.Aligner(forward_table, backward_table)
     agree = 0

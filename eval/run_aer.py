@@ -93,9 +93,9 @@ def main(argv: List[str]) -> int:
 
     from aligner import constants as C
     from aligner.distributed import resolve_device
+    from aligner.extract.inference import extract_all
     from aligner.formats import read_bitext, read_gold
-    from aligner.inference import extract_all
-    from aligner.metrics import score_aer
+    from aligner.links.metrics import score_aer
     from aligner.model_dir import CORPUS_DIR, LoadedModelDir
     from aligner.training.loop import read_metrics
 

@@ -1,4 +1,4 @@
-"""AER of the classical teacher (aligner/teacher.py) on gold sets inside its training text.
+"""AER of the classical teacher (aligner/training/teacher.py) on gold sets inside its training text.
 
 Trains the teacher on every line of --text (as `align run` trains it on round 1's lines),
 then scores each direction's links (a target word's most probable source word above 0.5,
@@ -22,11 +22,11 @@ import time
 
 import numpy as np
 
-from aligner.combine import combine
 from aligner.formats import read_gold, read_lines, tokenize_line, write_pharaoh
-from aligner.metrics import score_aer
-from aligner.soft_symmetrize import soft_average
-from aligner.teacher import TeacherConfig, soft_alignments
+from aligner.links.combine import combine
+from aligner.links.metrics import score_aer
+from aligner.links.soft_symmetrize import soft_average
+from aligner.training.teacher import TeacherConfig, soft_alignments
 
 
 def _config(settings) -> TeacherConfig:

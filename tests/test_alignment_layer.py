@@ -641,7 +641,7 @@ def test_unlinked_decoder_tokens_of_a_guided_item_are_guided_to_eos():
 def test_the_guided_layer_leaves_a_word_unaligned_where_eos_wins():
     """Extraction of the guided layer's ``layer`` links a target word only where its best
     source word is at least as likely as the EOS column ("not aligned")."""
-    from aligner.inference import hard_alignment
+    from aligner.extract.inference import hard_alignment
     model = _guided_model().eval()
     src, tgt_in, tgt_out = _ids()
     scores = torch.zeros(2, 4, 4)                  # rows: target positions; EOS column 3 / 2
@@ -727,7 +727,7 @@ def _guided_accuracy(seed: int, query: str, reverse: bool) -> float:
     `layer` link is the guide's."""
     import random
 
-    from aligner.inference import hard_alignment
+    from aligner.extract.inference import hard_alignment
     from aligner.training.loop import guided_loss
     rng = random.Random(seed)
     model = _guided_model(seed, query=query)

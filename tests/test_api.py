@@ -10,8 +10,8 @@ import pytest
 
 from aligner import constants as C
 from aligner.config import RunConfig
+from aligner.extract.inference import extract
 from aligner.formats import Bitext
-from aligner.inference import extract
 from aligner.model_dir import save_params
 from aligner.models import MODELS
 from aligner.prep import PrepConfig, Preprocessor
@@ -95,7 +95,7 @@ def test_probabilities_are_normalized_and_their_argmax_is_the_link(aligner, tran
 
 
 def test_both_directions_give_both_matrices_and_the_symmetrized_links(aligner, transformer_dir):
-    from aligner.symmetrize import symmetrize
+    from aligner.links.symmetrize import symmetrize
     _, sources, targets, _ = transformer_dir
     (links, probabilities), = aligner.align(sources[:1], targets[:1], heuristic="intersect",
                                             return_probabilities=True)

@@ -1,4 +1,4 @@
-"""Every core at work on a whole-bitext alignment (aligner.corpus_alignment.BlockProcesses):
+"""Every core at work on a whole-bitext alignment (aligner.extract.corpus_alignment.BlockProcesses):
 how many processes, and the same bytes from 2 processes as from 1, for align extract (its
 outputs and link probabilities) and align run (-o, -f, -r), as real processes."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import processes
 
-from aligner import corpus_alignment
+from aligner.extract import corpus_alignment
 from conftest import ROOT
 from synthetic import monotone_corpus, write_corpus
 from test_extract import make_model_dir

@@ -1,5 +1,5 @@
-"""Whole-bitext alignment in blocks (aligner/blocks.py, issue 30): a run of `align extract` /
-`align run` killed (SIGKILL) in its alignment goes on with --resume from the first unfinished
+"""Whole-bitext alignment in blocks (aligner/extract/blocks.py, issue 30): a run of `align extract`
+/ `align run` killed (SIGKILL) in its alignment goes on with --resume from the first unfinished
 block and writes the uninterrupted run's output byte for byte; a resume with another model,
 input or setting is refused in one line; torchrun's ranks share the blocks out and rank 0
 writes the one-process output; one progress bar over the input lines.
@@ -208,8 +208,8 @@ def _align_bitext_worker(rank: int, world_size: int, port: int, model: str, src:
     """One rank of a torchrun-like group calling align_bitext, as a stage of a run does."""
     import torch
 
-    from aligner.corpus_alignment import Extraction, align_bitext
     from aligner.distributed import init_distributed, shutdown_distributed
+    from aligner.extract.corpus_alignment import Extraction, align_bitext
     from aligner.formats import open_bitext
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -233,7 +233,7 @@ def test_align_bitext_under_a_process_group_shards_blocks_and_rank_0_writes(run_
     import torch
     import torch.multiprocessing as mp
 
-    from aligner.corpus_alignment import Extraction, align_bitext
+    from aligner.extract.corpus_alignment import Extraction, align_bitext
     from aligner.formats import open_bitext
 
     model = str(run_corpus["tmp"] / "ref-model")

@@ -104,7 +104,7 @@ def test_resume_continues_and_refuses_changed_settings(tmp_path, corpus):
 def test_extract_in_blocks_equals_extract_at_once(tmp_path, corpus, monkeypatch):
     """Blocks of 3 lines (BLOCK_LINES patched): the same output for every heuristic, and a
     warning names the line of the whole file, not of its block."""
-    import aligner.inference
+    import aligner.extract.inference
 
     model = tmp_path / "model"
     run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 2,
@@ -116,13 +116,13 @@ def test_extract_in_blocks_equals_extract_at_once(tmp_path, corpus, monkeypatch)
     test.write_text("".join(f"{s} ||| {t}\n" for s, t in lines))
     for heuristic in ("grow-diag", "soft-average"):
         whole = run("extract", model, "-i", test, "-H", heuristic, "-q").stdout
-        monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 3)
+        monkeypatch.setattr(aligner.extract.inference, "BLOCK_LINES", 3)
         out = tmp_path / f"{heuristic}.txt"
         # (one process: the warnings of block processes go to their own stderr, which
         # tests/test_block_processes.py reads)
         blocks = run("extract", model, "-i", test, "-H", heuristic, "-o", out,
                      "--processes", "1")
-        monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 50_000)
+        monkeypatch.setattr(aligner.extract.inference, "BLOCK_LINES", 50_000)
         assert out.read_text() == whole and len(whole.split("\n")) == 11
         assert "test.joint:8: an empty side" in blocks.stderr
         # one bar over the 10 lines (no log line per block); the parts beside -o are gone

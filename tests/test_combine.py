@@ -1,4 +1,4 @@
-"""aligner.combine: the one function that combines the two directions, on hand-drawn grids.
+"""aligner.links.combine: the one function that combines the two directions, on hand-drawn grids.
 
 Grids: row i = source word, column j = target word (0-based, source–target orientation).
 """
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from aligner import constants as C
-from aligner.combine import KNOWN_HEURISTICS, check_heuristic, combine, needs_soft
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD, soft_average
-from aligner.symmetrize import symmetrize
+from aligner.links.combine import KNOWN_HEURISTICS, check_heuristic, combine, needs_soft
+from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD, soft_average
+from aligner.links.symmetrize import symmetrize
 from aligner.utils import AlignerError
 
 # 3 source x 3 target words. forward: each column a distribution over source words;

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from aligner.config import RunConfig
 from aligner.data import EncodedCorpus
 from aligner.formats import read_pharaoh
-from aligner.symmetrize import symmetrize
+from aligner.links.symmetrize import symmetrize
 from aligner.utils import AlignerError
 from conftest import ROOT, SAMPLE
 
@@ -34,7 +34,7 @@ def write(path: Path, lines) -> str:
 
 
 def brute_force_aer(hyps, golds):
-    """AER, P, R from explicit counting (Och & Ney), independent of aligner.metrics."""
+    """AER, P, R from explicit counting (Och & Ney), independent of aligner.links.metrics."""
     a = s = a_s = a_p = 0
     for hyp, gold in zip(hyps, golds):
         possible = gold.possible | gold.sure
@@ -42,7 +42,7 @@ def brute_force_aer(hyps, golds):
         s += len(gold.sure)
         a_s += sum(1 for link in hyp if link in gold.sure)
         a_p += sum(1 for link in hyp if link in possible)
-    # an empty hypothesis has precision 1 by convention (aligner.metrics' module docstring)
+    # an empty hypothesis has precision 1 by convention (aligner.links.metrics' module docstring)
     return 1 - (a_s + a_p) / (a + s), a_p / a if a else 1.0, a_s / s
 
 
@@ -171,7 +171,7 @@ def test_score_directions_symmetrizes_and_scores_each_gold_set(small_files):
 
 
 def test_format_score_prints_percent_aer_precision_recall():
-    from aligner.metrics import AERStats, score_from_stats
+    from aligner.links.metrics import AERStats, score_from_stats
 
     # |A| = 10, |S| = 8, A∩S = 7, A∩P = 9: P 90.0, R 87.5, AER 1 - 16/18 = 11.1
     score = score_from_stats(AERStats(n_hyp=10, n_sure=8, n_possible=12, hyp_and_sure=7,
@@ -391,8 +391,8 @@ def write_metrics(folder: Path, *elapsed) -> None:
 
 
 def write_run_record(folder: Path, stages, sessions=None, **fields) -> None:
-    """MODEL_DIR/run.json as aligner.run_record writes it: `stages` as (session, round, stage,
-    direction or None, parallel, seconds); one fresh session per index used unless given."""
+    """MODEL_DIR/run.json as aligner.training.run_record writes it: `stages` as (session, round,
+    stage, direction or None, parallel, seconds); one fresh session per index used unless given."""
     entries = []
     for session, round_number, stage, direction, parallel, seconds in stages:
         entry = {"session": session, "round": round_number, "stage": stage}

@@ -410,7 +410,7 @@ def test_training_learns_a_monotone_word_translation(name):
 
 
 def test_inference_uses_the_viterbi_path_and_drops_eos_and_padding():
-    from aligner.inference import hard_alignment
+    from aligner.extract.inference import hard_alignment
     model = _model(FirstOrderHMM, seed=2)
     src, tgt_in, tgt_out = _batch(PAIRS)
     with torch.no_grad():

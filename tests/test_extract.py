@@ -12,13 +12,13 @@ import torch
 from aligner import constants as C
 from aligner.config import RunConfig
 from aligner.data import EncodedPair, encode_pair
+from aligner.extract.inference import align_pairs, extract, extract_all, hard_alignment
 from aligner.formats import Bitext
-from aligner.inference import align_pairs, extract, extract_all, hard_alignment
+from aligner.links.symmetrize import symmetrize
 from aligner.model_dir import LoadedModelDir, save_params
 from aligner.models.base import AlignmentModel
 from aligner.models.transformer import Transformer, TransformerConfig
 from aligner.prep import PrepConfig, Preprocessor
-from aligner.symmetrize import symmetrize
 from aligner.training.loop import seed_everything
 from aligner.utils import AlignerError
 from aligner.vocab import Vocabulary
@@ -267,7 +267,7 @@ def test_model_directory_errors(tmp_path):
 def test_soft_alignments_by_hand():
     """Rows renormalized over real source subwords, summed within source words, averaged over
     the subwords of each target word; EOS column and row ignored."""
-    from aligner.inference import soft_alignments
+    from aligner.extract.inference import soft_alignments
 
     table = [[1.0, 1.0, 2.0, 99.0], [0.0, 2.0, 2.0, 99.0], [3.0, 1.0, 0.0, 99.0], [5.0] * 4]
     model = FixedScores(table)
@@ -288,7 +288,7 @@ def test_extraction_keeps_the_unaligned_mass_of_a_model_with_an_empty_word():
     its probability of being aligned (the EOS column is dropped, its mass counts as unaligned);
     a hard link only where the best score is at least the unaligned mass (1 − row sum)."""
     from aligner.data import make_batch
-    from aligner.inference import soft_alignments
+    from aligner.extract.inference import soft_alignments
 
     table = [[0.1, 0.1, 0.2, 0.6], [0.0, 0.2, 0.2, 0.6], [0.3, 0.1, 0.0, 0.6], [0.25] * 4]
     model = FixedScores(table)
@@ -360,8 +360,8 @@ def test_soft_average_with_soft_output_computes_the_matrices_once(tmp_path, monk
     ones combined), and the same links as without --soft."""
     from click.testing import CliRunner
 
-    from aligner import inference
     from aligner.cli import main as cli
+    from aligner.extract import inference
 
     passes = []
     soft_alignments = inference.soft_alignments
@@ -391,7 +391,7 @@ def tiny_models_in_two_processes(monkeypatch):
     on a machine that looks like two cores."""
     import os
 
-    from aligner import inference
+    from aligner.extract import inference
     from aligner.models.direct_hmm import DirectHMMConfig, FirstOrderHMM
 
     monkeypatch.setattr(inference, "PARALLEL_MIN_PAIRS", 1)
@@ -403,9 +403,9 @@ def tiny_models_in_two_processes(monkeypatch):
 
 
 def recorded_process_contexts(monkeypatch):
-    """The list that each multiprocessing context aligner.inference asks for is appended to
+    """The list that each multiprocessing context aligner.extract.inference asks for is appended to
     (its start method: "spawn" when the direction workers start)."""
-    from aligner import inference
+    from aligner.extract import inference
 
     contexts = []
     get_context = inference.multiprocessing.get_context
@@ -417,7 +417,7 @@ def recorded_process_contexts(monkeypatch):
 def test_soft_alignments_in_two_processes_equal_the_in_process_ones(monkeypatch):
     """parallel=True: each direction in its own spawn process; same matrices, input order,
     and a zero matrix for the pair that cannot be aligned."""
-    from aligner import inference
+    from aligner.extract import inference
 
     models = tiny_models_in_two_processes(monkeypatch)
     generator = np.random.default_rng(0)
@@ -442,7 +442,7 @@ def test_two_processes_keep_the_callers_cpu_autocast(monkeypatch):
     """Under bf16 CPU autocast (``--precision bf16``) the spawn workers run under it too: their
     matrices are the in-process bf16 ones, not the float32 ones a worker without autocast
     would give."""
-    from aligner import inference
+    from aligner.extract import inference
 
     models = tiny_models_in_two_processes(monkeypatch)
     generator = np.random.default_rng(2)
@@ -468,7 +468,7 @@ def test_direction_workers_are_started_once_for_every_call_and_stopped_after(mon
     """DirectionWorkers (align extract / align run: one pair for all blocks): the same two
     worker processes serve every call in the block, give the in-process matrices, and are
     gone when the block ends."""
-    from aligner import inference
+    from aligner.extract import inference
 
     models = tiny_models_in_two_processes(monkeypatch)
     generator = np.random.default_rng(1)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from aligner.formats import GoldAlignment, read_pharaoh
-from aligner.training.guidance import check_guides, guide_cross_entropy, guide_matrix, subword_links
-from aligner.metrics import score_aer
+from aligner.links.metrics import score_aer
 from aligner.models import hmm_algorithms as hmm
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
+from aligner.training.guidance import check_guides, guide_cross_entropy, guide_matrix, subword_links
 from aligner.training.loop import _LossModule, guided_loss
 from aligner.utils import AlignerError
 from conftest import restored_aligner_logger

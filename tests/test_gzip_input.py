@@ -86,7 +86,7 @@ def test_gzip_data_on_a_pipe_or_standard_input_is_refused_in_one_line(tmp_path, 
     import os
     import threading
 
-    from aligner.streaming import LineSource
+    from aligner.extract.streaming import LineSource
 
     packed = gzip.compress(b"a b\nc\n", mtime=0)   # (no newline byte: see below)
     fifo = str(tmp_path / "fifo")

@@ -7,6 +7,9 @@ aligner/training/ only the imports that run when A is imported count (module lev
 under TYPE_CHECKING too, so that its levels (the request types, one model directory, the
 rounds, the builder, the alignment layer's stages) stay one above the other instead of a
 circle kept working by imports deferred into functions.
+
+aligner/links/ (links and their files' arithmetic) never imports torch, not even inside a
+function: `align symmetrize` and `align score-aer` start without it.
 """
 from __future__ import annotations
 
@@ -142,4 +145,55 @@ def test_every_level_imports_first_in_a_fresh_interpreter():
               "    subprocess.run([sys.executable, '-c', f'import {name}'], check=True)\n")
     result = subprocess.run([sys.executable, "-c", script, *names], capture_output=True,
                             text=True, cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr
+
+
+#: the subpackage that never imports torch
+TORCH_FREE = "aligner.links"
+
+
+def _all_imported_names(path: Path) -> Set[str]:
+    """Every module name an import statement of the file names (functions included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_links_never_import_torch_nor_what_does():
+    """No import in aligner/links/, inside functions too, names torch or a module of the
+    package outside aligner/links/ other than the torch-free floor (formats, utils, constants)."""
+    floor = {"aligner", "aligner.formats", "aligner.utils", "aligner.constants"}
+    modules = module_names()
+    links = {name: path for name, path in modules.items()
+             if name == TORCH_FREE or name.startswith(TORCH_FREE + ".")}
+    assert {"aligner.links.symmetrize", "aligner.links.metrics"} <= set(links)
+    for name, path in links.items():
+        imported = _all_imported_names(path)
+        assert not {n for n in imported if n == "torch" or n.startswith("torch.")}, name
+        outside = {n for n in imported if n.startswith("aligner") and n not in floor
+                   and not n.startswith(TORCH_FREE)}
+        assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_links_and_the_scoring_commands_load_without_torch():
+    """A fresh interpreter imports every module of aligner/links/ and the modules of `align
+    score-aer` and `align symmetrize`, and runs both commands' --help: torch is not loaded."""
+    names = sorted(name for name in module_names() if name.startswith(TORCH_FREE))
+    script = ("import importlib, sys\n"
+              "for name in sys.argv[1:]:\n"
+              "    importlib.import_module(name)\n"
+              "from aligner.cli import main\n"
+              "for command in ('score-aer', 'symmetrize'):\n"
+              "    try:\n"
+              "        main([command, '--help'])\n"
+              "    except SystemExit as exit:\n"
+              "        assert not exit.code, exit.code\n"
+              "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", script, *names, "aligner.cli.score_aer",
+                             "aligner.cli.symmetrize", "aligner.extract.link_probs"],
+                            capture_output=True, text=True, cwd=PACKAGE.parent)
     assert result.returncode == 0, result.stderr

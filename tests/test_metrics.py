@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from aligner.formats import GoldAlignment, read_gold, read_pharaoh
-from aligner.metrics import (AERStats, corpus_stats, score_aer, score_from_stats,
+from aligner.links.metrics import (AERStats, corpus_stats, score_aer, score_from_stats,
                              sentence_stats, sum_stats)
 from aligner.utils import AlignerError
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from aligner import constants as C
+from aligner.links.soft_symmetrize import SOFT_HEURISTICS
+from aligner.links.symmetrize import HEURISTICS
 from aligner.models import METHODS_BY_KIND, MODELS, build_model
 from aligner.models.base import AlignmentModel
-from aligner.soft_symmetrize import SOFT_HEURISTICS
-from aligner.symmetrize import HEURISTICS
 from aligner.training.loop import seed_everything
 
 V_SRC, V_TGT = 13, 11

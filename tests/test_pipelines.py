@@ -158,7 +158,7 @@ def test_stream_batches_wait_at_most_the_documented_time():
     together go in one batch; side files must end together."""
     import time
 
-    from aligner.streaming import WAIT_SECONDS, LineSource, StreamBitext
+    from aligner.extract.streaming import WAIT_SECONDS, LineSource, StreamBitext
     from aligner.utils import AlignerError
 
     read_fd, write_fd = os.pipe()

@@ -34,16 +34,16 @@ import torch
 from click.testing import CliRunner
 
 from aligner import constants as C
+from aligner.api import Aligner
 from aligner.cli import main
 from aligner.data import EncodedPair
-from aligner.api import Aligner
+from aligner.extract.inference import align_pairs, extract, soft_alignments
 from aligner.formats import read_bitext
-from aligner.inference import align_pairs, extract, soft_alignments
 from aligner.model_dir import LoadedModelDir
 from aligner.models import build_model
 from aligner.models.alignment_layer import AlignmentLayerConfig, AlignmentLayerModel
-from aligner.precision import PRECISIONS, autocast_context, resolve_precision
 from aligner.models.direct_hmm import mixture_log_probs
+from aligner.precision import PRECISIONS, autocast_context, resolve_precision
 from aligner.translate import beam_search, translate
 from aligner.utils import AlignerError
 

@@ -17,9 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from aligner.inference import no_alignment
 from aligner.data import EncodedPair
-from aligner.soft_symmetrize import soft_average
+from aligner.extract.inference import no_alignment
+from aligner.links.soft_symmetrize import soft_average
 from cli_runner import run
 from conftest import ROOT
 from synthetic import write_corpus

@@ -195,12 +195,12 @@ def test_show_refuses_a_pair_longer_than_the_model_limit(setup, tmp_path):
 
 def test_show_refuses_a_figure_too_large_to_draw(setup, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    import aligner.plot
+    import aligner.links.plot
     root, directory, src, tgt, _ = setup
     out = tmp_path / "pair.png"
     args = ["show", directory, "-s", src, "-t", tgt, "-n", 2, "-o", out, "--device", "cpu",
             "--dpi", 1200]
-    monkeypatch.setattr(aligner.plot, "MAX_PIXELS", 10 ** 6)
+    monkeypatch.setattr(aligner.links.plot, "MAX_PIXELS", 10 ** 6)
     line = error_line(run(*args))
     assert line.startswith(f"align: error: {src}:2: a figure of ") and \
         "pixels is too large to draw" in line and "lower --dpi" in line
@@ -211,7 +211,7 @@ def test_show_refuses_a_figure_too_large_to_draw(setup, tmp_path, monkeypatch):
 
 def test_draw_alignments_refuses_a_figure_wider_than_matplotlib_draws(tmp_path):
     pytest.importorskip("matplotlib")
-    from aligner.plot import draw_alignments
+    from aligner.links.plot import draw_alignments
     words = [f"w{k}" for k in range(2100)]                  # 0.32 in * 2100 * 100 dpi > 2**16
     with pytest.raises(AlignerError, match="too large to draw"):
         draw_alignments(open(tmp_path / "x.png", "wb"), [("m", np.zeros((1, 2100)))], ["a"],
@@ -241,14 +241,14 @@ def test_soft_and_output_on_the_same_file_is_refused(setup, tmp_path):
 
 
 def test_a_failed_soft_extraction_writes_neither_file(setup, tmp_path, monkeypatch):
-    import aligner.inference
+    import aligner.extract.inference
     root, directory, src, tgt, _ = setup
     out, soft = tmp_path / "out.txt", tmp_path / "soft.npz"
 
     def fail(*args, **kwargs):
         raise AlignerError("soft matrices failed")
 
-    monkeypatch.setattr(aligner.inference, "soft_alignments", fail)
+    monkeypatch.setattr(aligner.extract.inference, "soft_alignments", fail)
     # -q: no progress bars (the alignment itself runs before the failure)
     assert error_line(run("extract", directory, "-s", src, "-t", tgt, "-o", out, "--soft",
                           soft, "--device", "cpu", "-q")) == "align: error: soft matrices failed"

@@ -179,10 +179,10 @@ def test_a_guide_leaves_the_lines_training_skips_unaligned(tmp_path, corpus):
     """align train --rounds 2 --max-len 4 on 20 lines of 2-6 whole words (--bpe-merges 0):
     round 2 trains on the lines of at most 4 words only, so round 1's guide aligns only those.
     Its lines of 5 or 6 words are empty; every other line is what the same extraction without
-    the filter gives (aligner.corpus_alignment.align_bitext of round 1's model)."""
+    the filter gives (aligner.extract.corpus_alignment.align_bitext of round 1's model)."""
     import torch
 
-    from aligner.corpus_alignment import Extraction, align_bitext
+    from aligner.extract.corpus_alignment import Extraction, align_bitext
     from aligner.training import recipe
 
     src, tgt, sources, targets = corpus

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aligner.training import recipe
 from aligner.formats import read_pharaoh
+from aligner.training import recipe
 from conftest import restored_aligner_logger
 from cli_runner import error_line, run
 from synthetic import monotone_corpus, write_corpus
@@ -82,9 +82,9 @@ def test_aligning_in_blocks_gives_the_same_files_and_table(aligned, monkeypatch)
     """Without --soft the bitext is read from its files and aligned in blocks (7 lines here,
     BLOCK_LINES patched; every round): the same -o/-f/-r files and AER table as the fixture's
     run, which held everything in memory for --soft."""
-    import aligner.inference
+    import aligner.extract.inference
 
-    monkeypatch.setattr(aligner.inference, "BLOCK_LINES", 7)
+    monkeypatch.setattr(aligner.extract.inference, "BLOCK_LINES", 7)
     tmp = aligned["tmp"]
     out, fwd, rev = (tmp / name for name in ("b.out", "b.fwd", "b.rev"))
     with restored_aligner_logger():
@@ -254,16 +254,16 @@ def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned
                                                                          monkeypatch):
     """Without -f/-r the fwd/rev rows of the AER table come from the gold lines alone: the
     same table as a run that aligned every line."""
-    import aligner.inference
+    import aligner.extract.inference
 
     hard_pairs = []
-    align_pairs = aligner.inference.align_pairs
+    align_pairs = aligner.extract.inference.align_pairs
 
     def counted(model, pairs, *args, **kwargs):
         hard_pairs.append(len(pairs))
         return align_pairs(model, pairs, *args, **kwargs)
 
-    monkeypatch.setattr(aligner.inference, "align_pairs", counted)
+    monkeypatch.setattr(aligner.extract.inference, "align_pairs", counted)
     gold = aligned["tmp"] / "gold.talp"
     result = run("run", "-s", aligned["src"], "-t", aligned["tgt"], "-o", tmp_path / "o",
                  "-g", gold, *[a for a in TINY if a != "-q"])
@@ -305,7 +305,7 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
     """Round 1's guide is soft-average at --self-guide-threshold of round 1's matrices (round 1
     of a 2-round run is the 1-round run with the same seed); the output is at --threshold,
     which the model directory records for align extract (no flags: the same links)."""
-    from aligner.soft_symmetrize import soft_average
+    from aligner.links.soft_symmetrize import soft_average
 
     sources, targets, golds = monotone_corpus(12, seed=4)
     src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)

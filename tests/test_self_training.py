@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from aligner import faults
-from aligner.training import recipe
 from aligner.formats import read_pharaoh
-from aligner.run_record import RunRecord
+from aligner.training import recipe
 from aligner.training.rounds import default_rounds
+from aligner.training.run_record import RunRecord
 from cli_runner import error_line, run
 from conftest import ROOT, cut_off_at_checkpoint, restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
@@ -118,12 +118,12 @@ def test_self_training_options_reach_the_rounds(tmp_path, corpus):
 
 def test_round_1_is_guided_by_the_teachers_links_of_its_lines(tmp_path, corpus):
     """With rounds (and no --guide) round 1 trains guided by MODEL_DIR/rounds/0/links.align:
-    the classical teacher's soft-average links of round 1's lines (aligner/teacher.py), one
+    the classical teacher's soft-average links of round 1's lines (aligner/training/teacher.py), one
     line per line, at recipe.TEACHER_GUIDE_WEIGHT; --no-teacher trains round 1 unguided; a
     user's --guide replaces the teacher."""
-    from aligner.combine import combine
     from aligner.formats import format_links
-    from aligner.teacher import soft_alignments
+    from aligner.links.combine import combine
+    from aligner.training.teacher import soft_alignments
 
     src, tgt = corpus
     model = tmp_path / "m"

@@ -48,7 +48,7 @@ def run(*args):
 
 
 def test_writes_a_png_of_figure_size_times_dpi_with_one_panel_per_method_and_direction(setup):
-    from aligner.plot import figure_size
+    from aligner.links.plot import figure_size
     root, directory, src, tgt, gold, sources, targets = setup
     out = root / "pair.png"
     result = run(directory, "-s", src, "-t", tgt, "--line", 3, "-o", out, "--dpi", 40,
@@ -82,7 +82,7 @@ def test_gold_links_are_drawn(setup):
 def test_draw_alignments_by_hand(tmp_path):
     """Sure links are filled squares, possible-only ones hollow (fewer red pixels)."""
     from aligner.formats import GoldAlignment
-    from aligner.plot import draw_alignments
+    from aligner.links.plot import draw_alignments
     matrix = np.zeros((3, 2))
     sizes = {}
     for name, gold in (("sure", GoldAlignment({(0, 0), (2, 1)})),
@@ -132,7 +132,7 @@ def test_missing_matplotlib_is_one_line_naming_pip(setup, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["hmm0", "hmm1", "alignment-layer"])
 def test_every_model_kind_gets_one_panel_per_method(tmp_path, kind):
-    from aligner.plot import figure_size
+    from aligner.links.plot import figure_size
     directory, sources, targets, golds = make_model_dir(tmp_path, kind)
     src, tgt, gold = write_corpus(tmp_path, "x", sources[:2], targets[:2], golds[:2])
     out = tmp_path / "kind.png"

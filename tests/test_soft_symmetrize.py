@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from aligner.soft_symmetrize import soft_average, soft_average_corpus
+from aligner.links.soft_symmetrize import soft_average, soft_average_corpus
 from aligner.utils import AlignerError
 
 

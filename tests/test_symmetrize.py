@@ -3,7 +3,7 @@
 Grids: row i = source word, column j = target word. In an input grid ``F`` marks a forward-only
 link, ``R`` a reverse-only link, ``B`` a link in both, ``.`` nothing. In an expected grid ``x``
 marks a link of the result. Every expected grid was worked out by hand from the rules in
-aligner/symmetrize.py (the reasoning is in the comments).
+aligner/links/symmetrize.py (the reasoning is in the comments).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from aligner.formats import read_pharaoh
-from aligner.symmetrize import HEURISTICS, symmetrize, symmetrize_corpus
+from aligner.links.symmetrize import HEURISTICS, symmetrize, symmetrize_corpus
 from aligner.utils import AlignerError
 
 
@@ -230,7 +230,7 @@ def test_matches_fast_align_atools(shared_data, system, heuristic):
 def grid_reference(forward, reverse, heuristic):
     """The heuristics written a second way, on boolean matrices scanned row by row.
 
-    Independent of aligner.symmetrize's set-based code (no shared helpers): a full scan of the
+    Independent of aligner.links.symmetrize's set-based code (no shared helpers): a full scan of the
     (I, J) grid in row-major order per pass, which is ascending (i, j) order.
     """
     links = forward | reverse

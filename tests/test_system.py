@@ -15,9 +15,9 @@ import pytest
 
 from aligner import constants as C
 from aligner.config import DataConfig, TrainConfig
+from aligner.extract.inference import extract_all
 from aligner.formats import Bitext, GoldAlignment
-from aligner.inference import extract_all
-from aligner.metrics import score_aer
+from aligner.links.metrics import score_aer
 from aligner.model_dir import LoadedModelDir
 from aligner.prep import PrepConfig
 from aligner.training.run import train_model_dir

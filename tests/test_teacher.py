@@ -1,6 +1,6 @@
-"""The classical EM teacher (aligner/teacher.py): its forward–backward against an enumeration
-of every state path, one IBM-1 iteration against hand-computed counts, and the whole aligner
-on a synthetic corpus whose links are known."""
+"""The classical EM teacher (aligner/training/teacher.py): its forward–backward against an
+enumeration of every state path, one IBM-1 iteration against hand-computed counts, and the whole
+aligner on a synthetic corpus whose links are known."""
 from __future__ import annotations
 
 import itertools
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from aligner.combine import combine
-from aligner.teacher import TeacherConfig, _Direction, soft_alignments
+from aligner.links.combine import combine
+from aligner.training.teacher import TeacherConfig, _Direction, soft_alignments
 
 
 def _paths(direction: _Direction, batch, row: int):
-    """Every state path of one line of the HMM as aligner/teacher.py's docstring defines it
+    """Every state path of one line of the HMM as aligner/training/teacher.py's docstring defines it
     (empty state J + j' continues from position j'): yields (path, its joint probability with
     the observed words, its moves (j', j) into real states)."""
     p0 = direction.config.empty_prob
@@ -177,7 +177,7 @@ def test_the_m_step_takes_the_empty_word_from_the_mass_left_over():
 
 
 def test_agreement_counts_are_the_product_of_both_directions_posteriors():
-    from aligner.teacher import _agreed
+    from aligner.training.teacher import _agreed
 
     source, target = [["x", "y"], ["y"]], [["a", "b", "c"], ["b", "a"]]
     config = TeacherConfig(ibm1_iterations=1, hmm_iterations=0)

@@ -22,8 +22,8 @@ from aligner import constants as C
 from aligner.cli.options import (bpe_merges_option, device_option, max_epochs_option,
                                  not_empty, quiet_option, recipe_summary, seed_option,
                                  threads_option)
-from aligner.training import recipe
 from aligner.cli.train import set_threads
+from aligner.training import recipe
 from aligner.utils import check_condition
 
 #: the shipped sample (data/sample beside the package in a source checkout)
@@ -80,10 +80,10 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
             device: str, seed: int, threads: int, quiet: bool) -> None:
     """`align demo` (its help: :data:`HELP`)."""
     from aligner.distributed import resolve_device
+    from aligner.extract.inference import extract_all
     from aligner.formats import Bitext, read_bitext, read_gold
-    from aligner.inference import extract_all
+    from aligner.links.metrics import score_aer
     from aligner.log import setup_logging
-    from aligner.metrics import score_aer
     from aligner.model_dir import LoadedModelDir
     from aligner.training.builder import build_job
     from aligner.training.rounds import train_rounds

@@ -1,8 +1,9 @@
 """`align extract`: word alignments of sentence pairs from a trained model directory.
 
-Only parses options, resolves the extraction (aligner.corpus_alignment.Extraction) and writes
-the result; the work is aligner.corpus_alignment's, the path every whole-bitext alignment takes
-(aligner/streaming.py for a pipe). torch is imported inside the command function.
+Only parses options, resolves the extraction (aligner.extract.corpus_alignment.Extraction) and
+writes the result; the work is aligner.extract.corpus_alignment's, the path every whole-bitext
+alignment takes (aligner/extract/streaming.py for a pipe). torch is imported inside the command
+function.
 """
 from __future__ import annotations
 
@@ -166,17 +167,17 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     """
     import time
 
-    from aligner import streaming
-    from aligner.blocks import parts_folder
-    from aligner.combine import needs_soft
-    from aligner.corpus_alignment import PROBS, Extraction, align_bitext
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
+    from aligner.extract import streaming
+    from aligner.extract.blocks import parts_folder
+    from aligner.extract.corpus_alignment import PROBS, Extraction, align_bitext
+    from aligner.extract.link_probs import output_lines
+    from aligner.extract.streaming import stream_extract
     from aligner.formats import open_bitext, read_bitext
-    from aligner.link_probs import output_lines
+    from aligner.links.combine import needs_soft
     from aligner.log import setup_logging
     from aligner.model_dir import LoadedModelDir
     from aligner.precision import autocast_context, resolve_precision
-    from aligner.streaming import stream_extract
 
     ranks = torchrun_world_size()
     is_main = ranks == 1 or int(os.environ.get("RANK", "0")) == 0
@@ -281,7 +282,7 @@ def write_results(output: str, alignments, soft: Optional[str],
     """Write the Pharaoh lines to `output` ('-' = stdout) and, with `soft`, the `matrices` as
     one compressed .npz file (load with ``numpy.load(soft)["fwd_0"]``); `lines`: the Pharaoh
     lines already formatted (with ``i-j:p`` links), and `numbers` the lines of the
-    `link_probs` file (aligner.link_probs.output_lines).
+    `link_probs` file (aligner.extract.link_probs.output_lines).
 
     All are complete before any appears: the .npz and the probabilities go to their temporary
     files first, then the Pharaoh file is written and renamed, then the others are renamed;
@@ -289,8 +290,8 @@ def write_results(output: str, alignments, soft: Optional[str],
     """
     import numpy as np
 
+    from aligner.extract.streaming import optional_output
     from aligner.formats import write_pharaoh
-    from aligner.streaming import optional_output
     from aligner.utils import atomic_output
 
     with optional_output(soft, "wb") as soft_out, optional_output(link_probs) as probs_out:

@@ -265,7 +265,7 @@ def self_training_options(function):
         click.option("--teacher/--no-teacher", default=recipe.TEACHER, show_default=True,
                      help="Self-training: round 1 is guided by the links of a classical "
                           "aligner trained by EM on the words of its lines (IBM-1, then HMMs "
-                          "of both directions in agreement; aligner/teacher.py), unless "
+                          "of both directions in agreement; aligner/training/teacher.py), unless "
                           "--guide is given; --no-teacher: round 1 trains unguided."),
         click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
                      show_default=True,
@@ -331,7 +331,7 @@ def overwrite_option(function):
 
 
 def block_lines_option(function):
-    """--block-lines: lines per block of a whole-bitext alignment (aligner/blocks.py)."""
+    """--block-lines: lines per block of a whole-bitext alignment (aligner/extract/blocks.py)."""
     return click.option(
         "--block-lines", type=click.IntRange(min=1), default=None,
         help="Lines per block of the alignment of the bitext: what is in memory at a time, "
@@ -341,7 +341,7 @@ def block_lines_option(function):
 
 def processes_option(function):
     """--processes of a whole-bitext alignment on a CPU
-    (aligner.corpus_alignment.block_processes)."""
+    (aligner.extract.corpus_alignment.block_processes)."""
     return click.option(
         "--processes", type=click.IntRange(min=0), default=0, show_default=True,
         help="Processes that align the blocks of the bitext on a CPU, each with its share of "

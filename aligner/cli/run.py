@@ -3,7 +3,7 @@
 Trains both directions of the recipe's model (aligner/training/recipe.py) on the bitext itself, in
 self-training rounds (aligner.training.rounds; the job made by aligner.training.builder, as
 align train's), then writes the symmetrized word alignments of every input line
-(aligner.corpus_alignment, block by block: memory does not grow with the corpus, except with
+(aligner.extract.corpus_alignment, block by block: memory does not grow with the corpus, except with
 --soft). Only parses options and wires the two; torch is imported inside.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  recipe_summary, resume_option, rounds_option, seed_option,
                                  self_training_options, threads_option, warmup_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD
+from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import (AlignerError, Terminated, check_condition, check_distinct_files,
                            check_outside_model_dir, check_writable, sigterm_raises)
 
@@ -128,11 +128,11 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             quiet: bool) -> None:
     """`align run` (its help: :data:`HELP`)."""
     from aligner.cli.extract import write_results
-    from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
+    from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
+    from aligner.links.metrics import score_aer
     from aligner.log import setup_logging
-    from aligner.metrics import score_aer
     from aligner.training.builder import build_job
     from aligner.training.loop import use_deterministic_algorithms
     from aligner.training.rounds import train_rounds
@@ -208,7 +208,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             model_dir = os.path.join(temporary, "model")
             request = dataclasses.replace(request, model_dir=model_dir)
         # under torchrun one process group for the rounds and the final alignment (its
-        # blocks sharded over the ranks, aligner/blocks.py)
+        # blocks sharded over the ranks, aligner/extract/blocks.py)
         with distributed(device) as context:
             reports = context.is_main   # torchrun: rank 0 writes the outputs and reports
             trained = train_rounds(request, plan)
@@ -245,7 +245,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         finally:
             stack.close()
     if not reports:
-        return   # torchrun: rank 0 wrote the outputs (aligner/blocks.py) and reports
+        return   # torchrun: rank 0 wrote the outputs (aligner/extract/blocks.py) and reports
     click.echo(f"align run: {n_lines} sentence pairs, {links} links "
                f"({links / max(1, n_lines):.1f} per pair); training {seconds['training']:.0f}s, "
                f"alignment {seconds['alignment']:.0f}s"

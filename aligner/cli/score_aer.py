@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import click
 
 from aligner import __version__
-from aligner import pr_curve
+from aligner.links import pr_curve
 from aligner.formats import (GOLD_FORMATS, GoldAlignment, check_alignments_against_bitext,
                              check_same_length, read_bitext, read_gold, read_lines)
-from aligner.link_probs import check_scored, links_only, read_scored_alignments
-from aligner.metrics import AERScore, AERStats, corpus_stats, score_from_stats, sum_stats
+from aligner.extract.link_probs import check_scored, links_only, read_scored_alignments
+from aligner.links.metrics import AERScore, AERStats, corpus_stats, score_from_stats, sum_stats
 from aligner.utils import AlignerError, atomic_output, check_condition, check_writable
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)
@@ -109,7 +109,7 @@ def command(gold: Optional[str], hypothesis: Optional[str], link_probs: Optional
     check_condition(gold is not None or (link_probs is None and sweep is None),
                     "--link-probs and --sweep score -a against -g: give both")
     if sweep is not None:
-        from aligner.plot import require_matplotlib
+        from aligner.links.plot import require_matplotlib
 
         require_matplotlib()
         check_writable(sweep, "--sweep")

@@ -3,7 +3,7 @@
 One panel per extraction method of the model kind and per direction (attention, alignment
 layer, HMM alignment probability / posterior ...), every panel in source–target orientation;
 gold links overlaid with -g. Parses options and delegates to aligner.api (the matrices) and
-aligner.plot (the drawing). torch and matplotlib are imported inside the command function.
+aligner.links.plot (the drawing). torch and matplotlib are imported inside the command function.
 """
 from __future__ import annotations
 
@@ -52,16 +52,16 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     the model accepts, or a figure too large to draw, is refused before any work. Example:
     align show model -s test.de -t test.en --line 3 -g test.talp -o pair3.png
     """
-    from aligner.plot import require_matplotlib
+    from aligner.links.plot import require_matplotlib
 
     require_matplotlib()  # fail before loading a model
 
     from aligner.api import Aligner
     from aligner.data import encode_pair
+    from aligner.extract.inference import loaded_max_positions
     from aligner.formats import check_links_in_range, read_bitext, read_gold
-    from aligner.inference import loaded_max_positions
+    from aligner.links.plot import check_figure_pixels, draw_alignments, figure_size
     from aligner.log import setup_logging
-    from aligner.plot import check_figure_pixels, draw_alignments, figure_size
     from aligner.utils import atomic_output
 
     logger = setup_logging(quiet=quiet)

@@ -9,8 +9,8 @@ from aligner.cli.options import quiet_option
 from aligner.constants import DEFAULT_HEURISTIC
 from aligner.formats import (check_alignments_against_bitext, check_same_length, read_bitext,
                              read_pharaoh, write_pharaoh)
-from aligner.combine import combine
-from aligner.symmetrize import HEURISTICS
+from aligner.links.combine import combine
+from aligner.links.symmetrize import HEURISTICS
 from aligner.utils import check_distinct_files, check_writable
 
 INPUT = click.Path(dir_okay=False, allow_dash=True)

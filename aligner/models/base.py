@@ -161,13 +161,14 @@ class AlignmentModel(nn.Module, abc.ABC):
         real source positions, the rest meaning "not aligned" (e.g. a direct HMM with the
         empty word). Extraction then neither renormalizes them over the real positions
         (soft matrices) nor links a word whose best link is less likely than the rest (hard
-        links; aligner/inference.py). Default: False (rows are renormalized)."""
+        links; aligner/extract/inference.py). Default: False (rows are renormalized)."""
         return False
 
     def alignment_path(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
                        method: str, **options) -> Optional[torch.Tensor]:
         """A hard path (B, I+1) of the model's own for `method`, or None (the default): the
-        extraction hook of aligner/inference.py, see :func:`~aligner.inference.hard_alignment`.
+        extraction hook of aligner/extract/inference.py, see
+        :func:`~aligner.extract.inference.hard_alignment`.
 
         Per target position i the aligned source position j (0-based, in [0, J]) or -1 for
         "not aligned". None: extraction takes the argmax of :meth:`alignment_scores`.

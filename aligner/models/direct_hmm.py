@@ -63,8 +63,8 @@ Extraction methods (``alignment_scores``, (B, I+1, J+1), larger = more strongly 
 * ``hmm-posterior`` — hmm0: α(j|i)·p_lex(e_i|j) normalized over j; hmm1: the forward–backward
   posterior γ(i,j) = ∂ log Z / ∂ log p_lex(e_i|j) (autograd).
 * ``hmm-viterbi`` (hmm1) — one-hot rows of the best path (max-product).
-For hmm1's two path methods ``alignment_path`` (the hook of aligner/inference.py) returns the
-path itself, so a word the greedy path puts on the source EOS stays unaligned.
+For hmm1's two path methods ``alignment_path`` (the hook of aligner/extract/inference.py) returns
+the path itself, so a word the greedy path puts on the source EOS stays unaligned.
 Extraction uses the un-smoothed lexicon (ε = 0).
 
 Decoding (``decode_step``, the contract of aligner/models/base.py; l_j = log p_lex(e | j), the
@@ -1223,8 +1223,9 @@ class FirstOrderHMM(DirectHMM):
         """Hard path (B, I+1), source position per target position, -1 at padding, for
         ``hmm-viterbi`` and ``hmm-alignment``; None for ``hmm-posterior`` (argmax of γ).
 
-        The extraction hook of aligner/inference.py. The Viterbi path never puts a real target
-        word on the source EOS; the greedy α path may (inference drops such links: unaligned).
+        The extraction hook of aligner/extract/inference.py. The Viterbi path never puts a real
+        target word on the source EOS; the greedy α path may (inference drops such links:
+        unaligned).
         """
         shortlist = self._check_method(method, options)
         if method == "hmm-posterior":

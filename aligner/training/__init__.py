@@ -18,4 +18,7 @@ and below them:
 - ``agreement``   both directions trained together with an agreement term
 - ``guidance``    guide alignments: read, mapped to subwords, and their loss term
 - ``samples``     which lines of the bitext each self-training round trains on
+- ``teacher``     the classical aligner (IBM-1, then HMMs in agreement) whose links guide
+                  round 1 of the recipe
+- ``run_record``  MODEL_DIR/run.json: the sessions of a training job and its stages' seconds
 """

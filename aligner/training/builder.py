@@ -19,9 +19,9 @@ from aligner import constants as C
 from aligner.config import CHECKPOINT_AT_THE_END, DataConfig, TrainConfig
 from aligner.distributed import resolve_device
 from aligner.formats import Bitext, GoldAlignment
+from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.models import model_class
 from aligner.prep import PrepConfig
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.training import recipe
 from aligner.training.directions import default_parallel_directions
 from aligner.training.request import SelfTraining, TrainRequest

@@ -45,9 +45,9 @@ from aligner import faults
 from aligner.config import TrainConfig
 from aligner.data import Batch, EncodedCorpus, EncodedPair, TokenBatcher, make_batch
 from aligner.distributed import DistributedContext
+from aligner.extract.inference import align_pairs, pair_batches
 from aligner.formats import GoldAlignment
-from aligner.inference import align_pairs, pair_batches
-from aligner.metrics import score_aer
+from aligner.links.metrics import score_aer
 from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_state,
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel

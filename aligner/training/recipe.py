@@ -34,8 +34,8 @@ EPOCHS = 2
 #: run`, round 1 of EPOCHS_PER_ROUND epochs (teacher_enfr.md)
 ROUNDS = 2
 EPOCHS_PER_ROUND = 1
-#: round 1 is guided by a classical teacher's links of its lines (aligner/teacher.py), their
-#: soft-average at TEACHER_THRESHOLD, at TEACHER_GUIDE_WEIGHT (teacher_enfr.md)
+#: round 1 is guided by a classical teacher's links of its lines (aligner/training/teacher.py),
+#: their soft-average at TEACHER_THRESHOLD, at TEACHER_GUIDE_WEIGHT (teacher_enfr.md)
 TEACHER = True
 TEACHER_THRESHOLD = 0.5
 #: weight of --guide's cross-entropy term: the direct HMMs' and the guided alignment layer's

@@ -39,8 +39,8 @@ from typing import Dict, Tuple
 
 from aligner import constants as C
 from aligner.config import RunConfig
-from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.model_dir import (BASE_DIR, GUIDE_DIR, check_new_run, config_path, holds_run,
                                load_preprocessing, remove_run_files, run_entries)
 from aligner.models import model_class

@@ -20,7 +20,7 @@ from aligner.training import recipe
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.prep import PrepConfig
-    from aligner.run_record import RunRecord
+    from aligner.training.run_record import RunRecord
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class TrainRequest:
     train. valid_bitext / valid_gold: optional validation pairs (words as in `bitext`) and
     their gold alignments. resume / overwrite: continue or replace an earlier run in
     `model_dir`; ignore_data_change: with `resume`, continue on the cached corpus even if
-    `bitext` differs (aligner.training.corpus.check_inputs). quiet / verbose: console logging; argv: the
-    command line, logged. extra: more settings for config.json's ``extra``. base_dir: a
+    `bitext` differs (aligner.training.corpus.check_inputs). quiet / verbose: console logging; argv:
+    the command line, logged. extra: more settings for config.json's ``extra``. base_dir: a
     trained base model directory for a kind trained on a frozen base (``align train --base``).
     parallel_directions: each direction in a process of its own (aligner/training/directions.py).
     init_dir: a trained model directory of the same kind to start from (``align train

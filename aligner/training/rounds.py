@@ -13,11 +13,11 @@ aligner/training/recipe.py), above the training of one model directory
       done                           written once round N's training has ended
     MODEL_DIR/config.json, fwd/, ... the last round's model, copied up when it is done
                                      (what `align extract MODEL_DIR` reads)
-    MODEL_DIR/run.json               the run record of every round (aligner/run_record.py)
+    MODEL_DIR/run.json               the run record of every round (aligner/training/run_record.py)
 
 Round 1 is the request as given, guided by the user's --guide if any, else (``teacher``) by
-the links of a classical aligner trained by EM on round 1's lines (aligner/teacher.py), which
-rank 0 writes before round 1 trains: "round 0". After each round but the last,
+the links of a classical aligner trained by EM on round 1's lines (aligner/training/teacher.py),
+which rank 0 writes before round 1 trains: "round 0". After each round but the last,
 the round's model aligns the lines the next round trains on (the kind's first extraction
 method, both directions combined by the plan's heuristic at ``guide_threshold``), and round
 r+1 trains guided by them at ``guide_weight``, fine-tuning round r's weights (``align train
@@ -34,7 +34,7 @@ rewrites another's directory.
 Needs a kind that trains with a guide (hmm0, hmm1) and both directions. Under torchrun every
 rank runs the rounds in one process group: each round trains through DDP
 (aligner/training/run.py), the guide alignment between rounds is sharded over the ranks by
-block (aligner/corpus_alignment.py), and rank 0 alone writes the run's own files, the others
+block (aligner/extract/corpus_alignment.py), and rank 0 alone writes the run's own files, the others
 waiting for it in a barrier.
 """
 from __future__ import annotations
@@ -55,23 +55,23 @@ import torch
 
 from aligner import constants as C
 from aligner import faults
-from aligner.combine import combine
 from aligner.config import RunConfig
-from aligner.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.formats import write_pharaoh
+from aligner.links.combine import combine
 from aligner.log import setup_logging
 from aligner.model_dir import (LOCK_NAME, PUBLISHED_ENTRIES, RUN_MARK, acquire_lock,
                                checksum_path, config_path, holds_run, load_preprocessing,
                                mark_run, prepare_output_dir, release_lock, write_version)
 from aligner.models import model_class
 from aligner.precision import resolve_precision
-from aligner.run_record import RunRecord, record_path
-from aligner import teacher
+from aligner.training import teacher
 from aligner.training import recipe
 from aligner.training.corpus import check_inputs
 from aligner.training.loop import TrainSummary
 from aligner.training.request import SelfTraining, TrainRequest
+from aligner.training.run_record import RunRecord, record_path
 from aligner.training.run import (begin_record, check_request, request_inputs, run_config,
                                   run_inputs, supports_guide, train)
 from aligner.training.samples import round_bitext
@@ -357,12 +357,12 @@ def _train_round(model_dir: str, this_round: TrainRequest, plan: SelfTraining,
 
 
 def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -> float:
-    """Rank 0: the classical teacher (aligner/teacher.py) trains on round 1's lines and writes
-    its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
+    """Rank 0: the classical teacher (aligner/training/teacher.py) trains on round 1's lines and
+    writes its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
     links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
     It runs in a "spawn" process of its own, so that its memory (1.5 GiB at its peak on
     40,000 Hansards lines) goes back to the system when it ends instead of staying in this
-    process's heap (aligner/malloc.py), with aligner.teacher.THREADS torch threads. Returns
+    process's heap (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns
     the seconds."""
     start = time.time()
     faults.reached("teacher")

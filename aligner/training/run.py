@@ -33,7 +33,7 @@ from aligner.model_dir import (CORPUS_DIR, acquire_lock, config_path, direction_
                                write_version)
 from aligner.models import model_class
 from aligner.precision import resolve_precision
-from aligner.run_record import RunRecord, record_path
+from aligner.training.run_record import RunRecord, record_path
 from aligner.training.agreement import (check_agreement_options, check_agreement_resumable,
                                         train_agreement)
 from aligner.training.corpus import (INPUTS_NAME, check_inputs, prepare_data, prepare_like,

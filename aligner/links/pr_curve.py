@@ -1,7 +1,7 @@
 """A probability-threshold sweep of scored alignments against gold: precision, recall and AER
 at each threshold, and its precision/recall curve as a PNG (`align score-aer --sweep`).
 
-At threshold t a link is kept when its score (aligner.link_probs: the number written with
+At threshold t a link is kept when its score (aligner.extract.link_probs: the number written with
 it, or the mean of its two numbers for a Moses heuristic) is strictly above t, as
 ``-H soft-average --threshold t`` keeps links: a soft-average file extracted at a low
 threshold (e.g. ``--threshold 0.05``) thus gives the curve of every higher one. No torch;
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from aligner.formats import GoldAlignment
-from aligner.metrics import AERScore, corpus_stats, score_from_stats, sum_stats
+from aligner.links.metrics import AERScore, corpus_stats, score_from_stats, sum_stats
 from aligner.utils import check_condition
 
 Link = Tuple[int, int]
@@ -73,7 +73,7 @@ def table(points: Sequence[SweepPoint], width: int) -> List[str]:
 def draw(out: IO[bytes], points: Sequence[SweepPoint], title: str, dpi: int = 100) -> None:
     """A PNG of the precision/recall curve: recall on x, precision on y (percent), one dot per
     threshold, every other one labelled, the lowest-AER point ringed."""
-    from aligner.plot import require_matplotlib
+    from aligner.links.plot import require_matplotlib
 
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg

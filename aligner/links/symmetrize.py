@@ -18,8 +18,8 @@ the order in which candidate links are visited, so results agree with it link fo
 
 Sentence lengths are not needed: a neighbour outside the sentence is never in F ∪ R.
 
-aligner.combine chooses between these and soft-average (aligner.soft_symmetrize) for every
-caller: use its ``combine`` to combine two directions by a heuristic named by the user.
+aligner.links.combine chooses between these and soft-average (aligner.links.soft_symmetrize) for
+every caller: use its ``combine`` to combine two directions by a heuristic named by the user.
 """
 from __future__ import annotations
 

@@ -32,15 +32,15 @@ import numpy as np
 import torch
 
 from aligner import constants as C
-from aligner.combine import combine, needs_soft
+from aligner.links.combine import combine, needs_soft
 from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, make_batch,
                           subword_to_word_links)
 from aligner.formats import Bitext
+from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.malloc import keep_freed_memory
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel
 from aligner.precision import active_autocast_dtype
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import check_condition, sigterm_raises
 
 logger = logging.getLogger(__name__)
@@ -437,7 +437,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     heuristics only when both directions are), each a list with one source–target link set
     per input line, in input order. `loaded` may be a model directory path (loaded on `device`,
     best checkpoint, only the directions asked for). The heuristics combine the two
-    directions through aligner.combine: a Moses heuristic their hard links; ``soft-average``
+    directions through aligner.links.combine: a Moses heuristic their hard links; ``soft-average``
     averages their word-level soft alignments (:func:`soft_alignments`, computed once for
     all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``:
     tqdm bars on stderr, one per direction and pass.

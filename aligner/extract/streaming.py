@@ -33,7 +33,8 @@ from aligner.utils import AlignerError, atomic_output, check_condition
 #: longest wait, after the first pair of a batch has arrived, for more pairs to join it
 WAIT_SECONDS = 0.05
 #: most pairs in one batch (a producer faster than the aligner fills batches to this): the
-#: block size of the file path (aligner.inference.BLOCK_LINES), so memory stays bounded alike
+#: block size of the file path (aligner.extract.inference.BLOCK_LINES), so memory stays bounded
+#: alike
 MAX_BATCH_LINES = 10_000
 READ_SIZE = 1 << 16
 _BOM = b"\xef\xbb\xbf"
@@ -253,13 +254,13 @@ def stream_extract(extraction: Any, source: Optional[str], target: Optional[str]
                    joint: Optional[str], output: str, link_probs: Optional[str],
                    inline: bool, wait: float = WAIT_SECONDS) -> Tuple[int, int]:
     """`align extract` on streamed input: every batch of :meth:`StreamBitext.batches` is
-    aligned by `extraction` (an aligner.corpus_alignment.Extraction, through the same
-    :func:`~aligner.corpus_alignment.lines_of_block` as a block of a file), written and
+    aligned by `extraction` (an aligner.extract.corpus_alignment.Extraction, through the same
+    :func:`~aligner.extract.corpus_alignment.lines_of_block` as a block of a file), written and
     flushed before the next is read (stdout at once; a regular -o or --link-probs file
     appears, atomically, at the end); `wait`: see :data:`WAIT_SECONDS`. Returns (pairs,
     links)."""
-    from aligner.corpus_alignment import PROBS, encode_block, lines_of_block
-    from aligner.inference import DirectionWorkers
+    from aligner.extract.corpus_alignment import PROBS, encode_block, lines_of_block
+    from aligner.extract.inference import DirectionWorkers
 
     n_pairs = n_links = 0
     names = [extraction.main] + ([PROBS] if link_probs is not None else [])

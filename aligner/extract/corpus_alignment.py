@@ -1,7 +1,7 @@
 """The one extraction path of a whole bitext: every command that aligns a corpus with a model
 directory aligns it here.
 
-* `align extract` (a file, block by block; a pipe, batch by batch, aligner/streaming.py;
+* `align extract` (a file, block by block; a pipe, batch by batch, aligner/extract/streaming.py;
   torchrun, the blocks shared out over the ranks; --soft, one block holding every matrix),
 * `align run`'s final alignment (its outputs -o, -f, -r, the links of the gold lines),
 * a self-training round's guide (aligner/training/rounds.py) and the alignment layer's stage 0
@@ -10,8 +10,8 @@ directory aligns it here.
 all describe what they align with as one :class:`Extraction` (the loaded model directory and
 the method's settings, resolved) and turn each block of lines into its output lines with
 :func:`lines_of_block`; :func:`align_bitext` does that block by block through
-aligner/blocks.py. Every input line gets exactly one output line, in input order (a line with
-an empty side, or too long for the model, an empty one; in a guide, also a line the next
+aligner/extract/blocks.py. Every input line gets exactly one output line, in input order (a line
+with an empty side, or too long for the model, an empty one; in a guide, also a line the next
 round's training skips). The bitext is read in blocks of inference.BLOCK_LINES lines, each
 aligned and its lines written (to a parts folder that a cut-off run resumes from) before the
 next is read, so memory does not grow with the corpus (but with ``keep_soft``).
@@ -103,7 +103,7 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
 
     names: the outputs wanted: ``fwd``, ``rev`` (each direction's own links; direction
     ``both`` only), ``extraction.main`` and :data:`PROBS` (the main links' probabilities,
-    aligner.link_probs); `inline`: the main output's links as ``i-j:p``. gold_here: lines
+    aligner.extract.link_probs); `inline`: the main output's links as ``i-j:p``. gold_here: lines
     (indices into `pairs`) whose links of ``fwd``, ``rev`` and the main output are wanted too.
     keep_soft: the soft matrices are computed (and returned) even where no output needs them.
     workers: the DirectionWorkers of the caller (or True / False), for the soft matrices.
@@ -111,14 +111,14 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
     Returns (lines per name in `names`, each ending in a newline; the links per name, with
     every line of an output asked for and the gold lines of the others, the rest empty; the
     soft matrices per direction, empty when none were computed). What is computed: each
-    direction's hard links (aligner.inference.align_pairs) where an output or the heuristic
+    direction's hard links (aligner.extract.inference.align_pairs) where an output or the heuristic
     needs them, the soft matrices (soft_alignments_by_direction) where soft-average, the
     probabilities or `keep_soft` need them, the main links from those.
     """
-    from aligner import inference
-    from aligner.combine import combine, needs_soft
+    from aligner.extract import inference
+    from aligner.extract.link_probs import output_lines
     from aligner.formats import format_links
-    from aligner.link_probs import output_lines
+    from aligner.links.combine import combine, needs_soft
 
     main, both = extraction.main, extraction.direction == "both"
     # the probabilities of the main links, where an output takes them
@@ -159,10 +159,10 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
 
 def encode_block(extraction: Extraction, block, trained_by: Optional["DataConfig"] = None
                  ) -> List[EncodedPair]:
-    """The encoded pairs of a block (aligner.inference.encode_bitext: its warnings about lines
-    that get an empty alignment); `trained_by`: a line that training with these length filters
+    """The encoded pairs of a block (aligner.extract.inference.encode_bitext: its warnings about
+    lines that get an empty alignment); `trained_by`: a line that training with these length filters
     skips (:func:`aligner.data.filtered_out`) is aligned as an empty pair."""
-    from aligner import inference
+    from aligner.extract import inference
 
     pairs = inference.encode_bitext(extraction.loaded, block)
     if trained_by is None:
@@ -218,7 +218,7 @@ def block_processes(asked: int, device: Any, n_blocks: int) -> int:
     """How many processes align the blocks of one bitext: `asked` (--processes; 0 = every
     core this process has threads for: min(cores, torch threads)), at most one per block; 1 (this process, with a pair of direction workers) on a GPU,
     under torch.distributed (the ranks share the blocks out already) and for one block."""
-    from aligner.blocks import process_group
+    from aligner.extract.blocks import process_group
 
     import torch
 
@@ -237,12 +237,12 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
     """Initializer of a block process: the parent's allocator settings, the console logging,
     `threads` torch threads, the model directory loaded on the CPU (the same weights as the
     parent's: its checksums are in the parts record), then SIGTERM as in the direction
-    workers (aligner.inference._exit_on_sigterm). A SIGTERM while the model loads ends the
+    workers (aligner.extract.inference._exit_on_sigterm). A SIGTERM while the model loads ends the
     process on the spot, as it holds nothing then: raised as SystemExit inside this
     initializer, concurrent.futures would print its traceback."""
     import torch
 
-    from aligner.inference import _exit_on_sigterm
+    from aligner.extract.inference import _exit_on_sigterm
     from aligner.log import setup_logging
     from aligner.malloc import keep_freed_memory
 
@@ -355,11 +355,11 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     :func:`lines_of_block`, `inline_probs` its `inline`). `precision`: of the extraction
     (aligner/precision.py; ``auto``: bf16 on CUDA with native bfloat16, else fp32);
     `checkpoint`: the weights the extraction loaded (for the parts record); `anew`: what a
-    refused --resume tells the user to do (aligner/blocks.py). `processes`: how many
+    refused --resume tells the user to do (aligner/extract/blocks.py). `processes`: how many
     processes align the blocks on a CPU (0 = every core; :func:`block_processes`), each
     block's lines the same whatever the number.
 
-    `parts`: the parts folder that keeps each finished block (aligner/blocks.py; not with
+    `parts`: the parts folder that keeps each finished block (aligner/extract/blocks.py; not with
     `keep_soft`), with `resume` / `overwrite` / `stale` as there: a run cut off goes on from
     its first unfinished block. Under torch.distributed the blocks are shared out over the
     ranks (every rank calls this) and rank 0 writes the outputs. One progress bar
@@ -372,8 +372,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     then left to it; the number of links of the main output). On ranks other than 0: no
     links, None, 0.
     """
-    from aligner import inference
-    from aligner.blocks import align_in_blocks, bitext_identity
+    from aligner.extract import inference
+    from aligner.extract.blocks import align_in_blocks, bitext_identity
     from aligner.model_dir import model_checksums
     from aligner.precision import autocast_context, resolve_precision
 

@@ -1,6 +1,6 @@
 """Per-link probabilities: the number each link gets, and the two text forms that carry them.
 
-The numbers come from the word-level soft alignments of the run (aligner.inference.
+The numbers come from the word-level soft alignments of the run (aligner.extract.inference.
 soft_alignments: the matrices ``align extract --soft`` writes, source–target orientation,
 subword rows averaged within a word and summed over the other side's subwords):
 
@@ -33,8 +33,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from aligner.combine import needs_soft
 from aligner.formats import parse_links, read_lines, tokenize_line
+from aligner.links.combine import needs_soft
 from aligner.utils import AlignerError, check_condition
 
 Link = Tuple[int, int]

@@ -25,7 +25,7 @@ Conventions: one direction at a time. The *observed* side's words are the HMM's 
 i = 0..I-1; the *given* side's words are its states j = 0..J-1. "fwd" observes the target
 given the source (as the model p(target | source)); "rev" the source given the target.
 Soft alignments come back per line as (source words, target words) arrays, source–target
-orientation as in aligner.combine: fwd[i, j] = p(source i | target j), rev[i, j] =
+orientation as in aligner.links.combine: fwd[i, j] = p(source i | target j), rev[i, j] =
 p(target j | source i).
 """
 from __future__ import annotations
@@ -312,9 +312,9 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
                     ) -> Dict[str, List[np.ndarray]]:
     """Train both directions on the words of every line and return their soft alignments,
     ``{"fwd": [...], "rev": [...]}``: one (source words, target words) array per line, as
-    aligner.combine.combine takes them; a line the teacher skips (an empty side, over
+    aligner.links.combine.combine takes them; a line the teacher skips (an empty side, over
     ``config.max_words``) gets an array without elements, whatever its length (as in
-    aligner.inference.no_alignment)."""
+    aligner.extract.inference.no_alignment)."""
     sides = {"fwd": (target, source), "rev": (source, target)}   # (observed, given)
     directions = {name: _Direction(observed, given, config)
                   for name, (observed, given) in sides.items()}

@@ -4,9 +4,9 @@ Two kinds of heuristic combine the forward model p(target | source) ("fwd") with
 model p(source | target) ("rev"):
 
 * the Moses heuristics (``intersect``, ``union``, ``grow-diag``, ``grow-diag-final``,
-  ``grow-diag-final-and``; aligner.symmetrize) take each direction's *hard* links: per line a
+  ``grow-diag-final-and``; aligner.links.symmetrize) take each direction's *hard* links: per line a
   set of ``(i, j)`` links;
-* ``soft-average`` (aligner.soft_symmetrize) takes each direction's *soft* alignment: per line
+* ``soft-average`` (aligner.links.soft_symmetrize) takes each direction's *soft* alignment: per line
   a float (I, J) matrix, and links ``(i, j)`` where the mean of the two exceeds a threshold.
 
 :func:`needs_soft` says which of the two a heuristic takes, so that a caller computes only
@@ -21,8 +21,8 @@ from typing import List, Mapping, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from aligner import constants as C
-from aligner.soft_symmetrize import DEFAULT_THRESHOLD, soft_average_corpus
-from aligner.symmetrize import symmetrize_corpus
+from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD, soft_average_corpus
+from aligner.links.symmetrize import symmetrize_corpus
 from aligner.utils import AlignerError, check_condition
 
 Link = Tuple[int, int]
@@ -52,12 +52,12 @@ def combine(heuristic: str, threshold: float = DEFAULT_THRESHOLD,
 
     hard: ``{"fwd": [...], "rev": [...]}``, each direction's links of every line, one set of
         ``(i, j)`` per line (source word i, target word j, both directions source–target);
-        what a Moses heuristic needs (aligner.symmetrize).
+        what a Moses heuristic needs (aligner.links.symmetrize).
     soft: ``{"fwd": [...], "rev": [...]}``, each direction's word-level soft alignment of every
         line, one (I, J) array per line for I source and J target words: ``fwd[i, j]`` =
         p(source word i | target word j), ``rev[i, j]`` = p(target word j | source word i)
-        (aligner.inference.soft_alignments, what ``align extract --soft`` writes); what
-        soft-average needs (aligner.soft_symmetrize), with `threshold` (ignored otherwise).
+        (aligner.extract.inference.soft_alignments, what ``align extract --soft`` writes); what
+        soft-average needs (aligner.links.soft_symmetrize), with `threshold` (ignored otherwise).
 
     Only the input the heuristic needs (:func:`needs_soft`) is read; other keys of the
     mappings are ignored. AlignerError, in one line, for an unknown heuristic, a needed input

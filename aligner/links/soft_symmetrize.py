@@ -1,6 +1,6 @@
 """Symmetrization of two directions' soft alignments by averaging them (posterior decoding).
 
-The Moses heuristics (aligner.symmetrize) see only each direction's hard links. A method that
+The Moses heuristics (aligner.links.symmetrize) see only each direction's hard links. A method that
 gives a probability per link (HMM posteriors, attention, the alignment layer) can instead be
 combined before any decision is taken, as in posterior decoding of the HMM (Liang, Taskar &
 Klein 2006, "Alignment by agreement", §4: link where the posterior exceeds a threshold) with
@@ -21,7 +21,7 @@ The threshold trades precision for recall. At the default 0.5 a link is kept whe
 directions together call it more likely than not; a word can still get several links (two
 source words that both put most of their probability on one target word, as the reverse
 direction allows, while the forward direction splits that word's column between them).
-Only numpy is needed. aligner.combine chooses between this and the Moses heuristics for every
+Only numpy is needed. aligner.links.combine chooses between this and the Moses heuristics for every
 caller (``combine``, ``needs_soft``).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def soft_average(forward: np.ndarray, reverse: np.ndarray,
     forward, reverse: (I, J) arrays, source–target orientation (see the module docstring).
     Returns a set of 0-based (source word, target word) links. The comparison is strict. A
     matrix without elements (a line that gets no alignment: an empty side, or a pair too long
-    for a model, aligner.inference.no_alignment) gives no links, whatever the other's shape.
+    for a model, aligner.extract.inference.no_alignment) gives no links, whatever the other's shape.
     """
     if np.size(forward) == 0 or np.size(reverse) == 0:
         return set()

@@ -248,7 +248,7 @@ def align_in_blocks(bitext, block_lines: int, outputs: Dict[str, Optional[str]],
     0 writes the outputs. Returns every block's meta in input order (on rank 0; None on the
     other ranks, which write nothing but their parts). `map_blocks`: aligns the (index,
     block) pairs to do, giving (index, its result) in their order, instead of `align_block`
-    one after the other in this process (aligner.corpus_alignment.BlockProcesses; with a
+    one after the other in this process (aligner.extract.corpus_alignment.BlockProcesses; with a
     parts folder only).
     """
     rank, world, distributed = process_group()
