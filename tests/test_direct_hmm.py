@@ -657,6 +657,31 @@ def test_lexicon_shortlist_normalizes_over_frequent_and_observed_words_only(cls)
                               atol=1e-6)
 
 
+@pytest.mark.parametrize("cls", [ZeroOrderHMM, FirstOrderHMM])
+def test_linear_lexicon_shortlist_is_per_sentence_whatever_its_batch(cls):
+    """The linear lexicon's shortlist=N: sentence b's p_lex(e_i|j) normalizes over the ids < N
+    and b's own target words (brute force over the (B, I, J, V) logits), so a sentence gets
+    the same posteriors alone as beside other sentences."""
+    model = _model(cls, lexicon_activation="linear", lexicon_dim=8)
+    src, tgt_in, tgt_out = _batch(PAIRS)
+    with torch.no_grad():
+        _, source_hidden, target_hidden = model.decode(src, tgt_in)
+        short = model.log_lexicon(source_hidden, target_hidden, tgt_out, shortlist=5)
+        logits = model.lexicon(source_hidden[:, None] + target_hidden[:, :, None])
+    for b in range(len(PAIRS)):
+        keep = torch.zeros(VOCAB, dtype=torch.bool)
+        keep[:5] = True
+        keep[tgt_out[b]] = True
+        expected = logits[b].gather(-1, tgt_out[b, :, None, None].expand(
+            -1, logits.size(2), 1)).squeeze(-1) - torch.logsumexp(logits[b][..., keep], -1)
+        assert torch.allclose(short[b], expected, atol=1e-5)
+    together = model.alignment_scores(src, tgt_in, tgt_out, "hmm-posterior", shortlist=5)
+    for b, pair in enumerate(PAIRS):
+        alone = model.alignment_scores(*_batch([pair]), "hmm-posterior", shortlist=5)
+        rows, columns = alone.shape[1:]
+        assert torch.allclose(together[b, :rows, :columns], alone[0], atol=1e-6)
+
+
 @pytest.mark.parametrize("dim", [0, 3])
 def test_first_order_scores_equal_the_key_side_formula(dim):
     """W_o applied to the queries (I·a²) instead of the J·(J+1) keys (J²·a²): the same

@@ -92,6 +92,10 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: the EOS column, the kind's "not aligned" (:func:`aligner.training.guidance.
     #: unaligned_to_eos`; the guided alignment layer). False: such a token has no guide term
     GUIDE_UNALIGNED_TO_EOS: bool = False
+    #: the methods that take the extraction option ``shortlist`` (the lexicon normalized over
+    #: the most frequent words and the sentence's own; `align extract`'s default for them:
+    #: aligner/training/recipe.py SHORTLIST)
+    SHORTLIST_METHODS: Tuple[str, ...] = ()
     #: the default method of `align translate --print-alignment` (None: ``METHODS[0]``)
     TRANSLATE_ALIGNMENT_METHOD: Optional[str] = None
     #: the kind of the frozen base this kind is trained on (two-stage training, see

@@ -387,11 +387,14 @@ LINEAR_LEXICON_FALLBACK_ROWS = 1024
 
 def _direct_log_norm(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                      weight: torch.Tensor, bias: Optional[torch.Tensor], batch: torch.Tensor,
-                     step: torch.Tensor, state: torch.Tensor, accumulate: torch.dtype
-                     ) -> torch.Tensor:
+                     step: torch.Tensor, state: torch.Tensor, accumulate: torch.dtype,
+                     excluded: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log Σ_v exp(logit(v | i, j)) of the (batch, step, state) entries, by a direct logsumexp
-    (the logits again, for these (i, j) only: the parts may have been overwritten)."""
+    (the logits again, for these (i, j) only: the parts may have been overwritten); the words
+    `excluded` (B, V) of a sentence are left out of its sum."""
     target_rows = F.linear(target_hidden[batch, step], weight, bias).to(accumulate)
+    if excluded is not None:
+        target_rows = target_rows.masked_fill(excluded[batch], float("-inf"))
     source_rows = F.linear(source_hidden[batch, state], weight).to(accumulate)
     return torch.logsumexp(target_rows + source_rows, dim=-1)
 
@@ -399,7 +402,8 @@ def _direct_log_norm(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
 def _fixed_fallback(log_norm: torch.Tensor, norm: torch.Tensor, far: torch.Tensor,
                     source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                     weight: torch.Tensor, bias: Optional[torch.Tensor],
-                    accumulate: torch.dtype, rows: int) -> torch.Tensor:
+                    accumulate: torch.dtype, rows: int,
+                    excluded: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log_norm with its entries below the floor recomputed directly, in tensors whose shapes
     depend on the input's shape only (no ``nonzero()``, no ``bool()`` of a device tensor: a
     GPU runs it without the host waiting): the `rows` smallest normalizers (topk of a fixed
@@ -415,7 +419,8 @@ def _fixed_fallback(log_norm: torch.Tensor, norm: torch.Tensor, far: torch.Tenso
     b = torch.div(index, steps * states, rounding_mode="floor")
     i = torch.div(index, states, rounding_mode="floor") % steps
     j = index % states
-    direct = _direct_log_norm(source_hidden, target_hidden, weight, bias, b, i, j, accumulate)
+    direct = _direct_log_norm(source_hidden, target_hidden, weight, bias, b, i, j, accumulate,
+                              excluded)
     values = torch.where(far.reshape(-1)[index], direct.to(log_norm.dtype),
                          log_norm.reshape(-1)[index])
     # topk's indices are distinct: one write per entry, deterministic
@@ -426,7 +431,8 @@ def _fixed_fallback(log_norm: torch.Tensor, norm: torch.Tensor, far: torch.Tenso
 def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.Tensor,
                              weight: torch.Tensor, bias: Optional[torch.Tensor],
                              targets: torch.Tensor, smoothing: float = 0.0,
-                             fallback_rows: Optional[int] = None) -> torch.Tensor:
+                             fallback_rows: Optional[int] = None,
+                             excluded: Optional[torch.Tensor] = None) -> torch.Tensor:
     """log p_lex(e_i | j) of the linear lexicon W4·(W5·h_j + W6·s_i) + bias: (B, I, J).
 
     The logits split into a target and a source part, logit(v | i, j) = a_iv + b_jv with
@@ -453,8 +459,13 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
     while at most K (i, j) of the batch are (the same values as None); beyond that the rest
     keep the factored value (the floor's sum, log 0 read as log 1: a lexicon whose two
     parts' maxima fall on unrelated words for more than K pairs, which a trained model is not).
+
+    excluded: (B, V) bool or None: words left out of sentence b's normalizers (a per-sentence
+    shortlist, :meth:`DirectHMM.log_lexicon`); never one of the sentence's own targets.
     """
     target_part = F.linear(target_hidden, weight, bias)                           # (B, I, V)
+    if excluded is not None:   # exp(-inf) = 0: the word adds nothing to the sentence's Z
+        target_part = target_part.masked_fill(excluded.unsqueeze(1), float("-inf"))
     source_part = F.linear(source_hidden, weight)                                 # (B, J, V)
     accumulate = torch.promote_types(target_part.dtype, torch.float32)
     target_part, source_part = target_part.to(accumulate), source_part.to(accumulate)
@@ -487,10 +498,11 @@ def linear_lexicon_log_probs(source_hidden: torch.Tensor, target_hidden: torch.T
             batch, step, state = far.nonzero(as_tuple=True)
             log_norm = log_norm.index_put(
                 (batch, step, state), _direct_log_norm(source_hidden, target_hidden, weight,
-                                                       bias, batch, step, state, accumulate))
+                                                       bias, batch, step, state, accumulate,
+                                                       excluded))
     else:   # fixed shapes: no host sync on a GPU (bool(any()) and nonzero() wait for it)
         log_norm = _fixed_fallback(log_norm, norm, far, source_hidden, target_hidden, weight,
-                                   bias, accumulate, fallback_rows)
+                                   bias, accumulate, fallback_rows, excluded)
     scores = observed_target + observed_source - log_norm
     if smoothing > 0.0:
         uniform = mean_target + mean_source - log_norm
@@ -863,6 +875,8 @@ class DirectHMM(AlignmentModel):
     BEST_HEURISTIC = "soft-average"
     #: hmm0 and hmm1 implement training_terms (guided and agreement training)
     TRAINS_POSTERIOR = True
+    #: the methods that read the lexicon (:meth:`log_lexicon`)
+    SHORTLIST_METHODS = ("hmm-posterior", "hmm-viterbi")
 
     def __init__(self, config: DirectHMMConfig):
         super().__init__()
@@ -990,13 +1004,16 @@ class DirectHMM(AlignmentModel):
 
         In training mode with ``config.lexicon_sample`` > 0 the softmax runs over the sampled
         candidate words of :meth:`candidate_words` only (an approximation of the normalizer).
-        ``shortlist`` > 0 (extraction option): the softmax runs over the ``shortlist`` most
-        frequent words (vocabulary ids are in frequency order) plus the batch's own words only
-        — an approximation that costs ``shortlist``/V of the exact lexicon. With
+        ``shortlist`` > 0 (extraction option): the softmax of a sentence runs over the
+        ``shortlist`` most frequent words (vocabulary ids are in frequency order) plus the
+        sentence's own target words only — an approximation that costs about ``shortlist``/V of
+        the exact lexicon, the same for a sentence whatever else is in its batch (the linear
+        lexicon; the relu lexicon's runs over the batch's words). With
         ``config.lexicon_activation == "linear"`` the (candidate or whole) vocabulary goes to
         :func:`linear_lexicon_log_probs` (no chunks: it never holds (B, I, J, V)).
         """
         weight, bias, targets = self.lexicon.weight, self.lexicon.bias, tgt_out
+        excluded = None
         if self.training and self.config.lexicon_sample > 0:
             candidates = self.candidate_words(tgt_out)
             weight, bias = weight[candidates], bias[candidates]
@@ -1006,9 +1023,14 @@ class DirectHMM(AlignmentModel):
                 torch.arange(shortlist, device=tgt_out.device), tgt_out.flatten()]))
             weight, bias = weight[candidates], None if bias is None else bias[candidates]
             targets = torch.searchsorted(candidates, tgt_out)
+            # (B, C): a candidate beyond the shortlist that is not one of sentence b's words
+            own = torch.zeros(tgt_out.size(0), candidates.numel(), dtype=torch.bool,
+                              device=tgt_out.device)
+            own.scatter_(1, targets, True)
+            excluded = ~own & (candidates >= shortlist).unsqueeze(0)
         if self.config.lexicon_activation == "linear":
             return linear_lexicon_log_probs(source_hidden, target_hidden, weight, bias, targets,
-                                            smoothing)
+                                            smoothing, excluded=excluded)
         chunk = self.config.lexicon_chunk
         if not torch.is_grad_enabled() and chunk > 0 and self.config.chunk_floats > 0:
             # inference: as many positions as the float budget allows (B·J·V floats each)
@@ -1075,7 +1097,7 @@ class DirectHMM(AlignmentModel):
         check_condition(method in self.METHODS,
                         f"unknown method '{method}' for model kind hmm{self.order} "
                         f"(choose from {', '.join(self.METHODS)})")
-        allowed = {"shortlist"} if method in ("hmm-posterior", "hmm-viterbi") else set()
+        allowed = {"shortlist"} if method in self.SHORTLIST_METHODS else set()
         unknown = sorted(set(options) - allowed)
         check_condition(not unknown, f"method '{method}' takes no option "
                                      f"{', '.join(unknown)}"
