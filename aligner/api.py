@@ -69,8 +69,8 @@ class Aligner:
 
         `checkpoint`: "best" or "last" weights; `directions`: which models to load (both by
         default; one is enough for ``direction="fwd"`` or ``"rev"``); `precision`: "fp32",
-        "bf16" (bfloat16 autocast) or "auto" (bf16 on CUDA GPUs with native bfloat16, else
-        fp32), as ``align extract --precision``. Errors (no such directory, missing files,
+        "bf16" (bfloat16 autocast) or "auto" (bf16 on CUDA GPUs with native bfloat16 and on
+        CPUs with bfloat16 instructions, else fp32), as ``align extract --precision``. Errors (no such directory, missing files,
         CUDA asked for but absent, bf16 where unsupported) raise
         :class:`aligner.utils.AlignerError`.
         """
@@ -79,7 +79,7 @@ class Aligner:
         from aligner.precision import resolve_precision
 
         torch_device = resolve_device(device)
-        resolved = resolve_precision(precision, torch_device)
+        resolved = resolve_precision(precision, torch_device, inference=True)
         return cls(LoadedModelDir.load(model_dir, tuple(directions), checkpoint, torch_device),
                    torch_device, resolved)
 
@@ -128,7 +128,8 @@ class Aligner:
             threshold 0.5.
         max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
-            ``sgd_lr=1.0``, ``init="random"`` (layer-sgd).
+            ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
+            exact lexicon; default as ``align extract``'s, the recipe's shortlist).
 
         Returns a list with one set of ``(i, j)`` links per pair (i = 0-based source word,
         j = 0-based target word). With ``return_probabilities=True`` each entry is instead a
@@ -140,7 +141,8 @@ class Aligner:
         :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be aligned (empty
         side, too long for the model) gets zeros.
         """
-        from aligner.extract.inference import align_pairs, encode_bitext, soft_alignments
+        from aligner.extract.inference import (align_pairs, default_options, encode_bitext,
+                                               soft_alignments)
         from aligner.formats import Bitext, check_same_length
         from aligner.links.combine import check_heuristic, combine, needs_soft
         from aligner.precision import autocast_context
@@ -159,6 +161,9 @@ class Aligner:
         check_condition(method in self.methods,
                         f"unknown method '{method}' for model kind '{self.model_kind}' "
                         f"(choose from {', '.join(self.methods)})")
+        # the recipe's shortlist where the method takes one, as align extract's
+        method_options = default_options(next(iter(self.loaded.models.values())), method,
+                                         method_options)
         pairs = encode_bitext(self.loaded, Bitext(src_words, tgt_words, "src", "tgt"))
         with autocast_context(self.precision, self.device):
             by_direction = {d: align_pairs(self.loaded.models[d], pairs, d, method, max_tokens,

@@ -77,3 +77,18 @@ def keep_freed_memory() -> bool:
     _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD,
                                                                TRIM_THRESHOLD_BYTES))
     return _applied
+
+
+#: oneDNN's cache of compiled matrix-product kernels, one per shape (torch's bfloat16 products
+#: on the CPU run through oneDNN): 1,024 kernels by default, each with its own buffers, so an
+#: extraction's varied batch shapes made it grow to 900 MiB on 2,000 Hansards lines (0.6 GiB
+#: with at most 16 kernels, the same speed; eval/results/profile_extract.md)
+ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_KERNELS = "16"
+
+
+def limit_kernel_cache() -> None:
+    """Keep at most :data:`ONEDNN_CACHE_KERNELS` oneDNN kernels (unless the user set
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``). Read by oneDNN when torch first uses it: call this
+    before torch is imported (the ``align`` group does; the processes it spawns inherit it)."""
+    os.environ.setdefault(ONEDNN_CACHE, ONEDNN_CACHE_KERNELS)

@@ -20,8 +20,10 @@ Adam's state stay float32). ``auto`` is bf16 on a CUDA device with native bfloat
 capability >= 8: A100, H100, RTX 30xx and later), float32 everywhere else (V100 and T4
 emulate bfloat16, slowly); ``bf16`` is also accepted on older GPUs, which
 emulate it. ``bf16`` on CPU uses CPU autocast: faster than float32 on CPUs with bfloat16
-instructions (avx512_bf16, AMX; see eval/results/precision_bf16.md), usually slower on others,
-hence not ``auto``. CPU autocast, unlike CUDA autocast, does not promote softmax and layer norm
+instructions (avx512_bf16, AMX; eval/results/precision_bf16.md, profile_extract.md), usually
+slower on others; so ``auto`` inference (`align extract`, the final alignment of `align run`)
+runs bf16 on a CPU with those instructions and float32 on others, while training on a CPU
+(and so the self-training rounds' guides) stays float32. CPU autocast, unlike CUDA autocast, does not promote softmax and layer norm
 to float32 by itself: the explicit ``.float()`` casts above are what keeps them exact.
 
 Usage (the whole decoding or extraction call goes inside the context)::
@@ -43,12 +45,13 @@ from aligner.utils import check_condition
 PRECISIONS = C.PRECISIONS
 
 
-def resolve_precision(name: str, device: torch.device) -> str:
+def resolve_precision(name: str, device: torch.device, inference: bool = False) -> str:
     """``fp32`` or ``bf16`` for the precision `name` on `device`.
 
-    ``auto``: bf16 on CUDA with native bfloat16, else fp32. ``bf16`` is accepted on CPU and on
-    CUDA devices that support it; anything else is a one-line user error
-    (:func:`choose_precision` with this machine's answers).
+    ``auto``: bf16 on CUDA with native bfloat16 and, for `inference` (the alignment of a
+    bitext, `align extract`), on a CPU with bfloat16 instructions (:func:`cpu_native_bf16`),
+    else fp32. ``bf16`` is accepted on CPU and on CUDA devices that support it; anything else
+    is a one-line user error (:func:`choose_precision` with this machine's answers).
     """
     check_condition(name in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)} "
                                         f"(got '{name}')")
@@ -56,18 +59,40 @@ def resolve_precision(name: str, device: torch.device) -> str:
     if device.type == "cuda" and name != "fp32":
         native = cuda_supports_bf16(device, emulation=False)
         emulated = native or cuda_supports_bf16(device, emulation=True)
+    elif device.type == "cpu" and name == "auto" and inference:
+        native = cpu_native_bf16()
     return choose_precision(name, device, native, emulated)
+
+
+#: /proc/cpuinfo flags of the x86 instructions that compute in bfloat16 (AVX-512 BF16 on
+#: Zen 4 and Cooper Lake and later, AMX on Sapphire Rapids and later)
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bfloat16 instructions (:data:`CPU_BF16_FLAGS` in the flags of
+    `cpuinfo`; False where the file is absent, as on macOS and Windows)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = set(line.partition(":")[2].split())
+                    return any(flag in flags for flag in CPU_BF16_FLAGS)
+    except OSError:
+        pass
+    return False
 
 
 def choose_precision(name: str, device: torch.device, native_bf16: bool = False,
                      any_bf16: bool = False) -> str:
     """The pure rule of :func:`resolve_precision`: `native_bf16` / `any_bf16` say whether the
-    CUDA device has bfloat16 units / runs bfloat16 at all (emulated counts); CPU autocast
-    always runs it. ``auto`` -> ``bf16`` only on CUDA with native bfloat16."""
+    device has bfloat16 units (a CPU: only where :func:`resolve_precision` asks, for
+    inference) / runs bfloat16 at all (emulated counts); CPU autocast always runs it.
+    ``auto`` -> ``bf16`` only where `native_bf16`."""
     check_condition(name in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)} "
                                         f"(got '{name}')")
     if name == "auto":
-        return "bf16" if device.type == "cuda" and native_bf16 else "fp32"
+        return "bf16" if device.type in ("cuda", "cpu") and native_bf16 else "fp32"
     if name == "bf16":
         check_condition(device.type == "cpu" or (device.type == "cuda" and any_bf16),
                         f"--precision bf16: not supported on device '{device}' "

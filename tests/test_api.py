@@ -59,6 +59,11 @@ def aligner(transformer_dir):
 
 
 def test_links_equal_align_extract_for_every_direction(transformer_dir, aligner):
+    """The API aligns as aligner.extract does (both in float32 here: the default precision
+    is align extract's, bf16 on a CPU with bfloat16 instructions)."""
+    from aligner import Aligner
+
+    aligner = Aligner.load(str(transformer_dir[0]), device="cpu", precision="fp32")
     directory, sources, targets, _ = transformer_dir
     src, tgt = sources[:6], targets[:6]
     bitext = Bitext(src, tgt, "s", "t")

@@ -74,7 +74,7 @@ def test_run_defaults_are_the_recipe():
     assert defaults["max_tokens"] is None and defaults["lr"] is None
     assert recipe.device_defaults("cpu")["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
-    assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == 0
+    assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == recipe.SHORTLIST
     # None: recipe.TRAIN_MAX_LEN, within -M max_positions (tests/test_run.py)
     assert defaults["max_len"] is None
 

@@ -63,7 +63,9 @@ def test_glibc_alone_maps_a_large_tensor_and_keep_freed_memory_puts_it_on_the_he
     kept = _probe("function")
     assert kept["applied"] is True
     assert kept["mapped_while_alive"] < 64 << 20             # from the heap
-    assert kept["kept_after_free"] >= 64 << 20              # and kept when freed
+    # and kept when freed (the heap grows by the tensor less what it already had free at its
+    # top: a few KiB, depending on what the imports before it allocated)
+    assert kept["kept_after_free"] >= 63 << 20
 
 
 def test_aligner_malloc_system_leaves_the_allocator_as_it_is():
@@ -102,3 +104,25 @@ def test_an_unknown_aligner_malloc_value_is_one_line_listing_the_values(tmp_path
 
 def test_aligner_malloc_system_in_any_case_is_accepted():
     assert _probe("function", env_extra={"ALIGNER_MALLOC": " System "})["applied"] is False
+
+
+def test_the_align_group_limits_onednns_kernel_cache_unless_the_user_set_it(monkeypatch):
+    """oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY when torch first uses it: the group sets
+    the project's cap before any command imports torch (and its spawned workers inherit it);
+    a value the user set is kept."""
+    from aligner import malloc
+
+    monkeypatch.delenv(malloc.ONEDNN_CACHE, raising=False)
+    malloc.limit_kernel_cache()
+    assert os.environ[malloc.ONEDNN_CACHE] == malloc.ONEDNN_CACHE_KERNELS
+    monkeypatch.setenv(malloc.ONEDNN_CACHE, "512")
+    malloc.limit_kernel_cache()
+    assert os.environ[malloc.ONEDNN_CACHE] == "512"
+    code = ("import os, sys; from aligner.cli import main; "
+            "sys.argv = ['align', 'score-aer', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != malloc.ONEDNN_CACHE}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[-2:] == [malloc.ONEDNN_CACHE_KERNELS, "False"]   # set before torch loads

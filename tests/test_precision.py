@@ -126,13 +126,33 @@ def encoded(pairs) -> List[EncodedPair]:
 # -- the helper --------------------------------------------------------------------------------
 
 def test_resolve_precision_on_cpu_and_bad_values():
-    assert resolve_precision("auto", CPU) == "fp32"         # auto = bf16 only on CUDA
+    assert resolve_precision("auto", CPU) == "fp32"         # training: auto = bf16 only on CUDA
     assert resolve_precision("fp32", CPU) == "fp32"
     assert resolve_precision("bf16", CPU) == "bf16"
     with pytest.raises(AlignerError, match="--precision must be one of auto, fp32, bf16"):
         resolve_precision("fp16", CPU)
     with pytest.raises(AlignerError, match="--precision bf16: not supported on device 'meta'"):
         resolve_precision("bf16", torch.device("meta"))
+
+
+@pytest.mark.parametrize("flags,native", [("fpu sse2 avx512f avx512_bf16 amx_tile", True),
+                                          ("fpu amx_bf16", True), ("fpu avx2 avx512f", False),
+                                          (None, False)])
+def test_inference_auto_is_bf16_on_a_cpu_with_bf16_instructions(tmp_path, monkeypatch, flags,
+                                                                native):
+    """Inference (align extract, align run's final alignment): auto = bf16 where /proc/cpuinfo
+    lists avx512_bf16 or amx_bf16; training's auto stays fp32 on every CPU."""
+    from aligner import precision
+
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+                           f"flags\t\t: {flags}\n")
+    assert precision.cpu_native_bf16(str(cpuinfo)) == native
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: native)
+    assert resolve_precision("auto", CPU, inference=True) == ("bf16" if native else "fp32")
+    assert resolve_precision("auto", CPU) == "fp32"
+    assert resolve_precision("fp32", CPU, inference=True) == "fp32"
 
 
 @pytest.mark.parametrize("capability,auto,bf16_ok", [(8, "bf16", True), (7, "fp32", True),
@@ -170,7 +190,7 @@ def test_autocast_context_switches_bf16_matmuls_on_and_off():
         assert torch.is_autocast_enabled("cpu")
         assert layer(x).dtype == torch.bfloat16
     assert layer(x).dtype == torch.float32                     # nothing leaks out
-    with autocast_context("auto", CPU):                         # CPU: auto = fp32
+    with autocast_context("auto", CPU):                  # CPU, training's auto: fp32
         assert layer(x).dtype == torch.float32
 
 
@@ -430,9 +450,12 @@ def test_extract_precision_fp32_is_the_plain_output_and_bf16_is_close(tmp_path, 
 
 def test_api_precision(tmp_path):
     model_dir = make_model_dir(tmp_path / "model", "transformer")
-    fp32 = Aligner.load(model_dir, device="cpu")
+    fp32 = Aligner.load(model_dir, device="cpu", precision="fp32")
     bf16 = Aligner.load(model_dir, device="cpu", precision="bf16")
     assert (fp32.precision, bf16.precision) == ("fp32", "bf16")
+    # auto: as align extract's, bf16 on a CPU with bfloat16 instructions
+    assert Aligner.load(model_dir, device="cpu").precision == resolve_precision(
+        "auto", CPU, inference=True)
     got32 = fp32.align(SRC_TEXT, TGT_TEXT, return_probabilities=True)
     got16 = bf16.align(SRC_TEXT, TGT_TEXT, return_probabilities=True)
     worst = max(float(np.abs(a[1][d] - b[1][d]).max())
@@ -441,3 +464,31 @@ def test_api_precision(tmp_path):
     assert not torch.is_autocast_enabled("cpu")             # the context ended with align()
     with pytest.raises(AlignerError, match="--precision must be one of"):
         Aligner.load(model_dir, device="cpu", precision="fp16")
+
+
+def test_extract_and_the_api_default_to_the_recipes_lexicon_shortlist(tmp_path, monkeypatch):
+    """align extract (and Aligner.align) of an hmm: the lexicon shortlist of the recipe unless
+    -O shortlist=N is given (0: exact); the transformer's methods take no shortlist."""
+    from aligner.training import recipe
+
+    model_dir = make_model_dir(tmp_path / "model", "hmm1")
+    monkeypatch.setattr(recipe, "SHORTLIST", 8)      # below the tiny model's vocabulary
+    (tmp_path / "s.txt").write_text("\n".join(SRC_TEXT) + "\n", encoding="utf-8")
+    (tmp_path / "t.txt").write_text("\n".join(TGT_TEXT) + "\n", encoding="utf-8")
+    soft = {}
+    for name, extra in (("default", []), ("eight", ["-O", "shortlist=8"]),
+                        ("exact", ["-O", "shortlist=0"])):
+        code, _, errors = run(["extract", model_dir, "-s", tmp_path / "s.txt", "-t",
+                               tmp_path / "t.txt", "-o", tmp_path / f"{name}.align",
+                               "--soft", tmp_path / f"{name}.npz", "--precision", "fp32",
+                               "-q"] + extra)
+        assert code == 0, errors
+        with np.load(tmp_path / f"{name}.npz") as arrays:
+            soft[name] = {key: arrays[key] for key in arrays.files}
+    assert all(np.array_equal(soft["default"][k], soft["eight"][k]) for k in soft["eight"])
+    assert any(not np.allclose(soft["default"][k], soft["exact"][k]) for k in soft["exact"])
+    api = Aligner.load(model_dir, device="cpu", precision="fp32")
+    by_default = api.align(SRC_TEXT, TGT_TEXT, return_probabilities=True)
+    eight = api.align(SRC_TEXT, TGT_TEXT, return_probabilities=True, shortlist=8)
+    assert all(np.array_equal(a[1][d], b[1][d]) for a, b in zip(by_default, eight)
+               for d in ("fwd", "rev"))

@@ -334,8 +334,13 @@ def test_symmetrized_printed_alignment_equals_align_extract_both_directions(
                                       encoding="utf-8")
     src, tgt = ((tmp_path / "in.txt", tmp_path / "out.txt") if direction == "fwd"
                 else (tmp_path / "out.txt", tmp_path / "in.txt"))
+    # the same arithmetic as translate's: float32 (extract's auto is bf16 on a CPU with
+    # bfloat16 instructions) and the exact lexicon (extract's default shortlist)
+    exact = (["-O", "shortlist=0"] if PRINTED_METHOD[kind] in ("hmm-posterior", "hmm-viterbi")
+             else [])
     code, extracted, errors = run(["extract", model_dir, "-s", src, "-t", tgt, "--method",
-                                   PRINTED_METHOD[kind], "-H", heuristic, "-q"])
+                                   PRINTED_METHOD[kind], "-H", heuristic, "-q", "--precision",
+                                   "fp32"] + exact)
     assert code == 0, errors
     expected = extracted.splitlines()
     if direction == "rev":

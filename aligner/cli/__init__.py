@@ -14,7 +14,7 @@ import sys
 import click
 
 from aligner import __version__
-from aligner.malloc import keep_freed_memory
+from aligner.malloc import keep_freed_memory, limit_kernel_cache
 from aligner.utils import AlignerError, os_error_message
 
 
@@ -41,6 +41,7 @@ class _AlignGroup(click.Group):
 def main() -> None:
     """Neural word alignment: train, extract, symmetrize, score."""
     keep_freed_memory()   # large tensors reuse freed memory (aligner/malloc.py)
+    limit_kernel_cache()  # and oneDNN keeps a few compiled kernels, not 1,024
 
 
 def _register() -> None:

@@ -171,6 +171,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.extract import streaming
     from aligner.extract.blocks import parts_folder
     from aligner.extract.corpus_alignment import PROBS, Extraction, align_bitext
+    from aligner.extract.inference import default_options
     from aligner.extract.link_probs import output_lines
     from aligner.extract.streaming import stream_extract
     from aligner.formats import open_bitext, read_bitext
@@ -224,7 +225,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     start = time.time()
     with distributed(device) as context:   # torchrun: the ranks share the blocks out
         torch_device = resolve_device(device, context.local_rank, context.local_world_size)
-        precision = resolve_precision(precision, torch_device)
+        precision = resolve_precision(precision, torch_device, inference=True)
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
         kind_methods = next(iter(loaded.models.values())).METHODS
@@ -238,6 +239,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         or needs_soft(heuristic),
                         f"--threshold is the threshold of -H soft-average, and this model's "
                         f"default heuristic is {heuristic}: give -H soft-average too")
+        # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
+        options = default_options(next(iter(loaded.models.values())), method, options)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
                                 torch_device, options, max_tokens)
         with autocast_context(precision, torch_device):

@@ -372,7 +372,8 @@ def inference_precision_option(function):
         "--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
         show_default=True,
         help="bf16: bfloat16 autocast (softmaxes, HMM sums and scores stay float32); auto = "
-             "bf16 on CUDA GPUs with native bf16 (A100, H100, ...), fp32 otherwise.")(function)
+             "bf16 on CUDA GPUs with native bf16 (A100, H100, ...) and, for alignment, on CPUs "
+             "with bf16 instructions (avx512_bf16, AMX), fp32 otherwise.")(function)
 
 
 def precision_option(function):
@@ -381,8 +382,9 @@ def precision_option(function):
         "--precision", type=click.Choice(C.PRECISIONS), default="auto", show_default=True,
         help="Training arithmetic: bf16 = bfloat16 autocast of the forward pass (weights and "
              "optimizer stay float32), fp32; auto = bf16 on a CUDA GPU with native bfloat16 "
-             "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run aligns in "
-             "the same precision.")(function)
+             "(compute capability 8+), fp32 elsewhere (CPU, V100, T4). align run's final "
+             "alignment: the same, but auto is also bf16 on a CPU with bf16 instructions "
+             "(avx512_bf16, AMX), as align extract's.")(function)
 
 
 def deterministic_option(function):

@@ -72,10 +72,12 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
                    f"model directory as align extract's default)  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
-@click.option("--shortlist", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Normalize the lexicon over this many most frequent words (and the "
-                   "sentence's) instead of the vocabulary: faster, approximate (0 = exact; "
-                   "eval/results/extract_shortlist.md).")
+@click.option("--shortlist", default=recipe.SHORTLIST, show_default=True,
+              type=click.IntRange(min=0),
+              help="Normalize the final alignment's lexicon over this many most frequent "
+                   "words and each sentence's own instead of the vocabulary: faster, "
+                   "approximate (0 = exact; the guides of the self-training rounds are exact; "
+                   "eval/results/profile_extract.md).")
 @model_dir_option(required=False, default_help="a temporary directory, removed at the end")
 @overwrite_option
 @resume_option
@@ -133,6 +135,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
     from aligner.links.metrics import score_aer
     from aligner.log import setup_logging
+    from aligner.precision import resolve_precision
     from aligner.training.builder import build_job
     from aligner.training.loop import use_deterministic_algorithms
     from aligner.training.rounds import train_rounds
@@ -184,7 +187,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         self_training=dict(guide_weight=self_guide_weight,
                            guide_threshold=self_guide_threshold, heuristic=heuristic,
                            fine_tune=fine_tune, fine_tune_epochs=fine_tune_epochs,
-                           fine_tune_lr_schedule=fine_tune_lr_schedule, shortlist=shortlist,
+                           fine_tune_lr_schedule=fine_tune_lr_schedule,
+                           shortlist=recipe.GUIDE_SHORTLIST,
                            round_pairs=round_pairs, fine_tune_share=fine_tune_share,
                            teacher=teacher, block_lines=block_lines or 0),
         threshold=threshold, final_agreement_weight=final_agreement_weight,
@@ -214,14 +218,16 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             trained = train_rounds(request, plan)
             aligning = time.time()
             parts = os.path.join(model_dir, C.ALIGNMENT_PARTS)
+            extraction = Extraction.load(
+                model_dir, resolve_device(device, context.local_rank,
+                                          context.local_world_size),
+                recipe.METHOD, heuristic, threshold, shortlist_options(shortlist))
             gold_rows, matrices, links = align_bitext(
-                Extraction.load(model_dir, resolve_device(device, context.local_rank,
-                                                          context.local_world_size),
-                                recipe.METHOD, heuristic, threshold,
-                                shortlist_options(shortlist)),
-                bitext, {heuristic: output, "fwd": forward_links, "rev": reverse_links},
+                extraction, bitext,
+                {heuristic: output, "fwd": forward_links, "rev": reverse_links},
                 gold_lines=gold_lines, keep_soft=soft is not None, quiet=quiet,
-                precision=precision,
+                # auto: bf16 on a CPU with bfloat16 instructions too (training: fp32)
+                precision=resolve_precision(precision, extraction.device, inference=True),
                 # the finished blocks, kept until the outputs are written: --resume goes on
                 # from the first unfinished one (a run without --resume starts in a model
                 # directory of its own, where such a folder can only be stale)

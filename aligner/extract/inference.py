@@ -375,6 +375,20 @@ def loaded_max_positions(loaded: LoadedModelDir) -> Optional[int]:
                default=None)
 
 
+def default_options(model: AlignmentModel, method: str, options: Dict[str, Any]
+                    ) -> Dict[str, Any]:
+    """`options` with the extraction defaults of `method` filled in (a copy): the lexicon
+    ``shortlist`` of the recipe (aligner/training/recipe.py SHORTLIST) for the methods that
+    take one (the model's ``SHORTLIST_METHODS``; ``shortlist=0`` given: exact). What `align
+    extract` and ``Aligner.align`` align with."""
+    from aligner.training import recipe
+
+    options = dict(options)
+    if method in model.SHORTLIST_METHODS:
+        options.setdefault("shortlist", recipe.SHORTLIST)
+    return options
+
+
 def usable(pair: EncodedPair, max_positions: Optional[int]) -> bool:
     """A pair can be aligned: both sides non-empty and (with a limit) short enough."""
     if len(pair.src_ids) == 0 or len(pair.tgt_ids) == 0:

@@ -78,6 +78,13 @@ HEURISTIC = "soft-average"
 #: `align extract`'s default for the model directory; one round: 0.5; selftrain_rounds_enfr.md,
 #: rounds4_enfr.md)
 THRESHOLD = 0.55
+#: the output's lexicon shortlist: each sentence's lexicon normalized over the SHORTLIST most
+#: frequent target subwords and its own instead of the vocabulary (`align run`'s final
+#: alignment, `align extract`'s and the API's default): the smallest of 250-4,000 within 0.1
+#: of the exact lexicon's AER on the dev sets (profile_extract.md); the self-training rounds'
+#: guides stay exact (GUIDE_SHORTLIST)
+SHORTLIST = 2000
+GUIDE_SHORTLIST = 0
 
 #: the direct HMM's transition-score budget (DirectHMMConfig.chunk_floats: floats alive at
 #: once before training chunks and recomputes them) on the CPU: the model's own default,
