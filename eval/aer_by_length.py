@@ -34,7 +34,10 @@ BUCKETS = ((0, 15), (15, 25), (25, 40), (40, 10 ** 9))
 
 def round_links(model_dir: str, round_number: int, n_lines: int) -> Dict[int, Set[Link]]:
     """{0-based bitext line: links} of MODEL_DIR/rounds/R/links.align (round R+1's lines)."""
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+    config = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config):   # a run still in its rounds: round 1's config
+        config = os.path.join(model_dir, "rounds", "1", "config.json")
+    with open(config, encoding="utf-8") as handle:
         seed = int(json.load(handle)["training"]["seed"])
     with open(os.path.join(model_dir, "rounds", "settings.json"), encoding="utf-8") as handle:
         settings = json.load(handle)["settings"]
