@@ -149,6 +149,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = recipe.TRAINING["label_smoothing"]
     clip_norm: float = recipe.TRAINING["clip_norm"]
+    #: most training pairs joined end to end into one training unit (1 = none;
+    #: aligner/training/joined.py)
+    join_lines: int = recipe.TRAINING["join_lines"]
     max_updates: int = 0
     max_epochs: int = recipe.EPOCHS
     checkpoint_interval: int = 1000
@@ -179,6 +182,7 @@ class TrainConfig:
                         f"--lr-schedule must be one of {', '.join(C.LR_SCHEDULES)}: "
                         f"{self.lr_schedule}")
         check_condition(0.0 <= self.label_smoothing < 1.0, "--label-smoothing must be in [0, 1)")
+        check_condition(self.join_lines >= 1, "--join-lines must be at least 1")
         check_condition(self.clip_norm >= 0, "--clip-norm must be >= 0 (0 = no clipping)")
         check_condition(self.max_updates >= 0 and self.max_epochs >= 0,
                         "--max-updates and --max-epochs must be >= 0")

@@ -311,6 +311,16 @@ def agreement_weight_option(function):
              "posteriors over each pair's subwords (0 = each direction on its own).")(function)
 
 
+def join_lines_option(function):
+    """--join-lines (aligner/training/joined.py)."""
+    return click.option(
+        "--join-lines", default=recipe.TRAINING["join_lines"], show_default=True,
+        type=click.IntRange(min=1),
+        help="Train on units of 1 to this many consecutive training lines joined end to end "
+             "(drawn per unit, within --max-len), so that the model also learns lines longer "
+             "than the bitext's usual ones (1 = the lines as they are).")(function)
+
+
 def resume_option(function):
     """--resume of a run in --model-dir (aligner.config.RESUMABLE_CHANGES: what may change)."""
     return click.option(

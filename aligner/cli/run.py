@@ -24,6 +24,7 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
+                                 join_lines_option,
                                  block_lines_option, bpe_merges_option, deterministic_option,
                                  processes_option,
                                  device_option, guide_options, lr_option, max_tokens_option,
@@ -90,6 +91,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 @rounds_option(recipe.ROUNDS)
 @self_training_options
 @agreement_weight_option
+@join_lines_option
 # not --max-epochs (aligner.cli.options.max_epochs_option says why)
 @click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
               type=click.IntRange(min=1),
@@ -118,7 +120,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             shortlist: int, model_dir: Optional[str], overwrite: bool, resume: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: Optional[float], rounds: int, self_guide_weight: float,
-            fine_tune: bool, agreement_weight: float, epochs: int, fine_tune_epochs: int,
+            fine_tune: bool, agreement_weight: float, join_lines: int, epochs: int,
+            fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
             fine_tune_share: float, final_agreement_weight: Optional[float], teacher: bool,
             max_updates: int,
@@ -184,6 +187,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         # --epochs: a round's length, which --max-updates replaces
         max_epochs=0 if max_updates else epochs, max_updates=max_updates,
         agreement_weight=agreement_weight, rounds=rounds,
+        training=dict(join_lines=join_lines),
         self_training=dict(guide_weight=self_guide_weight,
                            guide_threshold=self_guide_threshold, heuristic=heuristic,
                            fine_tune=fine_tune, fine_tune_epochs=fine_tune_epochs,

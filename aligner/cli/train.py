@@ -18,6 +18,7 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
+                                 join_lines_option,
                                  bpe_merges_option, deterministic_option, device_option,
                                  guide_options, lr_option, max_epochs_option, max_tokens_option,
                                  max_updates_option, model_dir_option, model_option_option,
@@ -224,6 +225,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
                                   f"for the other kinds")
 @self_training_options
 @agreement_weight_option
+@join_lines_option
 @device_option
 @precision_option
 @deterministic_option
@@ -262,7 +264,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
             self_guide_threshold: float, fine_tune: bool, fine_tune_epochs: int,
             fine_tune_lr_schedule: str, round_pairs: int,
             fine_tune_share: float, final_agreement_weight: Optional[float], teacher: bool,
-            agreement_weight: float,
+            agreement_weight: float, join_lines: int,
             device: str,
             precision: str, deterministic: bool, seed: int, threads: int,
             parallel_directions: Optional[bool], resume: bool, ignore_data_change: bool,
@@ -323,7 +325,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         lr_schedule=lr_schedule, max_epochs=max_epochs, max_updates=max_updates,
         training=dict(update_freq=update_freq, label_smoothing=label_smoothing,
                       clip_norm=clip_norm, checkpoint_interval=checkpoint_interval,
-                      valid_method=valid_method),
+                      valid_method=valid_method, join_lines=join_lines),
         agreement_weight=agreement_weight, rounds=rounds,
         self_training=dict(guide_weight=self_guide_weight,
                            guide_threshold=self_guide_threshold, fine_tune=fine_tune,

@@ -23,7 +23,8 @@ MODEL_OPTIONS: Dict[str, Any] = dict(d_model=128, n_heads=4, enc_layers=3, dec_l
 #: batches, learning rate and schedule of round 1 (and of one plain training): small batches
 #: and a high learning rate, the most progress per CPU second (enfr_hmm1.md)
 TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
-                                max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
+                                max_tokens=1200, label_smoothing=0.1, clip_norm=1.0,
+                                join_lines=1)
 #: weight of the agreement term between the directions (aligner/training/agreement.py; 0 = the
 #: directions train apart, in parallel on a CPU)
 AGREEMENT_WEIGHT = 0.0
