@@ -81,7 +81,7 @@ def test_a_block_process_killed_ends_the_alignment_in_one_line(tmp_path):
     lines = stderr.strip().splitlines()
     assert lines[0].startswith("align: error: ") and "a block process ended" in lines[0], stderr
     # a process killed by SIGKILL cannot give back a semaphore it held: Python's resource
-    # tracker may then warn about it at exit (its lines, not ours; none with SIGTERM)
+    # tracker may then warn about it at exit (its lines, not ours)
     assert all("resource_tracker" in line for line in lines[1:]), stderr
     assert not out.exists() and list(tmp_path.glob("out.parts/block*.json"))
 
@@ -98,5 +98,8 @@ def test_sigterm_of_extract_stops_its_block_processes(tmp_path):
     stderr = processes.terminate(process)
     assert process.returncode not in (0, -signal.SIGTERM), stderr
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and "terminated (SIGTERM)" in lines[0], stderr
+    assert lines[0].startswith("align: error: ") and "terminated (SIGTERM)" in lines[0], stderr
+    # one line of ours; on a loaded machine a block process slow to stop may still leave
+    # Python's resource tracker a semaphore to warn about at exit (its lines, as above)
+    assert all("resource_tracker" in line for line in lines[1:]), stderr
     assert not processes.left_running(everything)
