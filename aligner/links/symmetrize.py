@@ -100,22 +100,24 @@ def grow_diag(forward: Alignment, reverse: Alignment) -> Alignment:
     return grower.links
 
 
-def grow_diag_final(forward: Alignment, reverse: Alignment) -> Alignment:
-    """grow-diag, then directional links that cover at least one unaligned word."""
+def _grow_diag_final(forward: Alignment, reverse: Alignment, both: bool) -> Alignment:
+    """grow-diag, then the forward and then the reverse links that cover an unaligned word
+    (`both`: whose two words are both unaligned)."""
     grower = _Grower(intersect(forward, reverse))
     grower.grow_diag(union(forward, reverse))
-    grower.final(set(forward), both=False)
-    grower.final(set(reverse), both=False)
+    grower.final(set(forward), both=both)
+    grower.final(set(reverse), both=both)
     return grower.links
+
+
+def grow_diag_final(forward: Alignment, reverse: Alignment) -> Alignment:
+    """grow-diag, then directional links that cover at least one unaligned word."""
+    return _grow_diag_final(forward, reverse, both=False)
 
 
 def grow_diag_final_and(forward: Alignment, reverse: Alignment) -> Alignment:
     """grow-diag, then directional links whose two words are both unaligned."""
-    grower = _Grower(intersect(forward, reverse))
-    grower.grow_diag(union(forward, reverse))
-    grower.final(set(forward), both=True)
-    grower.final(set(reverse), both=True)
-    return grower.links
+    return _grow_diag_final(forward, reverse, both=True)
 
 
 HEURISTICS: Dict[str, Callable[[Alignment, Alignment], Alignment]] = {
