@@ -70,9 +70,9 @@ class Aligner:
         `checkpoint`: "best" or "last" weights; `directions`: which models to load (both by
         default; one is enough for ``direction="fwd"`` or ``"rev"``); `precision`: "fp32",
         "bf16" (bfloat16 autocast) or "auto" (bf16 on CUDA GPUs with native bfloat16 and on
-        CPUs with bfloat16 instructions, else fp32), as ``align extract --precision``. Errors (no such directory, missing files,
-        CUDA asked for but absent, bf16 where unsupported) raise
-        :class:`aligner.utils.AlignerError`.
+        CPUs with bfloat16 instructions, else fp32), as ``align extract --precision``. Errors
+        (no such directory, missing files, CUDA asked for but absent, bf16 where unsupported)
+        raise :class:`aligner.utils.AlignerError`.
         """
         from aligner.distributed import resolve_device
         from aligner.model_dir import LoadedModelDir

@@ -97,32 +97,21 @@ def staged_posteriors(model, batch, clock: Clock, options) -> torch.Tensor:
         with clock.stage("forward-backward"):
             return hmm_algorithms.zero_order_posterior(log_alpha, log_emission,
                                                        src.ne(C.PAD_ID), log_link)
-    inner = {"seconds": 0.0, "flops": 0}
-
+    # the transitions are computed inside the forward-backward, on demand: their calls are a
+    # stage of their own, taken out of the forward-backward's time and flops
     def timed(function):
-        def call(start, stop, *args, **kwargs):
-            counter = FlopCounterMode(display=False) if clock.count else contextlib.nullcontext()
-            begin = time.perf_counter()
-            with counter:
-                result = function(start, stop, *args, **kwargs)
-            inner["seconds"] += time.perf_counter() - begin
-            if clock.count:
-                inner["flops"] += counter.get_total_flops()
-            return result
+        def call(*args, **kwargs):
+            with clock.stage("transitions"):
+                return function(*args, **kwargs)
         return call
 
     log_alpha.transitions = timed(log_alpha.transitions)
     log_alpha.transition_probs = timed(log_alpha.transition_probs)
-    start = time.perf_counter()
-    counter = FlopCounterMode(display=False) if clock.count else contextlib.nullcontext()
-    with counter:
+    seconds, flops = clock.seconds["transitions"], clock.flops["transitions"]
+    with clock.stage("forward-backward"):
         gamma = model._posterior(log_alpha, log_emission, log_link, src, tgt_out)
-    total = time.perf_counter() - start
-    clock.seconds["transitions"] += inner["seconds"]
-    clock.seconds["forward-backward"] += total - inner["seconds"]
-    if clock.count:
-        clock.flops["transitions"] += inner["flops"]
-        clock.flops["forward-backward"] += counter.get_total_flops() - inner["flops"]
+    clock.seconds["forward-backward"] -= clock.seconds["transitions"] - seconds
+    clock.flops["forward-backward"] -= clock.flops["transitions"] - flops
     return gamma
 
 

@@ -228,7 +228,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         precision = resolve_precision(precision, torch_device, inference=True)
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, torch_device)
-        kind_methods = next(iter(loaded.models.values())).METHODS
+        model = next(iter(loaded.models.values()))   # the kind's; both directions share it
+        kind_methods = model.METHODS
         method = method or kind_methods[0]
         check_condition(method in kind_methods,
                         f"unknown method '{method}' for model kind "
@@ -240,7 +241,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         f"--threshold is the threshold of -H soft-average, and this model's "
                         f"default heuristic is {heuristic}: give -H soft-average too")
         # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
-        options = default_options(next(iter(loaded.models.values())), method, options)
+        options = default_options(model, method, options)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
                                 torch_device, options, max_tokens)
         with autocast_context(precision, torch_device):

@@ -52,9 +52,8 @@ from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_s
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
 from aligner.precision import autocast_context, resolve_precision
+from aligner.training.guidance import guide_cross_entropy, guide_matrix, unaligned_to_eos
 from aligner.training.joined import open_guides, training_units
-from aligner.training.guidance import (guide_cross_entropy, guide_matrix,
-                                       unaligned_to_eos)
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
