@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import click
 
 from aligner import constants as C
+from aligner.training import recipe
 from aligner.cli.options import (block_lines_option, checkpoint_option, device_option,
                                  inference_precision_option, processes_option, quiet_option,
                                  threads_option)
@@ -80,7 +81,9 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                    "[default: forward]")
 @click.option("-O", "--method-option", "method_option", multiple=True, metavar="KEY=VALUE",
               help="Further option of the method (repeatable), e.g. -O sgd_steps=3; keys: "
-                   + ", ".join(sorted(METHOD_OPTION_TYPES)) + ".")
+                   + ", ".join(sorted(METHOD_OPTION_TYPES)) + f". shortlist=N (hmm-posterior, "
+                   f"hmm-viterbi): the lexicon normalized over the N most frequent target "
+                   f"subwords and the sentence's own [default: {recipe.SHORTLIST}; 0 = exact].")
 @click.option("--direction", type=click.Choice(["fwd", "rev", "both"]), default="both",
               show_default=True, help="fwd = p(target|source), rev = p(source|target), both = "
                                       "symmetrized. Output is always source-target.")
