@@ -314,11 +314,13 @@ def agreement_weight_option(function):
 def join_lines_option(function):
     """--join-lines (aligner/training/joined.py)."""
     return click.option(
-        "--join-lines", default=recipe.TRAINING["join_lines"], show_default=True,
-        type=click.IntRange(min=1),
-        help="Train on units of 1 to this many consecutive training lines joined end to end "
-             "(drawn per unit, within --max-len), so that the model also learns lines longer "
-             "than the bitext's usual ones (1 = the lines as they are).")(function)
+        "--join-lines", default=None, show_default=f"{recipe.JOIN_LINES} with self-training "
+        f"rounds and no --guide, else 1", type=click.IntRange(min=1),
+        help=f"The teacher, the rounds and their guides train on the bitext's lines joined "
+             f"end to end in runs of 1 to this many consecutive lines (drawn per run, at most "
+             f"{recipe.JOIN_WORDS} words a side), so that the model also learns lines longer "
+             f"than the bitext's usual ones; the output aligns every line as given (1 = the "
+             f"lines as they are).")(function)
 
 
 def resume_option(function):

@@ -83,6 +83,9 @@ def bitext_identity(bitext) -> Dict[str, Any]:
     in-memory :class:`aligner.formats.Bitext`; and the number of lines."""
     from aligner.model_dir import file_sha256
 
+    if hasattr(bitext, "firsts") and hasattr(bitext, "bitext"):  # runs of joined lines
+        digest = hashlib.sha256(bitext.firsts.tobytes()).hexdigest()
+        return {"runs": digest, "of": bitext_identity(bitext.bitext), "lines": len(bitext)}
     if hasattr(bitext, "lines") and hasattr(bitext, "bitext"):   # a sample of a bitext
         digest = hashlib.sha256(bitext.lines.tobytes()).hexdigest()
         return {"sample": digest, "of": bitext_identity(bitext.bitext), "lines": len(bitext)}

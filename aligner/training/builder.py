@@ -24,6 +24,7 @@ from aligner.models import model_class
 from aligner.prep import PrepConfig
 from aligner.training import recipe
 from aligner.training.directions import default_parallel_directions
+from aligner.training.joined_text import join_bitext, joined_round_pairs
 from aligner.training.request import SelfTraining, TrainRequest
 from aligner.training.rounds import check_rounds, default_rounds
 from aligner.utils import AlignerError, check_condition
@@ -133,7 +134,7 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
               max_tokens: Optional[int] = None, lr: Optional[float] = None,
               warmup: Optional[int] = None, lr_schedule: Optional[str] = None,
               max_epochs: Optional[int] = None, max_updates: int = 0,
-              training: Optional[Dict[str, Any]] = None,
+              training: Optional[Dict[str, Any]] = None, join_lines: Optional[int] = None,
               agreement_weight: float = recipe.AGREEMENT_WEIGHT,
               rounds: Optional[int] = None, self_training: Optional[Dict[str, Any]] = None,
               threshold: Optional[float] = None,
@@ -172,10 +173,21 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     `align demo`). The rest is passed on as the request's fields.
     """
     cls = model_class(model_kind)   # one line for an unknown kind
+    n_lines = len(bitext)
     fields = cls.config_class.__dataclass_fields__
     if rounds is None:
         rounds = default_rounds(model_kind, directions)
     check_rounds(model_kind, directions, rounds)
+    if join_lines is None:   # the recipe's teacher-guided rounds: as measured
+        join_lines = recipe.JOIN_LINES if guide is None and rounds > 1 else 1
+    check_condition(join_lines <= 1 or guide is None,
+                    f"--join-lines {join_lines} joins the bitext's lines, which --guide's links "
+                    f"are of: give --join-lines 1 with --guide")
+    given_bitext, bitext = bitext, join_bitext(bitext, join_lines, recipe.JOIN_WORDS, seed)
+    if bitext is not given_bitext:   # a round's sample: as many lines as unjoined
+        self_training = dict(self_training or {})
+        self_training["round_pairs"] = joined_round_pairs(
+            self_training.get("round_pairs", recipe.ROUND_PAIRS), bitext)
     options = {key: value for key, value in recipe.MODEL_OPTIONS.items() if key in fields}
     options.update(model_options or {})
     torch_device = resolve_device(device)
@@ -216,7 +228,7 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
                                              model_kind),
         "agreement_weight": agreement_weight})
     prep_config = PrepConfig(**(prep_options or {}),
-                             bpe_merges=(recipe.bpe_merges(len(bitext)) if bpe_merges is None
+                             bpe_merges=(recipe.bpe_merges(n_lines) if bpe_merges is None
                                          else bpe_merges))
     final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
     check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
