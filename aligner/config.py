@@ -149,9 +149,6 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = recipe.TRAINING["label_smoothing"]
     clip_norm: float = recipe.TRAINING["clip_norm"]
-    #: most training pairs joined end to end into one training unit (1 = none;
-    #: aligner/training/joined.py)
-    join_lines: int = recipe.TRAINING["join_lines"]
     max_updates: int = 0
     max_epochs: int = recipe.EPOCHS
     checkpoint_interval: int = 1000
@@ -182,7 +179,6 @@ class TrainConfig:
                         f"--lr-schedule must be one of {', '.join(C.LR_SCHEDULES)}: "
                         f"{self.lr_schedule}")
         check_condition(0.0 <= self.label_smoothing < 1.0, "--label-smoothing must be in [0, 1)")
-        check_condition(self.join_lines >= 1, "--join-lines must be at least 1")
         check_condition(self.clip_norm >= 0, "--clip-norm must be >= 0 (0 = no clipping)")
         check_condition(self.max_updates >= 0 and self.max_epochs >= 0,
                         "--max-updates and --max-epochs must be >= 0")
@@ -201,6 +197,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any], what: str = "training config") -> "TrainConfig":
+        # join_lines: the trainer's own joining of pairs, which some model directories of
+        # 0.1.0 record; the bitext's lines are joined before training now (--join-lines,
+        # aligner/training/joined_text.py), so it no longer describes the weights' training
+        values = {key: value for key, value in values.items() if key != "join_lines"}
         return dataclass_from_dict(cls, values, what)
 
 

@@ -23,8 +23,7 @@ def test_the_recipe_is_pinned():
                                         tie_embeddings=True, markov_order=0, lexicon_dim=64,
                                         lexicon_sample=0, lexicon_activation="linear")
     assert recipe.TRAINING == dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
-                                   max_tokens=1200, label_smoothing=0.1, clip_norm=1.0,
-                                   join_lines=1)
+                                   max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
     # the final alignment's lexicon shortlist; the guides' lexicon is exact
     assert (recipe.SHORTLIST, recipe.GUIDE_SHORTLIST) == (2000, 0)
     assert (recipe.EPOCHS, recipe.METHOD, recipe.HEURISTIC, recipe.THRESHOLD) == \

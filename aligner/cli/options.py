@@ -312,7 +312,7 @@ def agreement_weight_option(function):
 
 
 def join_lines_option(function):
-    """--join-lines (aligner/training/joined.py)."""
+    """--join-lines (aligner/training/joined_text.py)."""
     return click.option(
         "--join-lines", default=None, show_default=f"{recipe.JOIN_LINES} with self-training "
         f"rounds and no --guide, else 1", type=click.IntRange(min=1),

@@ -52,8 +52,8 @@ from aligner.model_dir import (load_checkpoint_file, load_params, load_weights_s
                                save_checkpoint_file, save_params, weights_state)
 from aligner.models.base import AlignmentModel
 from aligner.precision import autocast_context, resolve_precision
-from aligner.training.guidance import guide_cross_entropy, guide_matrix, unaligned_to_eos
-from aligner.training.joined import open_guides, training_units
+from aligner.training.guidance import (GuideLinks, guide_cross_entropy, guide_matrix,
+                                       unaligned_to_eos)
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -298,13 +298,6 @@ class Trainer:
                  progress_position: int = 0):
         check_condition(direction in C.DIRECTIONS, f"direction must be fwd or rev: {direction}")
         self.model = model.to(device)
-        # the units it trains on: the corpus's pairs, or runs of them joined (joined.py)
-        units = training_units(corpus, config.join_lines, config.seed)
-        if units is not corpus and (context is None or context.is_main):
-            logger.info("[%s] %d training pairs in %d units of up to %d lines joined end to "
-                        "end (--join-lines)", direction, len(corpus), len(units),
-                        config.join_lines)
-        corpus = units
         self.corpus = corpus
         self.direction = direction
         self.name = direction          # in log lines and the progress bar
@@ -336,7 +329,7 @@ class Trainer:
         self._decoder_tokens = decoder_lengths + 1
         self.guides = None
         if config.guide_weight > 0:
-            self.guides = open_guides(corpus)
+            self.guides = GuideLinks.open(corpus.directory, len(corpus))
             check_condition(self.guides is not None,
                             f"{corpus.directory}: the encoded corpus has no guide links "
                             f"(--guide-weight without --guide?)")

@@ -23,8 +23,7 @@ MODEL_OPTIONS: Dict[str, Any] = dict(d_model=128, n_heads=4, enc_layers=3, dec_l
 #: batches, learning rate and schedule of round 1 (and of one plain training): small batches
 #: and a high learning rate, the most progress per CPU second (enfr_hmm1.md)
 TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
-                                max_tokens=1200, label_smoothing=0.1, clip_norm=1.0,
-                                join_lines=1)
+                                max_tokens=1200, label_smoothing=0.1, clip_norm=1.0)
 #: the bitext that the teacher, the rounds and their guides train on: its lines joined end to end
 #: in runs of 1 to JOIN_LINES consecutive lines, at most JOIN_WORDS words a side; the output
 #: aligns every line as given (aligner/training/joined_text.py; join_lines_jaen.md)
