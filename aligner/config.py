@@ -106,7 +106,7 @@ class DataConfig:
         (``align train --guide``; aligner/training/guidance.py); "" = none.
     """
 
-    max_len: int = 200
+    max_len: int = recipe.OTHER_KINDS_MAX_LEN
     max_ratio: float = 0.0
     guide: str = ""
 

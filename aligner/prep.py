@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 from aligner import constants as C
 from aligner.config import dataclass_from_dict
 from aligner.formats import tokenize_line
+from aligner.training import recipe
 from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class PrepConfig:
     src_lang: str = "en"
     tgt_lang: str = "fr"
     lowercase: bool = False
-    bpe_merges: int = 10000
+    bpe_merges: int = recipe.BPE_MERGES_MAX   # the recipe's for a large corpus
     joint_bpe: bool = True
     bpe_min_frequency: int = 2
     bpe_sample_sentences: int = 0

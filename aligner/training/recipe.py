@@ -71,6 +71,8 @@ FINAL_AGREEMENT_WEIGHT = 0.0
 #: training pairs of the recipe's kind with a side longer than this many subwords are skipped;
 #: every line is still aligned (train_max_len_enfr.md)
 TRAIN_MAX_LEN = 200
+#: the same cap for the other kinds (the transformer, the alignment layer: DataConfig's default)
+OTHER_KINDS_MAX_LEN = 200
 #: the guided alignment layer's own stage (stage 2, on its frozen base): its epochs where
 #: --max-epochs is not given and its decay where --lr-schedule is not given; its base keeps
 #: EPOCHS and TRAINING's schedule (alignment_layer.md)
@@ -120,10 +122,18 @@ def device_defaults(device: Any) -> Dict[str, Any]:
     return dict(GPU_TRAINING, chunk_floats=GPU_CHUNK_FLOATS)
 
 
+#: joint BPE merges: one per BPE_PAIRS_PER_MERGE training pairs, rounded to thousands, between
+#: BPE_MERGES_MIN and BPE_MERGES_MAX (Zenkel et al.'s 10k for large data; PrepConfig's default)
+BPE_PAIRS_PER_MERGE = 5
+BPE_MERGES_MIN = 1000
+BPE_MERGES_MAX = 10000
+
+
 def bpe_merges(n_pairs: int) -> int:
     """Joint BPE merges for a corpus of `n_pairs`: 5,000 at 25k pairs (the recipe), one per five
-    pairs, rounded to thousands, between 1,000 and 10,000 (Zenkel et al.'s 10k for large data)."""
-    return int(min(10000, max(1000, round(n_pairs / 5, -3))))
+    pairs, rounded to thousands, between 1,000 and 10,000."""
+    return int(min(BPE_MERGES_MAX, max(BPE_MERGES_MIN,
+                                       round(n_pairs / BPE_PAIRS_PER_MERGE, -3))))
 
 
 #: `align demo`: the recipe's job (its teacher and self-training rounds, its output) at the
