@@ -63,11 +63,12 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (eval/ is a recipe folder, not a package)
+from gold_sets import GoldSet, gold_option, load_gold_sets  # noqa: E402
 
 from aligner import __version__ as aligner_version  # noqa: E402
 from aligner import constants as C  # noqa: E402
-from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
-                             read_bitext, read_gold, read_pharaoh, write_pharaoh)
+from aligner.formats import (check_links_in_range, read_bitext, read_pharaoh,  # noqa: E402
+                             write_pharaoh)
 from aligner.links.metrics import AERScore, score_aer  # noqa: E402
 from aligner.links.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
@@ -85,22 +86,6 @@ HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # no probabilities, their cell stays empty.
 SOFT_COLUMN = "soft-average"
 COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
-
-
-@dataclass
-class GoldSet:
-    """One gold set, appended to the corpus at 0-based lines ``offset``..``offset + size - 1``."""
-
-    name: str
-    source: str
-    target: str
-    gold_path: str
-    offset: int
-    golds: List[GoldAlignment]
-
-    @property
-    def size(self) -> int:
-        return len(self.golds)
 
 
 @dataclass
@@ -166,25 +151,16 @@ def build_corpus(train: Sequence[Tuple[str, str]],
             sources.append(src)
             targets.append(tgt)
     n_train = len(sources)
-    gold_sets = []
-    names = set()
-    for name, src_path, tgt_path, gold_path in gold:
-        check_condition(name not in names, f"gold set name '{name}' given twice")
-        names.add(name)
-        bitext = read_bitext(source=src_path, target=tgt_path)
-        golds = read_gold(gold_path)
-        check_same_length(src_path, len(bitext), gold_path, len(golds))
-        for line_no, (src, tgt, links) in enumerate(zip(bitext.source, bitext.target, golds),
-                                                     start=1):
-            check_condition(bool(src) and bool(tgt),
-                            f"{src_path if not src else tgt_path}:{line_no}: empty gold "
-                            "sentence (the peers cannot align it)")
-            _check_no_separator(src, src_path, line_no)
-            _check_no_separator(tgt, tgt_path, line_no)
-            check_links_in_range(links.possible, len(src), len(tgt), gold_path, line_no)
-        gold_sets.append(GoldSet(name, src_path, tgt_path, gold_path, len(sources), golds))
-        sources.extend(bitext.source)
-        targets.extend(bitext.target)
+    # the shared --gold reader: names, files, line counts, links, no empty sentence
+    gold_sets = load_gold_sets(gold, allow_empty=False)
+    for gold_set in gold_sets:
+        for line_no, (src, tgt) in enumerate(zip(gold_set.sources, gold_set.targets),
+                                             start=1):
+            _check_no_separator(src, gold_set.source, line_no)
+            _check_no_separator(tgt, gold_set.target, line_no)
+        gold_set.offset = len(sources)
+        sources.extend(gold_set.sources)
+        targets.extend(gold_set.targets)
     paths = {suffix: os.path.join(workdir, f"corpus.{suffix}") for suffix in ("src", "tgt",
                                                                               "joint")}
     gold_paths = {suffix: os.path.join(workdir, f"gold.{suffix}") for suffix in ("src", "tgt")}
@@ -1054,13 +1030,7 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--train", "train", nargs=2, multiple=True, required=True,
               type=click.Path(exists=True, dir_okay=False), metavar="SRC TGT",
               help="Training text, line-aligned source and target (repeat to concatenate).")
-@click.option("--gold", "gold", nargs=4, multiple=True, required=True,
-              type=(str, click.Path(exists=True, dir_okay=False),
-                    click.Path(exists=True, dir_okay=False),
-                    click.Path(exists=True, dir_okay=False)),
-              metavar="NAME SRC TGT GOLD",
-              help="A gold set: name, its source and target sentences, its gold (talp: i-j "
-                   "sure, ipj/i?j possible). Appended to the training text; repeatable.")
+@gold_option(use="appended to the training text in the order given, scored apart")
 @click.option("--peers", "peer_list", default=",".join(peers.PEER_NAMES), show_default=True,
               help=f"Comma-separated peers to run ('' for none; also "
                    f"{', '.join(peers.ALL_PEERS[len(peers.PEER_NAMES):])}).")
