@@ -135,6 +135,35 @@ def test_locate_finds_the_last_block_of_a_texts_lines_equal_to_the_gold_set(hand
 FWD, REV = ["0-0 1-1 2-1", "0-0"], ["0-0 2-2", "0-0 1-0"]
 
 
+def test_the_harness_scores_a_hand_counted_system(tmp_path, hand_set):
+    """A system whose two directions are fixed files, run, symmetrized, scored and tabled by
+    eval/compare_aligners.py with --heuristics intersect,union."""
+    train = (write(tmp_path / "t.src", ["x y"]), write(tmp_path / "t.tgt", ["X Y"]))
+    work = tmp_path / "w"
+    work.mkdir()
+    corpus = ca.build_corpus([train], [hand_set], str(work))
+    assert [(g.name, g.offset) for g in corpus.gold_sets] == [("hand", 1)]
+    fixed = {"fwd": write(tmp_path / "fixed.fwd", FWD), "rev": write(tmp_path / "fixed.rev", REV)}
+    out = {d: str(work / f"{d}.txt") for d in fixed}
+    run = peers.PeerRun(label="by hand", version="", settings="",
+                        steps=[peers.Step(d, ["cp", fixed[d], out[d]]) for d in fixed],
+                        forward=out["fwd"], reverse=out["rev"],
+                        first_line=corpus.first_gold_line)
+    heuristics = ("intersect", "union")
+    result = ca.run_system(run, corpus, str(work), {}, heuristics)
+    assert result.status == "ok"
+    table = ca.render_table([result], corpus, "hand", "cmd", {}, heuristics)
+    assert "| system | fwd | rev | intersect | union | soft-average | time s | peak MiB |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| by hand |"))
+    assert row.startswith("| by hand | 37.5 (75.0/50.0) | 25.0 (75.0/75.0) | "
+                          "33.3 (100.0/50.0) | 30.0 (66.7/75.0) | – | ")
+    union = result.scores["hand"]["union"]
+    assert (union.n_hyp, union.hyp_and_sure, union.hyp_and_possible) == (6, 3, 4)
+    with pytest.raises(AlignerError, match="unknown heuristic"):
+        ca.compare([train], [hand_set], [], [], str(tmp_path / "w2"),
+                   heuristics=("grow-sideways",))
+
+
 def test_aer_by_length_finds_the_gold_lines_in_the_text_and_scores_them_by_hand(tmp_path,
                                                                                  hand_set):
     """The same forward links as a whole-text Pharaoh file (text = one training line, then
