@@ -5,7 +5,8 @@ subprocess per measurement, with ``PYTHONPATH`` set to each code tree (e.g. the 
 checkout and a ``git worktree`` of an older commit), interleaved tree by tree, and reports:
 
 * throughput: wall time and sentence pairs/s on the first ``--pairs`` lines of a bitext;
-* memory: peak resident set (``os.wait4`` ``ru_maxrss``) of the same run, and of one long
+* memory: peak resident set (``os.wait4`` ``ru_maxrss``, measured as eval/compare_aligners.py
+  measures its commands: ``run_measured``) of the same run, and of one long
   sentence pair of ``--long-words`` words per side (consecutive lines of the bitext joined,
   so real text; the model's own length limit applies);
 * quality: AER / precision / recall of the output on gold sets (``--gold NAME SRC TGT GOLD``,
@@ -26,13 +27,13 @@ import argparse
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_aligners import run_measured  # noqa: E402
 from gold_sets import GoldSet, add_gold_argument, exit_on_error, load_gold_sets  # noqa: E402
 
 MiB = 1024 * 1024
@@ -45,16 +46,12 @@ def run_extract(tree: str, model_dir: str, src: str, tgt: str, output: str, meth
     command = [sys.executable, "-m", "aligner", "extract", model_dir, "-s", src, "-t", tgt,
                "-m", method, "-H", heuristic, "-o", output, "--threads", str(threads),
                "--device", "cpu", "-q"] + extra
-    start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
-    _, raw, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    stderr = process.stderr.read().decode("utf-8", "replace")
-    process.stderr.close()
-    if os.waitstatus_to_exitcode(raw) != 0:
-        raise SystemExit(f"extract failed in {tree}: {stderr.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024 / MiB
+    with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+        measured = run_measured(command, log.name, stdout_path=os.devnull,
+                                cwd=tempfile.gettempdir(), env=env)
+        if measured.returncode != 0:
+            raise SystemExit(f"extract failed in {tree}: {log.read().strip()[-500:]}")
+    return measured.wall_s, measured.peak_kib * 1024 / MiB
 
 
 def head(path: str, count: int, out: str) -> None:

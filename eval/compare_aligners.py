@@ -215,8 +215,10 @@ with open(result, "w") as handle:
 
 
 def run_measured(argv: Sequence[str], log_path: str, stdout_path: Optional[str] = None,
-                 cwd: Optional[str] = None) -> Measurement:
-    """Run ``argv`` in a child process; measure its wall time and peak memory.
+                 cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None
+                 ) -> Measurement:
+    """Run ``argv`` in a child process (environment ``env``, default ours); measure its wall
+    time and peak memory (also eval/bench_extract.py's measurement).
 
     stderr (and stdout, unless ``stdout_path`` is given) go to ``log_path``. The peak is
     ``ru_maxrss`` (KiB on Linux) from ``os.wait4`` on the command: the largest resident set of
@@ -227,7 +229,8 @@ def run_measured(argv: Sequence[str], log_path: str, stdout_path: Optional[str] 
         out = open(stdout_path, "wb") if stdout_path else log  # noqa: SIM115
         try:
             launcher = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, result.name,
-                                       *argv], stdout=out, stderr=log, cwd=cwd, check=False)
+                                       *argv], stdout=out, stderr=log, cwd=cwd, env=env,
+                                      check=False)
         finally:
             if stdout_path:
                 out.close()
