@@ -63,7 +63,8 @@ def _best_links(matrix: np.ndarray, over_source: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--text", nargs=2, required=True, metavar=("SRC", "TGT"))
-    add_gold_argument(parser, use="found among the lines of --text")
+    add_gold_argument(parser, required=False,
+                      use="found among the lines of --text (none: only --write)")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.5])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a TeacherConfig field (repeatable)")
