@@ -5,10 +5,12 @@ subprocess per measurement, with ``PYTHONPATH`` set to each code tree (e.g. the 
 checkout and a ``git worktree`` of an older commit), interleaved tree by tree, and reports:
 
 * throughput: wall time and sentence pairs/s on the first ``--pairs`` lines of a bitext;
-* memory: peak resident set (``os.wait4`` ``ru_maxrss``) of the same run, and of one long
+* memory: peak resident set (``os.wait4`` ``ru_maxrss``, measured as eval/compare_aligners.py
+  measures its commands: ``run_measured``) of the same run, and of one long
   sentence pair of ``--long-words`` words per side (consecutive lines of the bitext joined,
   so real text; the model's own length limit applies);
-* quality: AER / precision / recall of the output on gold sets (``--gold NAME=SRC,TGT,TALP``),
+* quality: AER / precision / recall of the output on gold sets (``--gold NAME SRC TGT GOLD``,
+  eval/gold_sets.py; scored by aligner.links.metrics.score_aer, as `align score-aer` scores),
   and the share of output lines identical to the first tree's.
 
 Writes a markdown table (stdout or ``--output``). Example (eval/results/extract_speed.md)::
@@ -17,7 +19,7 @@ Writes a markdown table (stdout or ``--output``). Example (eval/results/extract_
     python eval/bench_extract.py --model-dir runs/enfr-hmm1 \\
         --src /tmp/enfr/train.en --tgt /tmp/enfr/train.fr --pairs 2000 \\
         --tree before=/tmp/before --tree after=. --long-words 50,150,300 \\
-        --gold enfr-dev=$D/dev.src,$D/dev.tgt,$D/dev.talp --output eval/results/extract_speed.md
+        --gold enfr-dev $D/dev.src $D/dev.tgt $D/dev.talp --output eval/results/extract_speed.md
 """
 from __future__ import annotations
 
@@ -25,11 +27,14 @@ import argparse
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_aligners import run_measured  # noqa: E402
+from gold_sets import GoldSet, add_gold_argument, exit_on_error, load_gold_sets  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -41,16 +46,12 @@ def run_extract(tree: str, model_dir: str, src: str, tgt: str, output: str, meth
     command = [sys.executable, "-m", "aligner", "extract", model_dir, "-s", src, "-t", tgt,
                "-m", method, "-H", heuristic, "-o", output, "--threads", str(threads),
                "--device", "cpu", "-q"] + extra
-    start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
-    _, raw, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    stderr = process.stderr.read().decode("utf-8", "replace")
-    process.stderr.close()
-    if os.waitstatus_to_exitcode(raw) != 0:
-        raise SystemExit(f"extract failed in {tree}: {stderr.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024 / MiB
+    with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+        measured = run_measured(command, log.name, stdout_path=os.devnull,
+                                cwd=tempfile.gettempdir(), env=env)
+        if measured.returncode != 0:
+            raise SystemExit(f"extract failed in {tree}: {log.read().strip()[-500:]}")
+    return measured.wall_s, measured.peak_kib * 1024 / MiB
 
 
 def head(path: str, count: int, out: str) -> None:
@@ -78,11 +79,11 @@ def long_pair(src: str, tgt: str, words: int, out_src: str, out_tgt: str) -> Tup
     return len(src_words[:words]), len(tgt_words[:words])
 
 
-def score(hypothesis: str, gold: str) -> Tuple[float, float, float]:
-    """(AER, precision, recall) in % of a Pharaoh file against a talp gold file."""
-    from aligner.formats import read_gold, read_pharaoh
+def score(hypothesis: str, gold_set: GoldSet) -> Tuple[float, float, float]:
+    """(AER, precision, recall) in % of a Pharaoh file against a gold set."""
+    from aligner.formats import read_pharaoh
     from aligner.links.metrics import score_aer
-    result = score_aer(read_pharaoh(hypothesis), read_gold(gold))
+    result = score_aer(read_pharaoh(hypothesis), gold_set.golds)
     return 100 * result.aer, 100 * result.precision, 100 * result.recall
 
 
@@ -92,6 +93,7 @@ def same_lines(a: str, b: str) -> float:
     return 100.0 * sum(p == q for p, q in zip(left, right)) / max(1, len(left))
 
 
+@exit_on_error("bench_extract.py")
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", required=True)
@@ -106,7 +108,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--long-words", default="50,150,300",
                         help="comma-separated lengths of the long-pair memory runs ('' = none)")
-    parser.add_argument("--gold", action="append", default=[], metavar="NAME=SRC,TGT,TALP")
+    add_gold_argument(parser, required=False, use="aligned alone by every tree")
     parser.add_argument("--extra", default="", help="further extract options for every tree")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
@@ -117,11 +119,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         trees.append((name, path))
         tree_args[name] = own.split()
     extra = args.extra.split()
+    gold_sets = load_gold_sets([(name, *(os.path.abspath(p) for p in paths))
+                                for name, *paths in args.gold])
     work = tempfile.mkdtemp(prefix="bench_extract.")
     src, tgt = os.path.join(work, "src"), os.path.join(work, "tgt")
     args.model_dir = os.path.abspath(args.model_dir)
-    args.gold = [spec.split("=", 1)[0] + "=" + ",".join(
-        os.path.abspath(p) for p in spec.split("=", 1)[1].split(",")) for spec in args.gold]
     head(args.src, args.pairs, src)
     head(args.tgt, args.pairs, tgt)
 
@@ -168,22 +170,20 @@ def main(argv: Optional[List[str]] = None) -> None:
                 print(f"{name}: {words} words, peak {peak:.0f} MiB", file=sys.stderr)
             lines.append(f"| {words} | " + " | ".join(cells) + " |")
 
-    if args.gold:
+    if gold_sets:
         lines += ["", "## AER on gold sets (same command)", "",
                   "| set | tree | AER | P | R | lines identical to " + reference + " |",
                   "|---|---|---|---|---|---|"]
-        for spec in args.gold:
-            set_name, paths = spec.split("=", 1)
-            gold_src, gold_tgt, gold = paths.split(",")
+        for gold_set in gold_sets:
             set_outputs = {}
             for name, tree in trees:
-                out = os.path.join(work, f"{name}.{set_name}.txt")
-                run_extract(tree, args.model_dir, gold_src, gold_tgt, out, args.method,
-                            args.heuristic, args.threads, extra + tree_args[name])
+                out = os.path.join(work, f"{name}.{gold_set.name}.txt")
+                run_extract(tree, args.model_dir, gold_set.source, gold_set.target, out,
+                            args.method, args.heuristic, args.threads, extra + tree_args[name])
                 set_outputs[name] = out
             for name, _ in trees:
-                aer, precision, recall = score(set_outputs[name], gold)
-                lines.append(f"| {set_name} | {name} | {aer:.2f} | {precision:.1f} | "
+                aer, precision, recall = score(set_outputs[name], gold_set)
+                lines.append(f"| {gold_set.name} | {name} | {aer:.2f} | {precision:.1f} | "
                              f"{recall:.1f} | "
                              f"{same_lines(set_outputs[reference], set_outputs[name]):.1f} % |")
 

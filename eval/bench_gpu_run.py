@@ -10,7 +10,8 @@ other, on the same bitext, each in its own model directory under ``--workdir``. 
 * the GPU memory in use on GPU 0, the most seen by ``nvidia-smi`` polled every 0.2 s (the
   job's CUDA context and its allocator's reserve included: what another job on the card can
   no longer have);
-* AER / precision / recall of the lines of each ``--gold`` (aligner.links.metrics.score_aer, as
+* AER / precision / recall of the lines of each ``--gold NAME SRC TGT GOLD`` (eval/gold_sets.py:
+  its sentences are found among the bitext's lines; aligner.links.metrics.score_aer, as
   `align score-aer` scores them).
 
 A variant still running at ``--deadline`` seconds from the start is stopped; its row keeps the
@@ -19,8 +20,8 @@ The en-fr 25k benchmark (eval/results/gpu_enfr.md)::
 
     cat ../shared/data/enfr/{train,dev,trial}.src > train.en    # likewise .tgt > train.fr
     python eval/bench_gpu_run.py --src train.en --tgt train.fr --workdir runs/gpu \\
-        --gold dev=../shared/data/enfr/dev.talp:25001 \\
-        --gold trial=../shared/data/enfr/trial.talp:25201 \\
+        --gold dev ../shared/data/enfr/dev.{src,tgt,talp} \\
+        --gold trial ../shared/data/enfr/trial.{src,tgt,talp} \\
         --variant "" --variant "--max-tokens 12000 --lr 6e-3 --warmup 15" --deadline 560
 """
 from __future__ import annotations
@@ -33,12 +34,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-from aligner.formats import read_gold, read_pharaoh
-from aligner.links.metrics import score_aer
-from aligner.training.run_record import RunRecord
-from aligner.utils import AlignerError
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gold_sets import (GoldSet, add_gold_argument, exit_on_error, load_gold_sets,  # noqa: E402
+                       locate)
+
+from aligner.formats import read_bitext, read_pharaoh  # noqa: E402
+from aligner.links.metrics import score_aer  # noqa: E402
+from aligner.training.run_record import RunRecord  # noqa: E402
+from aligner.utils import AlignerError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,25 +82,15 @@ class GpuMemoryPoll:
         self._thread.join()
 
 
-def gold_sets(specs: List[str]) -> List[Tuple[str, str, int]]:
-    """NAME=GOLD:FIRST_LINE (the bitext's 1-based line of the gold's first pair)."""
-    sets = []
-    for spec in specs:
-        name, rest = spec.split("=", 1)
-        path, first = rest.rsplit(":", 1)
-        sets.append((name, path, int(first)))
-    return sets
+def score(alignments: str, gold_set: GoldSet) -> Dict:
+    """AER, precision, recall (fractions) and link counts of the gold set's lines of
+    `alignments` (a Pharaoh file of the whole bitext; the set located by gold_sets.locate)."""
+    links = read_pharaoh(alignments)[gold_set.offset:gold_set.offset + gold_set.size]
+    return score_aer(links, gold_set.golds).as_dict()
 
 
-def score(alignments: str, gold: str, first_line: int) -> Dict:
-    """AER, precision, recall (fractions) and link counts of the lines of `alignments` from
-    `first_line` (1-based) on, as many as the talp `gold` has."""
-    golds = read_gold(gold)
-    links = read_pharaoh(alignments)[first_line - 1:first_line - 1 + len(golds)]
-    return score_aer(links, golds).as_dict()
-
-
-def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
+def run_variant(args, gold_sets: List[GoldSet], extra: str, index: int,
+                deadline: float) -> Dict:
     model_dir = os.path.join(args.workdir, f"v{index}")
     output = model_dir + ".align"
     command = ["run", "-s", args.src, "-t", args.tgt, "-o", output, "--model-dir", model_dir,
@@ -121,8 +116,8 @@ def run_variant(args, extra: str, index: int, deadline: float) -> Dict:
     except (AlignerError, IndexError):
         row["stages"], row["recorded_s"] = [], 0.0
     if row.get("returncode") == 0:
-        for name, gold, first in gold_sets(args.gold):
-            row[name] = score(output, gold, first)
+        for gold_set in gold_sets:
+            row[gold_set.name] = score(output, gold_set)
     return row
 
 
@@ -145,8 +140,7 @@ def environment() -> Dict:
     return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-300:]}
 
 
-def table(rows: List[Dict], golds: List[str]) -> str:
-    names = [spec.split("=", 1)[0] for spec in golds]
+def table(rows: List[Dict], names: List[str]) -> str:
     head = ["variant", "wall s", "GPU MiB", "train s", "teacher s", "guide s", "prep s",
             "rest s", *[f"{n} AER" for n in names]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -166,18 +160,23 @@ def table(rows: List[Dict], golds: List[str]) -> str:
     return "\n".join(lines)
 
 
+@exit_on_error("bench_gpu_run.py")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True)
     parser.add_argument("--tgt", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--gold", action="append", default=[],
-                        help="NAME=GOLD_FILE:FIRST_LINE (talp gold of lines FIRST_LINE...)")
+    add_gold_argument(parser, required=False,
+                      use="found among the lines of --src/--tgt")
     parser.add_argument("--variant", action="append", default=None,
                         help='extra `align run` options of one run ("" = defaults)')
     parser.add_argument("--deadline", type=float, default=3600.0,
                         help="seconds from the start after which a running variant is stopped")
     args = parser.parse_args()
+    gold_sets = load_gold_sets(args.gold)
+    bitext = read_bitext(args.src, args.tgt)
+    locate(gold_sets, bitext.source, bitext.target, f"{args.src}/{args.tgt}")
+    del bitext
     os.makedirs(args.workdir, exist_ok=True)
     deadline = time.time() + args.deadline
     result = {"environment": environment(), "variants": []}
@@ -185,12 +184,12 @@ def main() -> None:
     for index, extra in enumerate(args.variant or [""]):
         if time.time() >= deadline:
             break
-        row = run_variant(args, extra, index, deadline)
+        row = run_variant(args, gold_sets, extra, index, deadline)
         result["variants"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "stages"}), flush=True)
         with open(os.path.join(args.workdir, "gpu_run.json"), "w", encoding="utf-8") as out:
             json.dump(result, out, indent=1)
-    print(table(result["variants"], args.gold))
+    print(table(result["variants"], [gold_set.name for gold_set in gold_sets]))
 
 
 if __name__ == "__main__":

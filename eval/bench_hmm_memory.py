@@ -5,9 +5,9 @@ The lexicon tensor is B × I × J × V. Without chunking (``lexicon_chunk`` 0) t
 a time, in the forward and, by recomputation, in the backward pass.
 
 Each setting runs in a fresh subprocess (``--one``): build the model and the batch, then one
-loss + backward. On CPU the extra peak memory is the growth of the process's peak resident set
-(resource.getrusage ru_maxrss) over the step (tracemalloc does not see torch's allocations);
-on CUDA it is torch.cuda.max_memory_allocated. Writes a markdown table (stdout or --output).
+loss + backward, measured by eval/memory_probe.py (CPU: growth of the peak resident set with
+glibc's mmap threshold fixed; CUDA: torch.cuda.max_memory_allocated). Writes a markdown table
+(stdout or --output).
 
     python eval/bench_hmm_memory.py --output eval/results/hmm_memory.md
 """
@@ -17,12 +17,10 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
-import time
 
-MiB = 1024 * 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_probe import FRESH_ENVIRONMENT, MiB, peak_of, run_fresh  # noqa: E402
 
 
 def one(kind: str, batch: int, length: int, vocab: int, d_model: int, chunk: int,
@@ -46,22 +44,15 @@ def one(kind: str, batch: int, length: int, vocab: int, d_model: int, chunk: int
     tgt_in = torch.randint(4, vocab, (batch, length + 1), device=device)
     tgt_in[:, 0] = 1
     tgt_out = torch.cat([tgt_in[:, 1:], torch.full((batch, 1), 2, device=device)], dim=1)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    start = time.perf_counter()
-    loss, n_tokens = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
-    (loss / n_tokens).backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    return {"peak_mib": peak / MiB, "seconds": time.perf_counter() - start,
-            "loss": loss.item() / n_tokens.item()}
+
+    def step():
+        loss, n_tokens = model.loss(src, tgt_in, tgt_out, label_smoothing=0.1)
+        (loss / n_tokens).backward()
+        return loss.item() / n_tokens.item()
+
+    measured = peak_of(step, device)
+    return {"peak_mib": measured["peak_mib"], "seconds": measured["seconds"],
+            "loss": measured["value"]}
 
 
 def main() -> None:
@@ -92,10 +83,6 @@ def main() -> None:
 
     from aligner.utils import atomic_output
 
-    # glibc raises its mmap threshold after large frees and then keeps freed blocks resident,
-    # which would make the peak RSS depend on allocation history: fix the threshold so that
-    # every large tensor is its own mapping, returned to the system when freed.
-    environment = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     results = {}
     for length in args.lengths:
         for column in columns:
@@ -103,9 +90,7 @@ def main() -> None:
                        "--vocab", str(args.vocab), "--d-model", str(args.d_model),
                        "--device", args.device, "--one", str(length), str(column[0]),
                        str(column[1])]
-            output = subprocess.run(command, check=True, capture_output=True, text=True,
-                                    env=environment).stdout
-            results[length, column] = json.loads(output.strip().splitlines()[-1])
+            results[length, column] = run_fresh(command)
             print(f"I=J={length} {column}: {results[length, column]}", file=sys.stderr)
 
     with atomic_output(args.output) as out:
@@ -115,7 +100,8 @@ def main() -> None:
                   f"{args.vocab}, d_model {args.d_model}, 1 encoder + 1 decoder layer, float32, "
                   "label smoothing 0.1. One fresh process per cell; memory = growth of the peak "
                   "resident set during loss + backward (CPU, glibc "
-                  "MALLOC_MMAP_THRESHOLD_=131072) or max_memory_allocated (CUDA).  \n")
+                  f"MALLOC_MMAP_THRESHOLD_={FRESH_ENVIRONMENT['MALLOC_MMAP_THRESHOLD_']}) or "
+                  "max_memory_allocated (CUDA).  \n")
         out.write("The whole lexicon logits tensor B·(I+1)·(J+1)·V·4 bytes is given for "
                   "reference. Chunk = target positions per lexicon chunk (0 = no chunking); "
                   "floats = hmm1's chunk_floats, the budget of the B·(I+1)·(J+2)·(J+1) "

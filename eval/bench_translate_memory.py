@@ -17,11 +17,9 @@ Each cell runs in a fresh subprocess (``--one``): build a random model (memory d
 on the weights), encode the sources, then measure two steps of the search: ``decode_step`` at
 position 0, ``reorder_decode_state`` to the beam's rows and ``decode_step`` at position 1
 (hmm1's forward update for the words chosen at 0 happens there; eval/results/
-translate_memory.md was recorded before the decode contract, as one step + the update). On
-CPU the extra peak memory is the growth of the process's peak resident set
-(resource.getrusage ru_maxrss; tracemalloc does not see torch), with glibc's
-MALLOC_MMAP_THRESHOLD_ fixed so that every large tensor is its own mapping, returned when
-freed; on CUDA it is torch.cuda.max_memory_allocated. Writes a markdown table.
+translate_memory.md was recorded before the decode contract, as one step + the update),
+measured by eval/memory_probe.py (CPU: growth of the peak resident set with glibc's mmap
+threshold fixed; CUDA: torch.cuda.max_memory_allocated). Writes a markdown table.
 
     python eval/bench_translate_memory.py --output eval/results/translate_memory.md
 
@@ -35,12 +33,11 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import time
 
-MiB = 1024 * 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_probe import FRESH_ENVIRONMENT, MiB, peak_of, run_fresh  # noqa: E402
 SETTINGS = ("whole", "default", "1-position")
 
 
@@ -135,23 +132,12 @@ def one(kind: str, rows: int, length: int, vocab: int, d_model: int, setting: st
     with torch.no_grad():
         two_steps(model.init_decode_state(src[:1, -2:], **options), 1)   # allocates buffers
         state = model.init_decode_state(src, **options)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        else:
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        start = time.perf_counter()
-        log_p, state = two_steps(state, rows)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - before
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        measured = peak_of(lambda: two_steps(state, rows), device)
+    log_p, state = measured["value"]
     checksum = float(log_p.max(-1).values.sum())
     if kind == "hmm1":
         checksum += float(state["forward"].exp().sum())
-    return {"peak_mib": peak / MiB, "seconds": time.perf_counter() - start,
+    return {"peak_mib": measured["peak_mib"], "seconds": measured["seconds"],
             "checksum": checksum}
 
 
@@ -215,7 +201,6 @@ def main() -> None:
     from aligner.models.direct_hmm import LEXICON_CHUNK_FLOATS
     from aligner.utils import atomic_output
 
-    environment = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     results = {}
     for kind in args.kinds:
         for length in args.lengths:
@@ -223,9 +208,7 @@ def main() -> None:
                 command = [sys.executable, __file__, "--rows", str(args.rows), "--vocab",
                            str(args.vocab), "--d-model", str(args.d_model), "--device",
                            args.device, "--one", kind, str(length), setting]
-                output = subprocess.run(command, check=True, capture_output=True, text=True,
-                                        env=environment).stdout
-                results[kind, length, setting] = json.loads(output.strip().splitlines()[-1])
+                results[kind, length, setting] = run_fresh(command)
                 print(f"{kind} J={length} {setting}: {results[kind, length, setting]}",
                       file=sys.stderr)
 
@@ -241,7 +224,8 @@ def main() -> None:
                   "random weights. One fresh process per cell; memory = growth of the peak "
                   "resident set during two steps (decode_step at positions 0 and 1, the "
                   "second with hmm1's forward update of the words chosen at 0), glibc "
-                  "MALLOC_MMAP_THRESHOLD_=131072 (CPU), or max_memory_allocated (CUDA).\n\n")
+                  f"MALLOC_MMAP_THRESHOLD_={FRESH_ENVIRONMENT['MALLOC_MMAP_THRESHOLD_']} (CPU), "
+                  "or max_memory_allocated (CUDA).\n\n")
         out.write(f"Settings: **whole** = the decoding step before chunking (the whole "
                   f"(N, J+1, V) lexicon); **default** = chunks of LEXICON_CHUNK_FLOATS = "
                   f"{LEXICON_CHUNK_FLOATS} floats, here {default_positions} source positions "

@@ -19,19 +19,23 @@ missing peer gets a "not run" row. Our own aligner joins in two ways:
 * ``--aligner-method KIND:METHOD`` trains here: ``align train --model KIND`` once per kind on
   the corpus, then ``align extract --method METHOD`` of each direction on the gold sentences;
   time = training + extraction, peak = the larger of the two.
-* ``--aligner-model [LABEL=]DIR:METHOD`` takes a model directory trained beforehand (both
-  directions; a directory joined from two one-direction runs works). Only ``align extract``
-  runs here. Time = the training seconds the directory records in its run record
-  (``DIR/run.json``: preparation, the classical teacher, training, a self-training run's
-  guides, over every round and resumed session; the directions trained side by side count as
-  the longer; for an alignment layer also its base's) + the extraction measured here; a
-  directory trained before run records counts the last ``elapsed_s`` of each direction's
-  ``metrics.tsv`` only, and a note says so. Peak = extraction only. Before anything runs, the
-  model's training text must be the benchmark corpus line for line
-  (:func:`check_training_text`: the encoded ``DIR/corpus`` against the benchmark corpus
-  encoded with the model's own BPE and vocabularies; without ``corpus/``, the fingerprint and
-  pair count of the training text that ``DIR/run.json`` records); a mismatch is an error
-  unless ``--allow-other-training-text``, which marks the row.
+* ``--aligner-model [LABEL=]DIR:METHOD[,KEY=VALUE...]`` takes a model directory trained
+  beforehand (both directions; a directory joined from two one-direction runs works), with
+  method options given to ``align extract -O`` (``runs/enfr-transformer:attention,layer=1``;
+  this replaced eval/run_aer.py). Only ``align extract`` runs here. Time = the training seconds
+  the directory records in its run record (``DIR/run.json``: preparation, the classical teacher,
+  training, a self-training run's guides, over every round and resumed session; the directions
+  trained side by side count as the longer; for an alignment layer also its base's) + the
+  extraction measured here; a directory trained before run records counts the last ``elapsed_s``
+  of each direction's ``metrics.tsv`` only, and a note says so. Peak = extraction only. Before
+  anything runs, the model's training text must be the benchmark corpus line for line
+  (:func:`check_training_text`: the encoded ``DIR/corpus`` against the benchmark corpus encoded
+  with the model's own BPE and vocabularies; without ``corpus/``, the fingerprint and pair count
+  of the training text that ``DIR/run.json`` records); a mismatch is an error unless
+  ``--allow-other-training-text``, which marks the row.
+
+``--heuristics`` chooses the symmetrized columns (default intersect, grow-diag,
+grow-diag-final-and; also union, grow-diag-final).
 
 Example (en-fr, 25k training pairs, dev and trial scored separately)::
 
@@ -63,12 +67,14 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (eval/ is a recipe folder, not a package)
+from gold_sets import GoldSet, gold_option, load_gold_sets  # noqa: E402
 
 from aligner import __version__ as aligner_version  # noqa: E402
 from aligner import constants as C  # noqa: E402
-from aligner.formats import (GoldAlignment, check_links_in_range, check_same_length,  # noqa: E402
-                             read_bitext, read_gold, read_pharaoh, write_pharaoh)
+from aligner.formats import (check_links_in_range, read_bitext, read_pharaoh,  # noqa: E402
+                             write_pharaoh)
 from aligner.links.metrics import AERScore, score_aer  # noqa: E402
+from aligner.links.symmetrize import HEURISTICS as SYMMETRIZE_HEURISTICS  # noqa: E402
 from aligner.links.symmetrize import symmetrize  # noqa: E402
 from aligner.utils import AlignerError, atomic_output, check_condition  # noqa: E402
 
@@ -85,22 +91,6 @@ HEURISTICS = ("intersect", "grow-diag", "grow-diag-final-and")
 # no probabilities, their cell stays empty.
 SOFT_COLUMN = "soft-average"
 COLUMNS = DIRECTIONS + HEURISTICS + (SOFT_COLUMN,)
-
-
-@dataclass
-class GoldSet:
-    """One gold set, appended to the corpus at 0-based lines ``offset``..``offset + size - 1``."""
-
-    name: str
-    source: str
-    target: str
-    gold_path: str
-    offset: int
-    golds: List[GoldAlignment]
-
-    @property
-    def size(self) -> int:
-        return len(self.golds)
 
 
 @dataclass
@@ -166,25 +156,16 @@ def build_corpus(train: Sequence[Tuple[str, str]],
             sources.append(src)
             targets.append(tgt)
     n_train = len(sources)
-    gold_sets = []
-    names = set()
-    for name, src_path, tgt_path, gold_path in gold:
-        check_condition(name not in names, f"gold set name '{name}' given twice")
-        names.add(name)
-        bitext = read_bitext(source=src_path, target=tgt_path)
-        golds = read_gold(gold_path)
-        check_same_length(src_path, len(bitext), gold_path, len(golds))
-        for line_no, (src, tgt, links) in enumerate(zip(bitext.source, bitext.target, golds),
-                                                     start=1):
-            check_condition(bool(src) and bool(tgt),
-                            f"{src_path if not src else tgt_path}:{line_no}: empty gold "
-                            "sentence (the peers cannot align it)")
-            _check_no_separator(src, src_path, line_no)
-            _check_no_separator(tgt, tgt_path, line_no)
-            check_links_in_range(links.possible, len(src), len(tgt), gold_path, line_no)
-        gold_sets.append(GoldSet(name, src_path, tgt_path, gold_path, len(sources), golds))
-        sources.extend(bitext.source)
-        targets.extend(bitext.target)
+    # the shared --gold reader: names, files, line counts, links, no empty sentence
+    gold_sets = load_gold_sets(gold, allow_empty=False)
+    for gold_set in gold_sets:
+        for line_no, (src, tgt) in enumerate(zip(gold_set.sources, gold_set.targets),
+                                             start=1):
+            _check_no_separator(src, gold_set.source, line_no)
+            _check_no_separator(tgt, gold_set.target, line_no)
+        gold_set.offset = len(sources)
+        sources.extend(gold_set.sources)
+        targets.extend(gold_set.targets)
     paths = {suffix: os.path.join(workdir, f"corpus.{suffix}") for suffix in ("src", "tgt",
                                                                               "joint")}
     gold_paths = {suffix: os.path.join(workdir, f"gold.{suffix}") for suffix in ("src", "tgt")}
@@ -234,8 +215,10 @@ with open(result, "w") as handle:
 
 
 def run_measured(argv: Sequence[str], log_path: str, stdout_path: Optional[str] = None,
-                 cwd: Optional[str] = None) -> Measurement:
-    """Run ``argv`` in a child process; measure its wall time and peak memory.
+                 cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None
+                 ) -> Measurement:
+    """Run ``argv`` in a child process (environment ``env``, default ours); measure its wall
+    time and peak memory (also eval/bench_extract.py's measurement).
 
     stderr (and stdout, unless ``stdout_path`` is given) go to ``log_path``. The peak is
     ``ru_maxrss`` (KiB on Linux) from ``os.wait4`` on the command: the largest resident set of
@@ -246,7 +229,8 @@ def run_measured(argv: Sequence[str], log_path: str, stdout_path: Optional[str] 
         out = open(stdout_path, "wb") if stdout_path else log  # noqa: SIM115
         try:
             launcher = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, result.name,
-                                       *argv], stdout=out, stderr=log, cwd=cwd, check=False)
+                                       *argv], stdout=out, stderr=log, cwd=cwd, env=env,
+                                      check=False)
         finally:
             if stdout_path:
                 out.close()
@@ -297,9 +281,10 @@ def read_directions(run: peers.PeerRun, corpus: Corpus
 
 
 def score_directions(forward: Sequence[Set[Link]], reverse: Sequence[Set[Link]],
-                     corpus: Corpus, workdir: Optional[str] = None
+                     corpus: Corpus, workdir: Optional[str] = None,
+                     heuristics: Sequence[str] = HEURISTICS
                      ) -> Dict[str, Dict[str, AERScore]]:
-    """Scores per gold set and column (fwd, rev, grow-diag, grow-diag-final-and).
+    """Scores per gold set and column (fwd, rev, then each of ``heuristics``).
 
     ``forward``/``reverse`` hold the links of all gold lines (source–target), in corpus order.
     With ``workdir``, each column's links of each gold set are written there as
@@ -311,7 +296,7 @@ def score_directions(forward: Sequence[Set[Link]], reverse: Sequence[Set[Link]],
         fwd = list(forward[start:start + gold_set.size])
         rev = list(reverse[start:start + gold_set.size])
         columns = {"fwd": fwd, "rev": rev}
-        for heuristic in HEURISTICS:
+        for heuristic in heuristics:
             columns[heuristic] = [symmetrize(f, r, heuristic) for f, r in zip(fwd, rev)]
         scores[gold_set.name] = {name: score_aer(links, gold_set.golds)
                                  for name, links in columns.items()}
@@ -359,7 +344,8 @@ def _soft_average_step(model_dir: str, method: str, corpus: Corpus, workdir: str
 
 
 def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
-               cache: Dict[Tuple[str, ...], Measurement]) -> SystemResult:
+               cache: Dict[Tuple[str, ...], Measurement],
+               heuristics: Sequence[str] = HEURISTICS) -> SystemResult:
     """Run the steps of one system (a step already in ``cache`` is not rerun), then score."""
     result = SystemResult(run.label, run.version, run.settings, notes=list(run.notes))
     log_path = os.path.join(workdir, "log.txt")
@@ -387,7 +373,7 @@ def run_system(run: peers.PeerRun, corpus: Corpus, workdir: str,
     except AlignerError as error:
         result.status = f"failed: {error}"
         return result
-    result.scores = score_directions(forward, reverse, corpus, workdir)
+    result.scores = score_directions(forward, reverse, corpus, workdir, heuristics)
     try:
         for column, path in run.symmetrized.items():
             score_symmetrized(column, path, run.first_line, corpus, result.scores)
@@ -432,8 +418,10 @@ def format_score(score: AERScore) -> str:
 
 
 def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
-                 command: str, environment: Dict[str, str]) -> str:
+                 command: str, environment: Dict[str, str],
+                 heuristics: Sequence[str] = HEURISTICS) -> str:
     """The Markdown report: command, set-up, one table per gold set, notes."""
+    columns = DIRECTIONS + tuple(heuristics) + (SOFT_COLUMN,)
     lines = [f"# Aligner comparison: {title}", "",
              "Produced by `eval/compare_aligners.py` (see eval/README.md). Command:", "",
              "```", command, "```", ""]
@@ -462,14 +450,14 @@ def render_table(results: Sequence[SystemResult], corpus: Corpus, title: str,
     for gold_set in corpus.gold_sets:
         lines += [f"## {gold_set.name}: {gold_set.gold_path} ({gold_set.size} sentence pairs, "
                   f"corpus lines {gold_set.offset + 1}-{gold_set.offset + gold_set.size})", "",
-                  "| system | " + " | ".join(COLUMNS) + " | time s | peak MiB |",
-                  "|---" * (len(COLUMNS) + 1) + "|---:|---:|"]
+                  "| system | " + " | ".join(columns) + " | time s | peak MiB |",
+                  "|---" * (len(columns) + 1) + "|---:|---:|"]
         for result in results:
             if result.status != "ok":
-                lines.append(f"| {result.label} | {result.status} |" + " |" * (len(COLUMNS) + 1))
+                lines.append(f"| {result.label} | {result.status} |" + " |" * (len(columns) + 1))
                 continue
             cells = [format_score(result.scores[gold_set.name][c])
-                     if c in result.scores[gold_set.name] else "–" for c in COLUMNS]
+                     if c in result.scores[gold_set.name] else "–" for c in columns]
             lines.append(f"| {result.label} | " + " | ".join(cells)
                          + f" | {result.wall_s:.1f} | {result.peak_kib / 1024:.0f} |")
         lines.append("")
@@ -525,30 +513,48 @@ def load_average() -> str:
 
 @dataclass
 class ModelSpec:
-    """``--aligner-model [LABEL=]DIR:METHOD``: an existing model directory and a method."""
+    """``--aligner-model [LABEL=]DIR:METHOD[,KEY=VALUE...]``: an existing model directory, a
+    method and its options (``align extract -O KEY=VALUE``)."""
 
     model_dir: str
     method: str
     label: Optional[str] = None
+    options: Tuple[str, ...] = ()
+
+    @property
+    def method_label(self) -> str:
+        """The method and its options as a row shows them, e.g. ``attention layer=1``."""
+        return " ".join((self.method,) + self.options)
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
-    """``DIR:METHOD`` or ``LABEL=DIR:METHOD`` (the method is after the LAST colon).
+    """``DIR:METHOD`` or ``LABEL=DIR:METHOD``, the method after the LAST colon, optionally
+    followed by method options ``,KEY=VALUE`` (``runs/m:layer-sgd,init=random,sgd_lr=0.1``:
+    `align extract --method layer-sgd -O init=random -O sgd_lr=0.1`).
 
-    A prefix before the first ``=`` is a label unless it contains a path separator, so
-    ``runs/a=b:m`` is the directory ``runs/a=b``; a directory whose name contains ``=`` and
-    no ``/`` needs an explicit label (``LABEL=a=b:m``).
+    A prefix before the first ``=`` is a label unless it contains a path separator or the rest
+    has no colon (then the ``=`` is a method option's), so ``runs/a=b:m`` is the directory
+    ``runs/a=b`` and ``m:attention,layer=1`` has no label; a directory whose name contains
+    ``=`` and no ``/`` needs an explicit label (``LABEL=a=b:m``). Option keys are checked
+    as `align extract -O` checks them.
     """
+    from aligner.cli.extract import method_options
+
     label: Optional[str] = None
     rest = spec
     head, sep, tail = spec.partition("=")
-    if sep and head and "/" not in head and os.sep not in head:
+    if sep and head and "/" not in head and os.sep not in head and ":" in tail:
         label, rest = head, tail
     model_dir, sep, method = rest.rpartition(":")
+    method, *options = method.split(",")
     check_condition(bool(sep and model_dir and method),
                     f"--aligner-model '{spec}': expected DIR:METHOD or LABEL=DIR:METHOD, "
                     "e.g. runs/enfr-hmm1:hmm-posterior")
-    return ModelSpec(model_dir, method, label)
+    try:
+        method_options(options, option=f"--aligner-model '{spec}': method option")
+    except AlignerError as error:
+        raise AlignerError(f"{error} (expected DIR:METHOD,KEY=VALUE,...)") from None
+    return ModelSpec(model_dir, method, label, tuple(options))
 
 
 def last_elapsed_seconds(path: str) -> float:
@@ -885,7 +891,7 @@ def load_pretrained(spec: ModelSpec, corpus: Corpus, scratch: str,
     from aligner.models import METHODS_BY_KIND
 
     model_dir = spec.model_dir
-    what = f"--aligner-model {model_dir}:{spec.method}"
+    what = f"--aligner-model {model_dir}:{','.join((spec.method,) + spec.options)}"
     check_condition(os.path.isdir(model_dir), f"{what}: {model_dir} is not a directory")
     config_file = config_path(model_dir)
     check_condition(os.path.isfile(config_file),
@@ -943,6 +949,7 @@ def plan_pretrained(model: PretrainedModel, corpus: Corpus, workdir: str,
     spec = model.spec
     forward = os.path.join(workdir, "fwd.txt")
     reverse = os.path.join(workdir, "rev.txt")
+    extract_args = [arg for option in spec.options for arg in ("-O", option)] + list(extract_args)
     steps = [peers.Step(f"extract-{direction}", [
         "align", "extract", spec.model_dir, "--method", spec.method, "--direction", direction,
         "-s", corpus.gold_source, "-t", corpus.gold_target, "-o", path, *extract_args])
@@ -950,7 +957,8 @@ def plan_pretrained(model: PretrainedModel, corpus: Corpus, workdir: str,
     soft_step, soft_path = _soft_average_step(spec.model_dir, spec.method, corpus, workdir,
                                               extract_args)
     steps.append(soft_step)
-    label = spec.label or f"align {model.kind}:{spec.method} (pre-trained {spec.model_dir})"
+    label = spec.label or (f"align {model.kind}:{spec.method_label} "
+                           f"(pre-trained {spec.model_dir})")
     notes = []
     if model.mismatch is not None:
         label += " [OTHER TRAINING TEXT]"
@@ -998,14 +1006,18 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
             train_limit: Optional[int] = None, aligner_train_args: Sequence[str] = (),
             aligner_extract_args: Sequence[str] = (),
             peer_args: Optional[Dict[str, Sequence[str]]] = None,
-            aligner_models: Sequence[str] = (), allow_other_training_text: bool = False
-            ) -> Tuple[Corpus, List[SystemResult]]:
+            aligner_models: Sequence[str] = (), allow_other_training_text: bool = False,
+            heuristics: Sequence[str] = HEURISTICS) -> Tuple[Corpus, List[SystemResult]]:
     """Build the corpus in ``workdir``, run every system, return the scored results.
 
     ``peer_args`` maps a peer name to extra command-line arguments (see peers.plan_peer).
     ``aligner_models``: ``[LABEL=]DIR:METHOD`` specs of pre-trained model directories; all
     are checked (:func:`load_pretrained`) before any system runs. Their rows come last.
+    ``heuristics``: the symmetrized columns (aligner.links.symmetrize's names).
     """
+    unknown = [h for h in heuristics if h not in SYMMETRIZE_HEURISTICS]
+    check_condition(not unknown, f"--heuristics: unknown heuristic(s) {', '.join(unknown)} "
+                                 f"(expected some of {', '.join(SYMMETRIZE_HEURISTICS)})")
     for name in peer_names:
         check_condition(name in peers.ALL_PEERS, f"unknown peer '{name}' "
                                                  f"(expected {', '.join(peers.ALL_PEERS)})")
@@ -1031,19 +1043,20 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
                                   corpus.first_gold_line, folder, (peer_args or {}).get(name, ()))
         except ValueError as error:
             raise AlignerError(str(error)) from None
-        results.append(run_system(run, corpus, folder, cache))
+        results.append(run_system(run, corpus, folder, cache, heuristics))
     for kind, method in methods:
         folder = os.path.join(workdir, f"aligner-{kind}-{method}")
         os.makedirs(folder, exist_ok=True)
         run = plan_aligner(kind, method, corpus, folder, list(aligner_train_args),
                            list(aligner_extract_args))
-        results.append(run_system(run, corpus, folder, cache))
+        results.append(run_system(run, corpus, folder, cache, heuristics))
     for number, model in enumerate(pretrained, start=1):
         name = os.path.basename(os.path.normpath(model.spec.model_dir))
-        folder = os.path.join(workdir, f"model{number}-{name}-{model.spec.method}")
+        folder = os.path.join(workdir, f"model{number}-{name}-{model.spec.method}"
+                              + "".join(f"-{option}" for option in model.spec.options))
         os.makedirs(folder, exist_ok=True)
         result = run_system(plan_pretrained(model, corpus, folder, list(aligner_extract_args)),
-                            corpus, folder, cache)
+                            corpus, folder, cache, heuristics)
         result.training_s = model.training.total
         result.wall_s += model.training.total
         results.append(result)
@@ -1054,13 +1067,7 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--train", "train", nargs=2, multiple=True, required=True,
               type=click.Path(exists=True, dir_okay=False), metavar="SRC TGT",
               help="Training text, line-aligned source and target (repeat to concatenate).")
-@click.option("--gold", "gold", nargs=4, multiple=True, required=True,
-              type=(str, click.Path(exists=True, dir_okay=False),
-                    click.Path(exists=True, dir_okay=False),
-                    click.Path(exists=True, dir_okay=False)),
-              metavar="NAME SRC TGT GOLD",
-              help="A gold set: name, its source and target sentences, its gold (talp: i-j "
-                   "sure, ipj/i?j possible). Appended to the training text; repeatable.")
+@gold_option(use="appended to the training text in the order given, scored apart")
 @click.option("--peers", "peer_list", default=",".join(peers.PEER_NAMES), show_default=True,
               help=f"Comma-separated peers to run ('' for none; also "
                    f"{', '.join(peers.ALL_PEERS[len(peers.PEER_NAMES):])}).")
@@ -1071,13 +1078,18 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--aligner-method", "aligner_methods", multiple=True, metavar="KIND:METHOD",
               help="Also run our aligner: `align train --model KIND`, `align extract --method "
                    "METHOD` (repeatable; one training per kind).")
-@click.option("--aligner-model", "aligner_models", multiple=True, metavar="[LABEL=]DIR:METHOD",
+@click.option("--aligner-model", "aligner_models", multiple=True,
+              metavar="[LABEL=]DIR:METHOD[,KEY=VALUE...]",
               help="Also score an already trained model directory (both directions, trained "
-                   "on this benchmark's corpus): `align extract DIR --method METHOD` only; "
-                   "time = recorded training time + extraction (repeatable).")
+                   "on this benchmark's corpus): `align extract DIR --method METHOD [-O "
+                   "KEY=VALUE...]` only; time = recorded training time + extraction "
+                   "(repeatable).")
 @click.option("--allow-other-training-text", is_flag=True,
               help="Accept an --aligner-model whose training text is not the benchmark corpus "
                    "(its row is marked and not comparable).")
+@click.option("--heuristics", default=",".join(HEURISTICS), show_default=True,
+              help="Comma-separated symmetrization columns after fwd and rev (of "
+                   f"{', '.join(SYMMETRIZE_HEURISTICS)}).")
 @click.option("--aligner-train-args", default="", help="Extra arguments for `align train`.")
 @click.option("--aligner-extract-args", default="",
               help="Extra arguments for `align extract` (also for --aligner-model rows).")
@@ -1092,8 +1104,8 @@ def compare(train: Sequence[Tuple[str, str]], gold: Sequence[Tuple[str, str, str
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the results as JSON.")
 def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
-         aligner_models, allow_other_training_text, aligner_train_args, aligner_extract_args,
-         train_limit, title, workdir, output, json_path) -> None:
+         aligner_models, allow_other_training_text, heuristics, aligner_train_args,
+         aligner_extract_args, train_limit, title, workdir, output, json_path) -> None:
     """Run peers and `align` methods on one bitext and write one AER/time/memory table."""
     command = "python eval/compare_aligners.py " + shlex.join(sys.argv[1:])
     if workdir is None:
@@ -1102,15 +1114,16 @@ def main(train, gold, peer_list, eflomal_args, fast_align_args, aligner_methods,
     environment = environment_summary()
     try:
         peer_names = [name.strip() for name in peer_list.split(",") if name.strip()]
+        heuristics = [name.strip() for name in heuristics.split(",") if name.strip()]
         corpus, results = compare(train, gold, peer_names, aligner_methods, workdir,
                                   train_limit, shlex.split(aligner_train_args),
                                   shlex.split(aligner_extract_args),
                                   {"eflomal": shlex.split(eflomal_args),
                                    "fast_align": shlex.split(fast_align_args),
                                    "fast_align-binary": shlex.split(fast_align_args)},
-                                  aligner_models, allow_other_training_text)
+                                  aligner_models, allow_other_training_text, heuristics)
         environment["load average (1, 5, 15 min)"] += f", {load_average()} at end"
-        report = render_table(results, corpus, title, command, environment)
+        report = render_table(results, corpus, title, command, environment, heuristics)
         with atomic_output(output) as handle:
             handle.write(report)
         if json_path:

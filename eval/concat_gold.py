@@ -8,13 +8,14 @@ joined pair is the union of its parts' golds, with no link across parts (which i
 parts are separate sentences)::
 
     D=../shared/data/enfr
-    python eval/concat_gold.py --src $D/dev.src --tgt $D/dev.tgt --talp $D/dev.talp \\
+    python eval/concat_gold.py --gold dev $D/dev.src $D/dev.tgt $D/dev.talp \\
         --group 3 --output runs/dev3
     align extract MODEL -s runs/dev3.src -t runs/dev3.tgt -o runs/dev3.align
     align score-aer -g runs/dev3.talp -a runs/dev3.align
 
 writes runs/dev3.src, .tgt and .talp (a last group of fewer than N pairs is kept as it is).
-Sure links stay sure (``i-j``), possible ones possible (``ipj``).
+Sure links stay sure (``i-j``), possible ones possible (``ipj``). The gold set is given as
+every eval/ script takes one (``--gold NAME SRC TGT GOLD``, eval/gold_sets.py; one here).
 """
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from aligner.formats import read_bitext, read_gold  # noqa: E402
-from aligner.utils import atomic_output  # noqa: E402
+from gold_sets import add_gold_argument, exit_on_error, load_gold_sets  # noqa: E402
+
+from aligner.utils import atomic_output, check_condition  # noqa: E402
 
 
 def join_groups(sources, targets, golds, group: int):
@@ -49,21 +52,17 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+@exit_on_error("concat_gold.py")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src", required=True)
-    parser.add_argument("--tgt", required=True)
-    parser.add_argument("--talp", required=True, help="the gold (i-j sure, ipj possible)")
+    add_gold_argument(parser, use="one, whose pairs are joined")
     parser.add_argument("--group", type=_positive, default=3, metavar="N",
                         help="pairs joined into one (1 or more)")
     parser.add_argument("--output", required=True, help="prefix of OUTPUT.src/.tgt/.talp")
     args = parser.parse_args(argv)
-    bitext = read_bitext(args.src, args.tgt)
-    golds = read_gold(args.talp)
-    if len(golds) != len(bitext.source):
-        raise SystemExit(f"{args.talp}: {len(golds)} gold lines for {len(bitext.source)} "
-                         f"pairs")
-    joined = list(join_groups(bitext.source, bitext.target, golds, args.group))
+    check_condition(len(args.gold) == 1, f"--gold: give one gold set, got {len(args.gold)}")
+    gold_set = load_gold_sets(args.gold)[0]
+    joined = list(join_groups(gold_set.sources, gold_set.targets, gold_set.golds, args.group))
     with atomic_output(args.output + ".src") as src, \
             atomic_output(args.output + ".tgt") as tgt, \
             atomic_output(args.output + ".talp") as talp:
@@ -74,7 +73,8 @@ def main(argv=None) -> None:
                     [f"{i}p{j}" for i, j in sorted(possible)]
             talp.write(" ".join(links) + "\n")
     longest = max(max(len(s), len(t)) for s, t, _, _ in joined)
-    print(f"{args.output}.src/.tgt/.talp: {len(joined)} pairs of up to {args.group} joined, "
+    print(f"{args.output}.src/.tgt/.talp: {gold_set.name}'s {gold_set.size} pairs in "
+          f"{len(joined)}, each of up to {args.group} joined, "
           f"longest side {longest} words", file=sys.stderr)
 
 

@@ -1,54 +1,62 @@
 """AER of `-H soft-average` for one model directory or several averaged (an ensemble).
 
-Each direction's word-level soft matrices (aligner.extract.inference.soft_alignments_by_direction,
-the --soft matrices of `align extract`) are averaged over the models, then combined by
-soft-average at each --threshold and scored against gold sets that cover given lines of the
-text. Prints one line per model and threshold and, with several models, per ensemble of the
-first n models. ``--combine geometric`` / ``minimum`` replace the mean of the two directions'
+Each direction's word-level soft matrices
+(aligner.extract.inference.soft_alignments_by_direction, the --soft matrices of `align extract`)
+are averaged over the models, then combined by soft-average at each --threshold and scored
+(aligner.links.metrics.score_aer, as `align score-aer` scores) against gold sets whose sentences
+are lines of the text (``--gold NAME SRC TGT GOLD``, eval/gold_sets.py, which finds them there).
+Prints one line per model and threshold and, with several models, per ensemble of the first n
+models. ``--combine geometric`` / ``minimum`` replace the mean of the two directions'
 probabilities (soft-average) by their geometric mean / their minimum (links above the
 threshold), for comparison.
 
     python eval/ensemble_aer.py MODEL_DIR [MODEL_DIR ...] --text train.en train.fr \
-        --gold dev ../shared/data/enfr/dev.talp 25001 \
-        --gold trial ../shared/data/enfr/trial.talp 25201 [--threshold 0.5 0.55 ...]
+        --gold dev ../shared/data/enfr/dev.{src,tgt,talp} \
+        --gold trial ../shared/data/enfr/trial.{src,tgt,talp} [--threshold 0.5 0.55 ...]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Dict, List
 
 import numpy as np
 import torch
 
-from aligner.extract import inference
-from aligner.formats import Bitext, read_gold, read_lines, tokenize_line
-from aligner.links.metrics import score_aer
-from aligner.links.soft_symmetrize import soft_average
-from aligner.model_dir import LoadedModelDir
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gold_sets import add_gold_argument, exit_on_error, load_gold_sets, locate  # noqa: E402
+
+from aligner.extract import inference  # noqa: E402
+from aligner.formats import Bitext, read_bitext  # noqa: E402
+from aligner.links.metrics import score_aer  # noqa: E402
+from aligner.links.soft_symmetrize import soft_average  # noqa: E402
+from aligner.model_dir import LoadedModelDir  # noqa: E402
 
 #: how two directions' (I, J) word-level probabilities become one score per link
 COMBINE = {"mean": None,   # aligner.links.soft_symmetrize.soft_average itself
            "geometric": lambda f, r: np.sqrt(f * r), "minimum": np.minimum}
 
 
+@exit_on_error("ensemble_aer.py")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="model directories (same BPE and vocabularies)")
     parser.add_argument("--text", nargs=2, required=True, metavar=("SRC", "TGT"))
-    parser.add_argument("--gold", nargs=3, action="append", required=True,
-                        metavar=("NAME", "TALP", "FIRST_LINE"),
-                        help="a gold set and the 1-based text line of its first sentence")
+    add_gold_argument(parser, use="found among the lines of --text")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.5],
                         help="one or more thresholds (default 0.5)")
     parser.add_argument("--combine", choices=sorted(COMBINE), default="mean",
                         help="mean = -H soft-average (default)")
     args = parser.parse_args()
-    golds = [(name, read_gold(path), int(first) - 1) for name, path, first in args.gold]
-    start = min(first for _, _, first in golds)
-    stop = max(first + len(gold) for _, gold, first in golds)
-    sources, targets = (read_lines(path)[start:stop] for path in args.text)
-    bitext = Bitext([tokenize_line(line) for line in sources],
-                    [tokenize_line(line) for line in targets], *args.text, first_line=start + 1)
+    gold_sets = load_gold_sets(args.gold)
+    text = read_bitext(*args.text)
+    locate(gold_sets, text.source, text.target, " ".join(args.text))
+    start = min(gold_set.offset for gold_set in gold_sets)
+    stop = max(gold_set.offset + gold_set.size for gold_set in gold_sets)
+    bitext = Bitext(text.source[start:stop], text.target[start:stop], *args.text,
+                    first_line=start + 1)
+    del text
     torch.set_num_threads(1)
     per_model: List[Dict[str, List[np.ndarray]]] = []
 
@@ -62,10 +70,11 @@ def main() -> None:
                     np.asarray(f, np.float64), np.asarray(r, np.float64)) > threshold))}
                     for f, r in zip(forward, reverse)]
             scores = []
-            for name, gold, first in golds:
-                rows = links[first - start:first - start + len(gold)]
-                score = score_aer(rows, gold)
-                scores.append(f"{name} {100 * score.aer:.2f} ({100 * score.precision:.1f}/"
+            for gold_set in gold_sets:
+                first = gold_set.offset - start
+                score = score_aer(links[first:first + gold_set.size], gold_set.golds)
+                scores.append(f"{gold_set.name} {100 * score.aer:.2f} "
+                              f"({100 * score.precision:.1f}/"
                               f"{100 * score.recall:.1f})")
             print(label, f"threshold {threshold}:", " ".join(scores))
 

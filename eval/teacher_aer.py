@@ -1,16 +1,17 @@
 """AER of the classical teacher (aligner/training/teacher.py) on gold sets inside its training text.
 
-Trains the teacher on every line of --text (as `align run` trains it on round 1's lines),
-then scores each direction's links (a target word's most probable source word above 0.5,
-and the converse) and the soft-average at each --threshold against gold sets that cover
-given lines of the text. TeacherConfig fields are set with --set KEY=VALUE. Prints one line
-per set and output, and the teacher's seconds. --write FILE writes the soft-average links of
-every line at the first --threshold (Pharaoh; what `align run` writes to
-MODEL_DIR/rounds/0/links.align with the recipe's threshold), a --guide for `align run`.
+Trains the teacher on every line of --text (as `align run` trains it on round 1's lines), then
+scores each direction's links (a target word's most probable source word above 0.5, and the
+converse) and the soft-average at each --threshold (aligner.links.metrics.score_aer, as `align
+score-aer` scores) against gold sets whose sentences are lines of the text (``--gold NAME SRC
+TGT GOLD``, eval/gold_sets.py, which finds them there). TeacherConfig fields are set with --set
+KEY=VALUE. Prints one line per set and output, and the teacher's seconds. --write FILE writes
+the soft-average links of every line at the first --threshold (Pharaoh; what `align run` writes
+to MODEL_DIR/rounds/0/links.align with the recipe's threshold), a --guide for `align run`.
 
     python eval/teacher_aer.py --text train.en train.fr \
-        --gold dev ../shared/data/enfr/dev.talp 25001 \
-        --gold trial ../shared/data/enfr/trial.talp 25201 \
+        --gold dev ../shared/data/enfr/dev.{src,tgt,talp} \
+        --gold trial ../shared/data/enfr/trial.{src,tgt,talp} \
         [--threshold 0.45 0.5 0.55] [--set agreement=0 --set empty_prob=0.1 ...] \
         [--write teacher.align]
 """
@@ -18,15 +19,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import time
 
 import numpy as np
 
-from aligner.formats import read_gold, read_lines, tokenize_line, write_pharaoh
-from aligner.links.combine import combine
-from aligner.links.metrics import score_aer
-from aligner.links.soft_symmetrize import soft_average
-from aligner.training.teacher import TeacherConfig, soft_alignments
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gold_sets import add_gold_argument, exit_on_error, load_gold_sets, locate  # noqa: E402
+
+from aligner.formats import read_bitext, write_pharaoh  # noqa: E402
+from aligner.links.combine import combine  # noqa: E402
+from aligner.links.metrics import score_aer  # noqa: E402
+from aligner.links.soft_symmetrize import soft_average  # noqa: E402
+from aligner.training.teacher import TeacherConfig, soft_alignments  # noqa: E402
 
 
 def _config(settings) -> TeacherConfig:
@@ -53,12 +59,12 @@ def _best_links(matrix: np.ndarray, over_source: bool):
             if matrix.shape[1] and matrix[i].max() > 0.5}
 
 
+@exit_on_error("teacher_aer.py")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--text", nargs=2, required=True, metavar=("SRC", "TGT"))
-    parser.add_argument("--gold", nargs=3, action="append", required=True,
-                        metavar=("NAME", "TALP", "FIRST_LINE"),
-                        help="a gold set and the 1-based text line of its first sentence")
+    add_gold_argument(parser, required=False,
+                      use="found among the lines of --text (none: only --write)")
     parser.add_argument("--threshold", type=float, nargs="+", default=[0.5])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a TeacherConfig field (repeatable)")
@@ -66,17 +72,19 @@ def main() -> None:
                         help="write every line's soft-average links at the first --threshold")
     args = parser.parse_args()
     config = _config(args.set)
-    sources, targets = ([tokenize_line(line) for line in read_lines(path)]
-                        for path in args.text)
+    gold_sets = load_gold_sets(args.gold)
+    text = read_bitext(*args.text)
+    sources, targets = text.source, text.target
+    locate(gold_sets, sources, targets, " ".join(args.text))
     start = time.time()
     soft = soft_alignments(sources, targets, config)
     seconds = time.time() - start
     print(f"teacher: {len(sources)} lines in {seconds:.1f} s, {config}")
     if args.write:
         write_pharaoh(args.write, combine("soft-average", args.threshold[0], soft=soft))
-    for name, path, first in args.gold:
-        gold = read_gold(path)
-        lines = range(int(first) - 1, int(first) - 1 + len(gold))
+    for gold_set in gold_sets:
+        name, gold = gold_set.name, gold_set.golds
+        lines = range(gold_set.offset, gold_set.offset + gold_set.size)
         outputs = {"fwd": [_best_links(soft["fwd"][n], True) for n in lines],
                    "rev": [_best_links(soft["rev"][n], False) for n in lines]}
         for threshold in args.threshold:

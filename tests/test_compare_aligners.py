@@ -379,6 +379,24 @@ def test_parse_model_spec_takes_an_optional_label_and_the_method_after_the_last_
             ca.parse_model_spec(bad)
 
 
+def test_parse_model_spec_takes_method_options_after_the_method():
+    """``DIR:METHOD,KEY=VALUE,...`` (what eval/run_aer.py's ``attention:layer=1`` was): the
+    options become `align extract -O KEY=VALUE`; an '=' of an option is no label."""
+    assert ca.parse_model_spec("runs/t:attention,layer=1") == ca.ModelSpec(
+        "runs/t", "attention", None, ("layer=1",))
+    assert ca.parse_model_spec("t:attention,layer=1") == ca.ModelSpec(
+        "t", "attention", None, ("layer=1",))
+    spec = ca.parse_model_spec("mine=t:layer-sgd,init=random,sgd_lr=0.1")
+    assert spec == ca.ModelSpec("t", "layer-sgd", "mine", ("init=random", "sgd_lr=0.1"))
+    assert spec.method_label == "layer-sgd init=random sgd_lr=0.1"
+    with pytest.raises(AlignerError, match="expects KEY=VALUE, got 'layer'"):
+        ca.parse_model_spec("runs/t:attention,layer")
+    with pytest.raises(AlignerError, match="unknown method option 'colour'"):
+        ca.parse_model_spec("runs/t:attention,colour=1")
+    with pytest.raises(AlignerError, match="sgd_lr=fast"):
+        ca.parse_model_spec("runs/t:layer-sgd,sgd_lr=fast")
+
+
 METRICS_HEADER = "update\tepoch\ttrain_loss\ttrain_ppl\tvalid_ppl\tvalid_aer\tlr\ttokens_per_s" \
                  "\telapsed_s"
 
@@ -855,6 +873,13 @@ def test_load_pretrained_checks_an_alignment_layers_base_too(small_files):
     assert run.symmetrized == {"soft-average": str(tmp_path / "soft-average.txt")}
     assert run.first_line == corpus.first_gold_line and run.steps[0].argv[-2:] == ["--device",
                                                                                    "cpu"]
+    # method options go to every extraction as -O, before the common extract arguments
+    with_options = ca.PretrainedModel(ca.parse_model_spec(f"{layer}:layer-sgd,init=random"),
+                                      "alignment-layer", "", ca.TrainingRecord(), [])
+    run = ca.plan_pretrained(with_options, corpus, str(tmp_path), ["--device", "cpu"])
+    assert run.label == f"align alignment-layer:layer-sgd init=random (pre-trained {layer})"
+    assert [step.argv[-4:] for step in run.steps] == [["-O", "init=random", "--device",
+                                                       "cpu"]] * 3
     # base gone: its time is not counted and the note says so
     shutil.rmtree(base)
     model = ca.load_pretrained(spec, corpus, str(tmp_path))
