@@ -112,7 +112,7 @@ class Aligner:
               method: Optional[str] = None, direction: str = "both",
               heuristic: Optional[str] = None, return_probabilities: bool = False,
               max_tokens: Optional[int] = None, threshold: Optional[float] = None,
-              **method_options: Any
+              calibrated: bool = True, **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -125,7 +125,9 @@ class Aligner:
             `threshold`; see aligner.links.soft_symmetrize). Defaults as ``align extract``: what
             ``align run`` aligned with, for a model directory it trained; else the model
             kind's best heuristic (soft-average for hmm0/hmm1, grow-diag for the others) and
-            threshold 0.5.
+            threshold 0.5 (for a model calibrated on its bitext, the threshold of the shortest
+            lines, scaled per line length unless `calibrated` is False: ``align extract
+            --uncalibrated``).
         max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
@@ -151,7 +153,7 @@ class Aligner:
         check_same_length("src", len(src_words), "tgt", len(tgt_words))
         check_condition(direction in C.DIRECTIONS + ("both",),
                         f"direction must be fwd, rev or both, not '{direction}'")
-        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
+        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold, calibrated)
         check_heuristic(heuristic)
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         missing = [d for d in directions if d not in self.loaded.models]
@@ -186,7 +188,8 @@ class Aligner:
                               method: Optional[str] = None, direction: str = "both",
                               heuristic: Optional[str] = None,
                               max_tokens: Optional[int] = None,
-                              threshold: Optional[float] = None, **method_options: Any
+                              threshold: Optional[float] = None,
+                              calibrated: bool = True, **method_options: Any
                               ) -> List[List[Tuple[Link, Tuple[float, ...]]]]:
         """The links of every pair (as :meth:`align`, same arguments), each with its
         probability: per pair a list of ``((i, j), numbers)`` sorted by i then j, the numbers
@@ -198,7 +201,7 @@ class Aligner:
         """
         from aligner.extract.link_probs import link_numbers
 
-        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold)
+        heuristic, threshold = self.loaded.symmetrization(heuristic, threshold, calibrated)
         aligned = self.align(src, tgt, method, direction, heuristic, True, max_tokens,
                              threshold, **method_options)
         return [link_numbers(links, probs, direction, heuristic)

@@ -26,6 +26,9 @@ METRICS_NAME = "metrics.tsv"
 LOG_NAME = "train.log"
 #: the run record: the command, inputs and seconds of each stage (aligner/training/run_record.py)
 RUN_RECORD_NAME = "run.json"
+#: the output's thresholds per line length, calibrated on the training bitext
+#: (aligner/extract/calibrate.py)
+CALIBRATION_NAME = "calibration.json"
 #: the parts folder of `align run`'s final alignment: each finished block's output lines,
 #: kept until the outputs are complete, so that --resume goes on from the first unfinished
 #: block (aligner/extract/blocks.py)

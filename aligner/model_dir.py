@@ -104,7 +104,7 @@ CHECKPOINTS = ("best", "last")
 #: everything a training run writes at the top level (removed by --overwrite, nothing else is)
 RUN_ENTRIES = (C.CONFIG_NAME, C.VERSION_NAME, PREP_CONFIG_NAME, C.BPE_CODES_SRC, C.BPE_CODES_TGT,
                C.VOCAB_SRC, C.VOCAB_TGT, CORPUS_DIR, C.LOG_NAME, C.RUN_RECORD_NAME,
-               JOINT_DIR, C.ALIGNMENT_PARTS, C.ROUNDS_DIR) + C.DIRECTIONS
+               JOINT_DIR, C.ALIGNMENT_PARTS, C.ROUNDS_DIR, C.CALIBRATION_NAME) + C.DIRECTIONS
 #: what a self-training run copies from its last round's directory to its top level (the
 #: model `align extract` reads; of each direction's folder only params.best.pt and its
 #: checksum; each round's log and metrics stay in its directory), config.json last
@@ -592,28 +592,43 @@ class LoadedModelDir:
         return cls(model_dir, config, preprocessor, src_vocab, tgt_vocab, models)
 
     def symmetrization(self, heuristic: Optional[str] = None,
-                       threshold: Optional[float] = None) -> Tuple[str, float]:
+                       threshold: Optional[float] = None,
+                       calibrated: bool = True) -> Tuple[str, Any]:
         """(heuristic, soft-average threshold) with the defaults filled in: those `align run`
         (or a self-training `align train`) recorded in config.json
         (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it trained, else the model
         kind's ``BEST_HEURISTIC`` and
         aligner.links.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
-        recorded heuristic."""
+        recorded heuristic. For a model whose output was calibrated (recorded ``calibrated``)
+        and `calibrated`, the threshold (given or recorded) is scaled per line length by its
+        calibration.json (aligner.links.calibration.LengthThresholds); without that file it
+        stays one threshold (a warning says so)."""
+        from aligner.extract.calibrate import read_calibration
+        from aligner.links.calibration import Calibration
         from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 
         recorded = recorded_symmetrization(self.path, self.config)
         heuristic = (heuristic or recorded.get("symmetrize")
                      or next(iter(self.models.values())).BEST_HEURISTIC)
+        own = heuristic == recorded.get("symmetrize")
+        if hasattr(threshold, "for_shape"):   # thresholds per line length, resolved already
+            return heuristic, threshold
         if threshold is None:
-            threshold = (recorded["threshold"] if heuristic == recorded.get("symmetrize")
-                         and "threshold" in recorded else DEFAULT_THRESHOLD)
+            threshold = (recorded["threshold"] if own and "threshold" in recorded
+                         else DEFAULT_THRESHOLD)
+        if calibrated and own and recorded.get("calibrated"):
+            record = read_calibration(self.path)
+            if record is not None:
+                return heuristic, Calibration.from_dict(record).thresholds(float(threshold))
+            logger.warning("%s: no %s: one threshold (%g) for every line, not one per line "
+                           "length", self.path, C.CALIBRATION_NAME, threshold)
         return heuristic, float(threshold)
 
 
 def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]:
     """``extra[constants.ALIGN_RUN_SETTINGS]`` of config.json, checked (one error line naming
     config.json and the key): a dict with an optional known ``symmetrize`` heuristic and an
-    optional ``threshold`` in [0, 1)."""
+    optional ``threshold`` in [0, 1) and an optional ``calibrated`` true or false."""
     key = f"{config_path(model_dir)}: extra.{C.ALIGN_RUN_SETTINGS}"
     recorded = config.extra.get(C.ALIGN_RUN_SETTINGS, {})
     check_condition(isinstance(recorded, dict),
@@ -633,6 +648,10 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
                         and 0.0 <= threshold < 1.0,
                         f"{key}.threshold: {_json_value(threshold)} is not a probability "
                         f"threshold (a number from 0 up to, not including, 1)")
+    if "calibrated" in recorded:
+        check_condition(isinstance(recorded["calibrated"], bool),
+                        f"{key}.calibrated: {_json_value(recorded['calibrated'])} is not true "
+                        f"or false")
     return recorded
 
 

@@ -76,7 +76,7 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     config = _config(model)
     assert config["extra"]["self_training"] == {"round": 3}
     assert config["extra"]["align_run"] == {"symmetrize": recipe.HEURISTIC,
-                                            "threshold": recipe.THRESHOLD}
+                                            "threshold": recipe.THRESHOLD, "calibrated": True}
     assert config["data"]["guide"] == str(_links(model, 2))
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE
@@ -357,7 +357,7 @@ def test_run_record_of_a_two_round_run_adds_up_and_a_resumed_run_appends(tmp_pat
     assert [(s["session"], s["round"], s["stage"], s.get("direction")) for s in record.stages] \
         == [(0, 1, "teacher", None), (0, 1, "preparation", None), (0, 1, "training", "fwd"),
             (0, 1, "training", "rev"), (0, 1, "guide", None), (0, 2, "preparation", None),
-            (1, 2, "training", "fwd"), (1, 2, "training", "rev")]
+            (1, 2, "training", "fwd"), (1, 2, "training", "rev"), (1, 2, "calibration", None)]
     first_session, resumed = record.sessions
     assert not first_session["resumed"] and resumed["resumed"]
     assert resumed["argv"][0] == "align"   # the command line (here pytest's argv)

@@ -99,7 +99,13 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @click.option("--threshold", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
               help="Probability threshold of -H soft-average  [default: the one recorded by "
                    "align run or a self-training align train (0.55 for the recipe), for their "
-                   "model directories; else 0.5]")
+                   "model directories; else 0.5]. For a model calibrated on its bitext (the "
+                   "recipe's), the threshold of lines under 15 words: longer lines get it "
+                   "scaled down as the model's posteriors spread with length.")
+@click.option("--calibrated/--uncalibrated", default=True, show_default=True,
+              help="Scale the threshold per line length by the model directory's "
+                   "calibration (calibration.json, written by align run and a self-training "
+                   "align train), or keep one threshold for every line.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -141,7 +147,8 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 def command(model_dir: str, source: Optional[str], target: Optional[str], joint: Optional[str],
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
-            direction: str, heuristic: Optional[str], threshold: Optional[float], output: str,
+            direction: str, heuristic: Optional[str], threshold: Optional[float],
+            calibrated: bool, output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
             stream_wait: float, block_lines: Optional[int], processes: int, resume: bool,
             overwrite: bool,
@@ -238,7 +245,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         f"unknown method '{method}' for model kind "
                         f"'{loaded.config.model_kind}' (choose from {', '.join(kind_methods)})")
         given_threshold = threshold
-        heuristic, threshold = loaded.symmetrization(heuristic, threshold)  # recorded, if any
+        heuristic, threshold = loaded.symmetrization(heuristic, threshold,   # recorded, if any
+                                                     calibrated)
         check_condition(given_threshold is None or direction != "both"
                         or needs_soft(heuristic),
                         f"--threshold is the threshold of -H soft-average, and this model's "

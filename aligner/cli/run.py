@@ -70,7 +70,9 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
               default=recipe.HEURISTIC, show_default=True, help="How to combine the directions.")
 @click.option("--threshold", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
               help=f"Probability threshold of -H soft-average for the output (recorded in the "
-                   f"model directory as align extract's default)  [default: "
+                   f"model directory as align extract's default); after self-training rounds "
+                   f"the threshold of lines under 15 words, lower for longer lines as the "
+                   f"model's posteriors spread (calibrated on the bitext)  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
 @click.option("--shortlist", default=recipe.SHORTLIST, show_default=True,
@@ -134,8 +136,10 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     """`align run` (its help: :data:`HELP`)."""
     from aligner.cli.extract import write_results
     from aligner.distributed import distributed, resolve_device, torchrun_world_size
+    from aligner.extract.calibrate import calibrated_extraction
     from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
     from aligner.formats import bitext_blocks, open_bitext, read_bitext, read_gold
+    from aligner.links.combine import needs_soft
     from aligner.links.metrics import score_aer
     from aligner.log import setup_logging
     from aligner.precision import resolve_precision
@@ -226,12 +230,17 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                 model_dir, resolve_device(device, context.local_rank,
                                           context.local_world_size),
                 recipe.METHOD, heuristic, threshold, shortlist_options(shortlist))
+            # auto: bf16 on a CPU with bfloat16 instructions too (training: fp32)
+            inference_precision = resolve_precision(precision, extraction.device,
+                                                    inference=True)
+            if plan.rounds > 1 and needs_soft(heuristic):   # per line length (calibrate.py)
+                extraction = calibrated_extraction(extraction, bitext, seed,
+                                                   inference_precision, write=context.is_main)
             gold_rows, matrices, links = align_bitext(
                 extraction, bitext,
                 {heuristic: output, "fwd": forward_links, "rev": reverse_links},
                 gold_lines=gold_lines, keep_soft=soft is not None, quiet=quiet,
-                # auto: bf16 on a CPU with bfloat16 instructions too (training: fp32)
-                precision=resolve_precision(precision, extraction.device, inference=True),
+                precision=inference_precision,
                 # the finished blocks, kept until the outputs are written: --resume goes on
                 # from the first unfinished one (a run without --resume starts in a model
                 # directory of its own, where such a folder can only be stale)

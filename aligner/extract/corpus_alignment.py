@@ -61,7 +61,7 @@ class Extraction:
     method: str
     direction: str
     heuristic: str
-    threshold: float
+    threshold: Any   # a float, or aligner.links.calibration.LengthThresholds
     device: Any
     options: Dict[str, Any] = field(default_factory=dict)
     max_tokens: Optional[int] = None
@@ -399,7 +399,9 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
                                        checkpoint),
               "input": bitext_identity(bitext), "method": extraction.method,
               "options": extraction.options, "direction": extraction.direction,
-              "heuristic": extraction.heuristic, "threshold": extraction.threshold,
+              "heuristic": extraction.heuristic,
+              "threshold": getattr(extraction.threshold, "to_dict", lambda: None)()
+              or extraction.threshold,
               "precision": resolve_precision(precision, device),
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(device),

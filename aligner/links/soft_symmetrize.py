@@ -26,7 +26,7 @@ caller (``combine``, ``needs_soft``).
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Set, Tuple
+from typing import List, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -37,10 +37,22 @@ Link = Tuple[int, int]
 
 DEFAULT_THRESHOLD = 0.5
 
+#: a threshold: one number for every line, or one per line length
+#: (aligner.links.calibration.LengthThresholds: anything with ``for_shape(I, J)``)
+Threshold = Union[float, "LengthThresholds"]   # noqa: F821
+
+
+def line_threshold(threshold: Threshold, n_source: int, n_target: int) -> float:
+    """The threshold of a line of `n_source` and `n_target` words."""
+    if hasattr(threshold, "for_shape"):
+        return float(threshold.for_shape(n_source, n_target))  # type: ignore[union-attr]
+    return float(threshold)   # type: ignore[arg-type]
+
 
 def soft_average(forward: np.ndarray, reverse: np.ndarray,
-                 threshold: float = DEFAULT_THRESHOLD) -> Set[Link]:
-    """Links (i, j) whose mean of ``forward[i, j]`` and ``reverse[i, j]`` exceeds ``threshold``.
+                 threshold: Threshold = DEFAULT_THRESHOLD) -> Set[Link]:
+    """Links (i, j) whose mean of ``forward[i, j]`` and ``reverse[i, j]`` exceeds ``threshold``
+    (a number, or per line length: :func:`line_threshold`).
 
     forward, reverse: (I, J) arrays, source–target orientation (see the module docstring).
     Returns a set of 0-based (source word, target word) links. The comparison is strict. A
@@ -55,12 +67,13 @@ def soft_average(forward: np.ndarray, reverse: np.ndarray,
         raise AlignerError(f"soft alignments of the two directions differ in shape: "
                            f"{forward.shape} and {reverse.shape} (expected the same (source "
                            f"words, target words))")
-    rows, cols = np.nonzero((forward + reverse) / 2.0 > threshold)
+    rows, cols = np.nonzero((forward + reverse) / 2.0 > line_threshold(threshold,
+                                                                       *forward.shape))
     return {(int(i), int(j)) for i, j in zip(rows, cols)}
 
 
 def soft_average_corpus(forward: Sequence[np.ndarray], reverse: Sequence[np.ndarray],
-                        threshold: float = DEFAULT_THRESHOLD) -> List[Set[Link]]:
+                        threshold: Threshold = DEFAULT_THRESHOLD) -> List[Set[Link]]:
     """``soft_average`` sentence by sentence; one matrix per sentence pair in each list."""
     if len(forward) != len(reverse):
         raise AlignerError(f"forward and reverse soft alignments differ in length: "

@@ -25,7 +25,7 @@ from aligner.prep import PrepConfig
 from aligner.training import recipe
 from aligner.training.directions import default_parallel_directions
 from aligner.training.joined_text import join_bitext, joined_round_pairs
-from aligner.training.request import SelfTraining, TrainRequest
+from aligner.training.request import SelfTraining, TrainRequest, output_settings
 from aligner.training.rounds import check_rounds, default_rounds
 from aligner.utils import AlignerError, check_condition
 
@@ -165,8 +165,8 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     max_tokens / lr / warmup), over the recipe's TRAINING, the device's and a checkpoint at
     the end only. rounds None: :func:`~aligner.training.rounds.default_rounds`.
     self_training: SelfTraining's fields given (guide_weight, heuristic, teacher, ...).
-    threshold None: the output's soft-average threshold, recipe.THRESHOLD after rounds, else
-    0.5; record_output: the output's heuristic and threshold go into config.json as `align
+    threshold None: the output's soft-average threshold, recipe.THRESHOLD after rounds (for
+    the shortest lines: calibrated per line length), else 0.5; record_output: the output's heuristic and threshold go into config.json as `align
     extract`'s defaults even for one round (`align run`; the last of several rounds records
     them anyway). parallel_directions None: side by side where faster
     (:func:`~aligner.training.directions.default_parallel_directions`, `one_thread_each` for
@@ -250,6 +250,7 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         base_dir=base_dir, parallel_directions=parallel_directions,
         ignore_data_change=ignore_data_change, init_dir=init_dir, recipe_guide=recipe_guide,
         layer_training=layer_training if guided_layer else None,
-        extra=({C.ALIGN_RUN_SETTINGS: {"symmetrize": plan.heuristic, "threshold": threshold}}
+        extra=({C.ALIGN_RUN_SETTINGS: output_settings(plan.heuristic, plan.output_threshold,
+                                                      calibrated=False)}
                if record_output else None))
     return request, plan

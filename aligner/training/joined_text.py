@@ -141,3 +141,8 @@ def joined_round_pairs(round_pairs: int, joined) -> int:
     if round_pairs <= 0 or not isinstance(joined, JoinedBitext) or len(joined) == 0:
         return round_pairs
     return max(1, math.ceil(round_pairs * len(joined) / joined.n_lines))
+
+
+def lines_as_given(bitext):
+    """The bitext whose lines `bitext` joins (`bitext` itself when it joins none)."""
+    return bitext.bitext if isinstance(bitext, JoinedBitext) else bitext

@@ -85,6 +85,13 @@ HEURISTIC = "soft-average"
 #: `align extract`'s default for the model directory; one round: 0.5; selftrain_rounds_enfr.md,
 #: rounds4_enfr.md)
 THRESHOLD = 0.55
+#: ... for its lines of under 15 words; after the rounds the output is calibrated on the
+#: bitext: a longer line's threshold is THRESHOLD scaled by how the model's own posteriors
+#: spread with length, the ratio of its length bucket's expected-F_beta threshold (beta
+#: CALIBRATION_BETA, CALIBRATION_LINES lines per bucket) to the shortest lines'
+#: (aligner/links/calibration.py; calibrated_thresholds.md)
+CALIBRATION_BETA = 0.7
+CALIBRATION_LINES = 300
 #: the output's lexicon shortlist: each sentence's lexicon normalized over the SHORTLIST most
 #: frequent target subwords and its own instead of the vocabulary (`align run`'s final
 #: alignment, `align extract`'s and the API's default): the smallest of 250-4,000 within 0.1

@@ -40,7 +40,9 @@ from typing import Dict, Tuple
 from aligner import constants as C
 from aligner.config import RunConfig
 from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.extract.calibrate import calibrated_extraction
 from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
+from aligner.links.combine import needs_soft
 from aligner.model_dir import (BASE_DIR, GUIDE_DIR, check_new_run, config_path, holds_run,
                                load_preprocessing, remove_run_files, run_entries)
 from aligner.models import model_class
@@ -160,9 +162,13 @@ def train_guide(request: TrainRequest, context: DistributedContext) -> TrainRequ
     if not os.path.isfile(links):
         device = resolve_device(request.train_config.device, context.local_rank,
                                 context.local_world_size)
-        align_bitext(Extraction.load(folder, device, recipe.METHOD, plan.heuristic,
-                                     plan.output_threshold, shortlist_options(plan.shortlist)),
-                     request.bitext, {plan.heuristic: links},
+        extraction = Extraction.load(folder, device, recipe.METHOD, plan.heuristic,
+                                     plan.output_threshold, shortlist_options(plan.shortlist))
+        if needs_soft(plan.heuristic):   # calibrated per line length on the bitext
+            extraction = calibrated_extraction(
+                extraction, request.bitext, request.train_config.seed,
+                request.train_config.precision, write=context.is_main)
+        align_bitext(extraction, request.bitext, {plan.heuristic: links},
                      quiet=request.quiet or not context.is_main,
                      precision=request.train_config.precision, parts=links + C.PARTS_SUFFIX,
                      resume=True, description="guide",

@@ -93,7 +93,9 @@ class SelfTraining:
     in rounds 2..N. guide_threshold: soft-average threshold of the links that guide the next
     round. heuristic: how the two directions' alignments are combined, for the guides and the
     output. output_threshold: the soft-average threshold recorded for `align extract` (the
-    last round's model). fine_tune: round r+1 starts from round r's weights (else from new
+    last round's model; for a soft heuristic, the threshold of the shortest lines, scaled
+    for longer ones by the calibration written after the last round,
+    aligner/extract/calibrate.py). fine_tune: round r+1 starts from round r's weights (else from new
     ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
     bitext (unless the request limits updates) and learning-rate decay. shortlist: the
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
@@ -122,3 +124,14 @@ class SelfTraining:
     block_lines: int = 0
     final_agreement_weight: float = recipe.FINAL_AGREEMENT_WEIGHT
     teacher: bool = recipe.TEACHER
+
+
+def output_settings(heuristic: str, threshold: float, calibrated: bool) -> Dict[str, Any]:
+    """What config.json records as `align extract`'s defaults
+    (``extra[constants.ALIGN_RUN_SETTINGS]``): the heuristic, the threshold and, after
+    self-training rounds with a soft heuristic, that the output is calibrated per line length
+    (calibration.json, aligner/extract/calibrate.py)."""
+    settings: Dict[str, Any] = {"symmetrize": heuristic, "threshold": threshold}
+    if calibrated and heuristic in C.SOFT_HEURISTICS:
+        settings["calibrated"] = True
+    return settings

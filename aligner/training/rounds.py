@@ -57,9 +57,10 @@ from aligner import constants as C
 from aligner import faults
 from aligner.config import RunConfig
 from aligner.distributed import DistributedContext, distributed, resolve_device
+from aligner.extract.calibrate import calibrated_extraction
 from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
 from aligner.formats import write_pharaoh
-from aligner.links.combine import combine
+from aligner.links.combine import combine, needs_soft
 from aligner.log import setup_logging
 from aligner.model_dir import (LOCK_NAME, PUBLISHED_ENTRIES, RUN_MARK, acquire_lock,
                                checksum_path, config_path, holds_run, load_preprocessing,
@@ -70,7 +71,8 @@ from aligner.training import teacher
 from aligner.training import recipe
 from aligner.training.corpus import check_inputs
 from aligner.training.loop import TrainSummary
-from aligner.training.request import SelfTraining, TrainRequest
+from aligner.training.joined_text import lines_as_given
+from aligner.training.request import SelfTraining, TrainRequest, output_settings
 from aligner.training.run_record import RunRecord, record_path
 from aligner.training.run import (begin_record, check_request, request_inputs, run_config,
                                   run_inputs, supports_guide, train)
@@ -153,8 +155,8 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         extra[SELF_TRAINING_KEY] = {"round": round_number}
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
-            extra[C.ALIGN_RUN_SETTINGS] = {"symmetrize": plan.heuristic,
-                                           "threshold": plan.output_threshold}
+            extra[C.ALIGN_RUN_SETTINGS] = output_settings(
+                plan.heuristic, plan.output_threshold, calibrated=True)
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         if not teacher_guides(request, plan):
@@ -266,6 +268,8 @@ def _train_rounds_in_group(request: TrainRequest, plan: SelfTraining,
             logger.info("%s: the run's last round is trained: nothing to resume", model_dir)
         if context.is_main:
             _publish(round_dir(model_dir, plan.rounds), model_dir)
+            if needs_soft(plan.heuristic):
+                result.alignment_seconds += _calibrate(request, plan, device, record)
         context.barrier()
     finally:
         if lock is not None:
@@ -397,6 +401,24 @@ def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequen
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale_temporaries(os.path.dirname(path))   # of a teacher killed as it wrote
     write_pharaoh(path, links)
+
+
+def _calibrate(request: TrainRequest, plan: SelfTraining, device, record) -> float:
+    """Rank 0: the output's thresholds per line length, calibrated with the published model
+    on the bitext's lines as given (not joined; aligner/extract/calibrate.py) with the
+    extraction `align run` and `align extract` use by default, into MODEL_DIR/calibration.json
+    (kept when it is this model's already). Returns the seconds it took."""
+    start = time.time()
+    extraction = Extraction.load(request.model_dir, device,
+                                 model_class(request.model_kind).METHODS[0], plan.heuristic,
+                                 plan.output_threshold, shortlist_options(recipe.SHORTLIST))
+    calibrated_extraction(extraction, lines_as_given(request.bitext), request.train_config.seed,
+                          resolve_precision(request.train_config.precision, device,
+                                            inference=True), write=True)
+    seconds = time.time() - start
+    if record is not None:
+        record.add_stage("calibration", seconds)
+    return seconds
 
 
 def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, device,

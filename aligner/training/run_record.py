@@ -21,7 +21,8 @@ part of a session's work in one self-training round (1 for a run without rounds)
 ``preparation`` (BPE, vocabularies, corpus encoding), ``training`` of one ``direction`` (or of
 ``fwd+rev`` together, agreement training), ``guide`` (the round's model aligning the bitext for
 the next round's guide, aligner/training/rounds.py), ``teacher`` (the classical aligner's
-links that guide round 1, aligner/training/teacher.py). ``seconds`` are wall seconds of that stage
+links that guide round 1, aligner/training/teacher.py), ``calibration`` (the output's
+thresholds per line length, after the last round, aligner/extract/calibrate.py). ``seconds`` are wall seconds of that stage
 in that session; a stage cut off (a killed process) is not recorded. The whole job's wall time is
 :meth:`RunRecord.wall_seconds`: the sum of the stages, where the directions trained side by
 side (``parallel``) in one round of one session count as the longest of them.
@@ -45,7 +46,7 @@ from aligner.utils import AlignerError, atomic_output
 #: version of the file's layout (bumped when a field changes meaning)
 FORMAT = 1
 #: the stages a session records (see the module docstring)
-STAGES = ("preparation", "training", "guide", "teacher")
+STAGES = ("preparation", "training", "guide", "teacher", "calibration")
 
 
 def record_path(model_dir: str) -> str:
