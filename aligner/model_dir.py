@@ -599,10 +599,10 @@ class LoadedModelDir:
         (``extra[constants.ALIGN_RUN_SETTINGS]``) for the model it trained, else the model
         kind's ``BEST_HEURISTIC`` and
         aligner.links.soft_symmetrize.DEFAULT_THRESHOLD. A recorded threshold applies only to the
-        recorded heuristic. For a model whose output was calibrated (recorded ``calibrated``)
-        and `calibrated`, the threshold (given or recorded) is scaled per line length by its
-        calibration.json (aligner.links.calibration.LengthThresholds); without that file it
-        stays one threshold (a warning says so)."""
+        recorded heuristic. With `calibrated`, a soft heuristic's threshold (given or recorded)
+        is scaled per line length by the model directory's calibration.json, where it has one
+        (aligner.links.calibration.LengthThresholds; written after self-training rounds and by
+        `align calibrate`)."""
         from aligner.extract.calibrate import read_calibration
         from aligner.links.calibration import Calibration
         from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
@@ -616,19 +616,17 @@ class LoadedModelDir:
         if threshold is None:
             threshold = (recorded["threshold"] if own and "threshold" in recorded
                          else DEFAULT_THRESHOLD)
-        if calibrated and own and recorded.get("calibrated"):
+        if calibrated and heuristic in C.SOFT_HEURISTICS:
             record = read_calibration(self.path)
             if record is not None:
                 return heuristic, Calibration.from_dict(record).thresholds(float(threshold))
-            logger.warning("%s: no %s: one threshold (%g) for every line, not one per line "
-                           "length", self.path, C.CALIBRATION_NAME, threshold)
         return heuristic, float(threshold)
 
 
 def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]:
     """``extra[constants.ALIGN_RUN_SETTINGS]`` of config.json, checked (one error line naming
     config.json and the key): a dict with an optional known ``symmetrize`` heuristic and an
-    optional ``threshold`` in [0, 1) and an optional ``calibrated`` true or false."""
+    optional ``threshold`` in [0, 1)."""
     key = f"{config_path(model_dir)}: extra.{C.ALIGN_RUN_SETTINGS}"
     recorded = config.extra.get(C.ALIGN_RUN_SETTINGS, {})
     check_condition(isinstance(recorded, dict),
@@ -648,10 +646,6 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
                         and 0.0 <= threshold < 1.0,
                         f"{key}.threshold: {_json_value(threshold)} is not a probability "
                         f"threshold (a number from 0 up to, not including, 1)")
-    if "calibrated" in recorded:
-        check_condition(isinstance(recorded["calibrated"], bool),
-                        f"{key}.calibrated: {_json_value(recorded['calibrated'])} is not true "
-                        f"or false")
     return recorded
 
 

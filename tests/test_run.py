@@ -114,8 +114,7 @@ def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
     assert (tmp / "x.avg").read_text() == aligned["out"].read_text()
     import json                                      # the default run's output threshold
     settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
-    assert settings == {"symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD,
-                        "calibrated": True}
+    assert settings == {"symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD}
     ours, theirs = np.load(aligned["soft"]), np.load(tmp / "x.npz")
     assert sorted(ours.files) == sorted(theirs.files) and len(ours.files) == 60
     for name in ours.files:

@@ -323,6 +323,16 @@ def join_lines_option(function):
              f"lines as they are).")(function)
 
 
+def shortlist_option(function):
+    """--shortlist of the final alignment (align run) and of the alignment calibrated."""
+    return click.option(
+        "--shortlist", default=recipe.SHORTLIST, show_default=True, type=click.IntRange(min=0),
+        help="Normalize the final alignment's lexicon over this many most frequent words and "
+             "each sentence's own instead of the vocabulary: faster, approximate (0 = exact; "
+             "the guides of the self-training rounds are exact; align extract: -O "
+             "shortlist=N; eval/results/profile_extract.md).")(function)
+
+
 def resume_option(function):
     """--resume of a run in --model-dir (aligner.config.RESUMABLE_CHANGES: what may change)."""
     return click.option(

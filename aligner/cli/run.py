@@ -24,7 +24,7 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 join_lines_option,
+                                 join_lines_option, shortlist_option,
                                  block_lines_option, bpe_merges_option, deterministic_option,
                                  processes_option,
                                  device_option, guide_options, lr_option, max_tokens_option,
@@ -75,12 +75,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
                    f"model's posteriors spread (calibrated on the bitext)  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
-@click.option("--shortlist", default=recipe.SHORTLIST, show_default=True,
-              type=click.IntRange(min=0),
-              help="Normalize the final alignment's lexicon over this many most frequent "
-                   "words and each sentence's own instead of the vocabulary: faster, "
-                   "approximate (0 = exact; the guides of the self-training rounds are exact; "
-                   "eval/results/profile_extract.md).")
+@shortlist_option
 @model_dir_option(required=False, default_help="a temporary directory, removed at the end")
 @overwrite_option
 @resume_option

@@ -250,7 +250,6 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         base_dir=base_dir, parallel_directions=parallel_directions,
         ignore_data_change=ignore_data_change, init_dir=init_dir, recipe_guide=recipe_guide,
         layer_training=layer_training if guided_layer else None,
-        extra=({C.ALIGN_RUN_SETTINGS: output_settings(plan.heuristic, plan.output_threshold,
-                                                      calibrated=False)}
+        extra=({C.ALIGN_RUN_SETTINGS: output_settings(plan.heuristic, plan.output_threshold)}
                if record_output else None))
     return request, plan

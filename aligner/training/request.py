@@ -126,12 +126,7 @@ class SelfTraining:
     teacher: bool = recipe.TEACHER
 
 
-def output_settings(heuristic: str, threshold: float, calibrated: bool) -> Dict[str, Any]:
+def output_settings(heuristic: str, threshold: float) -> Dict[str, Any]:
     """What config.json records as `align extract`'s defaults
-    (``extra[constants.ALIGN_RUN_SETTINGS]``): the heuristic, the threshold and, after
-    self-training rounds with a soft heuristic, that the output is calibrated per line length
-    (calibration.json, aligner/extract/calibrate.py)."""
-    settings: Dict[str, Any] = {"symmetrize": heuristic, "threshold": threshold}
-    if calibrated and heuristic in C.SOFT_HEURISTICS:
-        settings["calibrated"] = True
-    return settings
+    (``extra[constants.ALIGN_RUN_SETTINGS]``): the heuristic and the threshold."""
+    return {"symmetrize": heuristic, "threshold": threshold}

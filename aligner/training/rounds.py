@@ -156,7 +156,7 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
             extra[C.ALIGN_RUN_SETTINGS] = output_settings(
-                plan.heuristic, plan.output_threshold, calibrated=True)
+                plan.heuristic, plan.output_threshold)
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         if not teacher_guides(request, plan):
