@@ -8,7 +8,13 @@ are lines of the text (``--gold NAME SRC TGT GOLD``, eval/gold_sets.py, which fi
 Prints one line per model and threshold and, with several models, per ensemble of the first n
 models. ``--combine geometric`` / ``minimum`` replace the mean of the two directions'
 probabilities (soft-average) by their geometric mean / their minimum (links above the
-threshold), for comparison.
+threshold), for comparison. ``--calibration BETA ...`` also scores, for a model directory
+with a calibration.json (`align calibrate`, or written by `align run`), the thresholds per line
+length it gives (aligner/links/calibration.py): each length bucket's expected-F_beta threshold
+itself ("expected-F beta B"), and each --threshold scaled by the ratio of the bucket's to the
+shortest lines' ("calibrated beta B": what `align extract` does, at beta 0.7). The matrices
+here are the exact float32 ones (`align extract` uses the lexicon shortlist and, on a CPU
+with bf16 instructions, bf16).
 
     python eval/ensemble_aer.py MODEL_DIR [MODEL_DIR ...] --text train.en train.fr \
         --gold dev ../shared/data/enfr/dev.{src,tgt,talp} \
@@ -29,6 +35,8 @@ from gold_sets import add_gold_argument, exit_on_error, load_gold_sets, locate  
 
 from aligner.extract import inference  # noqa: E402
 from aligner.formats import Bitext, read_bitext  # noqa: E402
+from aligner.extract.calibrate import read_calibration  # noqa: E402
+from aligner.links.calibration import Calibration, LengthThresholds  # noqa: E402
 from aligner.links.metrics import score_aer  # noqa: E402
 from aligner.links.soft_symmetrize import soft_average  # noqa: E402
 from aligner.model_dir import LoadedModelDir  # noqa: E402
@@ -48,6 +56,9 @@ def main() -> None:
                         help="one or more thresholds (default 0.5)")
     parser.add_argument("--combine", choices=sorted(COMBINE), default="mean",
                         help="mean = -H soft-average (default)")
+    parser.add_argument("--calibration", type=float, nargs="+", default=[], metavar="BETA",
+                        help="also score each model's calibration.json thresholds at these "
+                             "betas (see above)")
     args = parser.parse_args()
     gold_sets = load_gold_sets(args.gold)
     text = read_bitext(*args.text)
@@ -60,9 +71,19 @@ def main() -> None:
     torch.set_num_threads(1)
     per_model: List[Dict[str, List[np.ndarray]]] = []
 
-    def report(label: str, forward: List[np.ndarray], reverse: List[np.ndarray]) -> None:
-        for threshold in args.threshold:
-            if args.combine == "mean":
+    def report(label: str, forward: List[np.ndarray], reverse: List[np.ndarray],
+               calibration=None) -> None:
+        rules = [(f"threshold {t}:", t) for t in args.threshold]
+        if calibration is not None:
+            for beta in args.calibration:
+                expected = calibration.expected_f_thresholds(beta)
+                rules.append((f"expected-F beta {beta} "
+                              f"{'/'.join(f'{v:.2f}' for v in expected)}:",
+                              LengthThresholds(calibration.edges, expected)))
+                rules += [(f"calibrated beta {beta} from {t}:", calibration.thresholds(t, beta))
+                          for t in args.threshold]
+        for name, threshold in rules:
+            if args.combine == "mean" or not isinstance(threshold, float):
                 links = [soft_average(f, r, threshold) for f, r in zip(forward, reverse)]
             else:
                 combine = COMBINE[args.combine]
@@ -76,14 +97,16 @@ def main() -> None:
                 scores.append(f"{gold_set.name} {100 * score.aer:.2f} "
                               f"({100 * score.precision:.1f}/"
                               f"{100 * score.recall:.1f})")
-            print(label, f"threshold {threshold}:", " ".join(scores))
+            print(label, name, " ".join(scores))
 
     for model_dir in args.models:
         loaded = LoadedModelDir.load(model_dir, device=torch.device("cpu"))
         pairs = inference.encode_bitext(loaded, bitext)
         per_model.append(inference.soft_alignments_by_direction(
             loaded.models, pairs, ("fwd", "rev"), "hmm-posterior", parallel=True))
-        report(model_dir, per_model[-1]["fwd"], per_model[-1]["rev"])
+        record = read_calibration(model_dir) if args.calibration else None
+        report(model_dir, per_model[-1]["fwd"], per_model[-1]["rev"],
+               Calibration.from_dict(record) if record else None)
     for n in range(2, len(per_model) + 1):
         mean = {d: [sum(m[d][k] for m in per_model[:n]) / n for k in range(len(bitext))]
                 for d in ("fwd", "rev")}
