@@ -606,6 +606,7 @@ class LoadedModelDir:
         from aligner.extract.calibrate import read_calibration
         from aligner.links.calibration import Calibration
         from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
+        from aligner.training import recipe
 
         recorded = recorded_symmetrization(self.path, self.config)
         heuristic = (heuristic or recorded.get("symmetrize")
@@ -619,7 +620,8 @@ class LoadedModelDir:
         if calibrated and heuristic in C.SOFT_HEURISTICS:
             record = read_calibration(self.path)
             if record is not None:
-                return heuristic, Calibration.from_dict(record).thresholds(float(threshold))
+                return heuristic, Calibration.from_dict(record).thresholds(
+                    float(threshold), recipe.CALIBRATION_BETA)
         return heuristic, float(threshold)
 
 

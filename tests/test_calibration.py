@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from aligner.formats import Bitext, read_pharaoh
+from aligner.formats import read_pharaoh
 from aligner.links.calibration import (BINS, MIN_LINES, Calibration, Histogram,
                                        LengthThresholds, bucket_of)
 from aligner.links.soft_symmetrize import soft_average, soft_average_corpus
+from aligner.training import recipe
 from cli_runner import error_line, run
 from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
@@ -124,7 +125,7 @@ def test_uncalibrated_is_one_threshold_and_calibrated_scales_the_given_one(calib
     assert read_pharaoh(str(plain)) == soft_average_corpus(forward, reverse, 0.55)
     calibration = Calibration.from_dict(json.loads((model / "calibration.json").read_text()))
     assert read_pharaoh(str(scaled)) == soft_average_corpus(
-        forward, reverse, calibration.thresholds(0.4))
+        forward, reverse, calibration.thresholds(0.4, recipe.CALIBRATION_BETA))
 
 
 def test_a_damaged_calibration_is_one_error_line(calibrated, tmp_path):

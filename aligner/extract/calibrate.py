@@ -28,7 +28,6 @@ from aligner.utils import AlignerError, atomic_output, check_condition
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_NAME = C.CALIBRATION_NAME
 #: the random stream of the sample, apart from the rounds' samples and the joined runs
 _STREAM = 3_000_017
 
@@ -55,7 +54,7 @@ def calibrate(extraction, bitext, seed: int, per_bucket: int, precision: str = "
     both directions) on `bitext`: its sample's posteriors as :class:`Calibration` histograms,
     with what made them."""
     from aligner.extract import inference
-    from aligner.precision import autocast_context, resolve_precision
+    from aligner.precision import autocast_context
 
     lines = calibration_lines(bitext, per_bucket, seed)
     pairs = list(bitext.pairs_at(lines))
@@ -86,7 +85,7 @@ def _identity(extraction, precision: str) -> Dict[str, Any]:
 
 
 def write_calibration(model_dir: str, record: Dict[str, Any]) -> str:
-    path = os.path.join(model_dir, CALIBRATION_NAME)
+    path = os.path.join(model_dir, C.CALIBRATION_NAME)
     with atomic_output(path) as handle:
         json.dump(record, handle)
         handle.write("\n")
@@ -96,7 +95,7 @@ def write_calibration(model_dir: str, record: Dict[str, Any]) -> str:
 def read_calibration(model_dir: str) -> Optional[Dict[str, Any]]:
     """The model directory's calibration record, or None when it has none; one error line
     for a file that cannot be read."""
-    path = os.path.join(model_dir, CALIBRATION_NAME)
+    path = os.path.join(model_dir, C.CALIBRATION_NAME)
     if not os.path.isfile(path):
         return None
     try:

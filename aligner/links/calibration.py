@@ -28,7 +28,7 @@ threshold of all buckets pooled. Only numpy is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, Sequence, Tuple
 
 import numpy as np
 
@@ -40,8 +40,6 @@ BUCKET_EDGES: Tuple[int, ...] = (15, 25, 40)
 BINS = 500
 #: a bucket's own threshold needs at least this many lines; else the pooled one
 MIN_LINES = 20
-#: beta of F_beta (the recipe's: aligner/training/recipe.py CALIBRATION_BETA)
-BETA = 0.7
 #: no threshold above this (a threshold of 1 or more keeps no link)
 MAX_THRESHOLD = 0.99
 
@@ -155,7 +153,7 @@ class Calibration:
         return tuple(h.threshold(beta) if h.lines >= MIN_LINES else everything
                      for h in self.histograms)
 
-    def thresholds(self, base: float, beta: float = BETA) -> LengthThresholds:
+    def thresholds(self, base: float, beta: float) -> LengthThresholds:
         """`base` for the shortest lines (bucket 0), and for bucket k `base` times the ratio
         of bucket k's expected-F_beta threshold to bucket 0's, at most MAX_THRESHOLD: the
         threshold falls with the line length as the model's posteriors spread."""

@@ -26,12 +26,15 @@ caller (``combine``, ``needs_soft``).
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, List, Sequence, Set, Tuple, Union
 
 import numpy as np
 
 from aligner.constants import SOFT_HEURISTICS  # noqa: F401  (re-exported)
 from aligner.utils import AlignerError
+
+if TYPE_CHECKING:
+    from aligner.links.calibration import LengthThresholds
 
 Link = Tuple[int, int]
 
@@ -39,7 +42,7 @@ DEFAULT_THRESHOLD = 0.5
 
 #: a threshold: one number for every line, or one per line length
 #: (aligner.links.calibration.LengthThresholds: anything with ``for_shape(I, J)``)
-Threshold = Union[float, "LengthThresholds"]   # noqa: F821
+Threshold = Union[float, "LengthThresholds"]
 
 
 def line_threshold(threshold: Threshold, n_source: int, n_target: int) -> float:
