@@ -120,7 +120,8 @@ def command(sample_dir: str, workdir: Optional[str], max_epochs: int, bpe_merges
         model_dir, bitext, model_options=dict(recipe.DEMO_MODEL_OPTIONS),
         bpe_merges=bpe_merges, max_epochs=max_epochs, training=dict(recipe.DEMO_TRAINING),
         one_thread_each=True, device=device, seed=seed, overwrite=True, quiet=quiet,
-        argv=["align", "demo", "--sample-dir", sample_dir])
+        argv=["align", "demo", "--sample-dir", sample_dir],
+        epoch_repeats=1)   # the demo's own epochs (DEMO_EPOCHS), measured for its minutes
     setup_logging(quiet=quiet)   # the messages between rounds
     try:
         train_rounds(request, plan)

@@ -92,8 +92,10 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 # not --max-epochs (aligner.cli.options.max_epochs_option says why)
 @click.option("--epochs", default=recipe.EPOCHS_PER_ROUND, show_default=True,
               type=click.IntRange(min=1),
-              help="Training passes over the bitext per direction in round 1 (and in every "
-                   "round with --afresh); --max-updates, if given, replaces it.")
+              help=f"Training passes over the bitext per direction in round 1 (and in every "
+                   f"round with --afresh); on a round of fewer than {recipe.ROUND_MIN_PAIRS:,} "
+                   f"lines each pass is repeated ceil({recipe.ROUND_MIN_PAIRS:,} / lines) "
+                   f"times, as are --fine-tune-epochs; --max-updates, if given, replaces it.")
 @max_updates_option
 @bpe_merges_option()
 @click.option("--max-len", default=None, type=click.IntRange(min=1),

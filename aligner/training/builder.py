@@ -145,8 +145,8 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
               init_dir: Optional[str] = None, valid_bitext: Optional[Bitext] = None,
               valid_gold: Optional[List[GoldAlignment]] = None, resume: bool = False,
               overwrite: bool = False, quiet: bool = False, verbose: bool = False,
-              argv: Sequence[str] = (), ignore_data_change: bool = False
-              ) -> Tuple[TrainRequest, SelfTraining]:
+              argv: Sequence[str] = (), ignore_data_change: bool = False,
+              epoch_repeats: Optional[int] = None) -> Tuple[TrainRequest, SelfTraining]:
     """Round 1's request and the rounds' plan of a training of `model_kind` on `bitext` into
     `model_dir`; with no setting given, the recipe's job (what `align run` trains).
 
@@ -160,7 +160,9 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     (:func:`device_defaults`). lr_schedule None: the recipe's (the guided layer's own stage:
     recipe.LAYER_LR_SCHEDULE). max_epochs None: recipe.EPOCHS for one round, else
     recipe.EPOCHS_PER_ROUND a round (none with max_updates; the guided layer's own stage:
-    recipe.LAYER_EPOCHS). training: other TrainConfig fields given (update_freq,
+    recipe.LAYER_EPOCHS); with self-training rounds (and no max_updates) max_epochs and the
+    rounds' fine_tune_epochs are multiplied by `epoch_repeats` (None: the recipe's
+    round_epoch_repeats of a round's lines: a round on a small bitext repeats its epochs). training: other TrainConfig fields given (update_freq,
     label_smoothing, clip_norm, checkpoint_interval, valid_method, and a command's own
     max_tokens / lr / warmup), over the recipe's TRAINING, the device's and a checkpoint at
     the end only. rounds None: :func:`~aligner.training.rounds.default_rounds`.
@@ -213,6 +215,16 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     if max_epochs is None:   # with rounds: max_updates alone decides
         max_epochs = (recipe.EPOCHS if rounds == 1 else 0 if max_updates
                       else recipe.EPOCHS_PER_ROUND)
+    if rounds > 1 and not max_updates:   # a small bitext: each round's epochs repeated
+        round_pairs = (self_training or {}).get("round_pairs", recipe.ROUND_PAIRS)
+        round_lines = len(bitext) if round_pairs <= 0 else min(len(bitext), round_pairs)
+        if epoch_repeats is None:
+            epoch_repeats = recipe.round_epoch_repeats(round_lines)
+        repeats = epoch_repeats
+        max_epochs *= repeats
+        self_training = dict(self_training or {})
+        self_training["fine_tune_epochs"] = repeats * self_training.get(
+            "fine_tune_epochs", recipe.FINE_TUNE_EPOCHS)
     # longer pairs are skipped in training; every line is aligned
     max_len = resolve_max_len(
         max_len, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len,
