@@ -88,3 +88,26 @@ def test_demo_defaults():
     assert all(recipe.DEMO_MODEL_OPTIONS[key] != recipe.MODEL_OPTIONS[key]
                for key in recipe.DEMO_MODEL_OPTIONS)
     assert set(recipe.DEMO_TRAINING) <= set(recipe.TRAINING)
+
+
+def test_a_round_on_a_small_bitext_repeats_its_epochs():
+    """build_job: ceil(ROUND_MIN_PAIRS / lines) times round 1's epochs and the fine-tuned
+    rounds' (the round's lines: its sample where --round-pairs cuts one); once from
+    ROUND_MIN_PAIRS lines on, for one round, with --max-updates, and for align demo's own."""
+    from aligner.formats import Bitext
+    from aligner.training.builder import build_job
+
+    def job(n_lines, **given):
+        bitext = Bitext([["a", "b"]] * n_lines, [["c"]] * n_lines, "s", "t")
+        request, plan = build_job("m", bitext, device="cpu", **given)
+        return request.train_config.max_epochs, plan.fine_tune_epochs
+
+    assert [recipe.round_epoch_repeats(n) for n in (1, 1000, 3000, 24999, 25000, 10 ** 6)] \
+        == [25000, 25, 9, 2, 1, 1]
+    assert job(1000) == (25, 25)
+    assert job(25000) == (1, 1)
+    assert job(1000, max_epochs=2, self_training=dict(fine_tune_epochs=3)) == (50, 75)
+    assert job(100000, self_training=dict(round_pairs=5000)) == (5, 5)
+    assert job(1000, rounds=1) == (recipe.EPOCHS, recipe.FINE_TUNE_EPOCHS)
+    assert job(1000, max_updates=7)[0] == 0
+    assert job(1000, epoch_repeats=1) == (1, 1)

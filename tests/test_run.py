@@ -36,6 +36,8 @@ def test_the_recipe_is_pinned():
         (True, 0.5, 1.0)
     assert recipe.AGREEMENT_WEIGHT == recipe.FINAL_AGREEMENT_WEIGHT == 0.0
     assert recipe.ROUND_PAIRS == 40000 and recipe.TRAIN_MAX_LEN == 200
+    assert recipe.ROUND_MIN_PAIRS == 25000
+    assert (recipe.CALIBRATION_BETA, recipe.CALIBRATION_LINES, recipe.JOIN_LINES) == (0.7, 300, 1)
     # the guided alignment layer's own stage (stage 2)
     assert (recipe.LAYER_GUIDE_WEIGHT, recipe.LAYER_EPOCHS, recipe.LAYER_LR_SCHEDULE) == \
         (10.0, 8, "linear")
