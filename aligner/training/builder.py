@@ -220,10 +220,9 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         round_lines = len(bitext) if round_pairs <= 0 else min(len(bitext), round_pairs)
         if epoch_repeats is None:
             epoch_repeats = recipe.round_epoch_repeats(round_lines)
-        repeats = epoch_repeats
-        max_epochs *= repeats
+        max_epochs *= epoch_repeats
         self_training = dict(self_training or {})
-        self_training["fine_tune_epochs"] = repeats * self_training.get(
+        self_training["fine_tune_epochs"] = epoch_repeats * self_training.get(
             "fine_tune_epochs", recipe.FINE_TUNE_EPOCHS)
     # longer pairs are skipped in training; every line is aligned
     max_len = resolve_max_len(
