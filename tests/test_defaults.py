@@ -102,8 +102,8 @@ def test_a_round_on_a_small_bitext_repeats_its_epochs():
         request, plan = build_job("m", bitext, device="cpu", **given)
         return request.train_config.max_epochs, plan.fine_tune_epochs
 
-    assert [recipe.round_epoch_repeats(n) for n in (1, 1000, 3000, 24999, 25000, 10 ** 6)] \
-        == [25000, 25, 9, 2, 1, 1]
+    assert [recipe.round_epoch_repeats(n) for n in (1, 999, 1000, 1237, 3000, 24999, 25000,
+                                                    10 ** 6)] == [25, 25, 25, 21, 9, 2, 1, 1]
     assert job(1000) == (25, 25)
     assert job(25000) == (1, 1)
     assert job(1000, max_epochs=2, self_training=dict(fine_tune_epochs=3)) == (50, 75)

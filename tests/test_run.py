@@ -36,7 +36,7 @@ def test_the_recipe_is_pinned():
         (True, 0.5, 1.0)
     assert recipe.AGREEMENT_WEIGHT == recipe.FINAL_AGREEMENT_WEIGHT == 0.0
     assert recipe.ROUND_PAIRS == 40000 and recipe.TRAIN_MAX_LEN == 200
-    assert recipe.ROUND_MIN_PAIRS == 25000
+    assert (recipe.ROUND_MIN_PAIRS, recipe.ROUND_MAX_REPEATS) == (25000, 25)
     assert (recipe.CALIBRATION_BETA, recipe.CALIBRATION_LINES, recipe.JOIN_LINES) == (0.7, 300, 1)
     # the guided alignment layer's own stage (stage 2)
     assert (recipe.LAYER_GUIDE_WEIGHT, recipe.LAYER_EPOCHS, recipe.LAYER_LR_SCHEDULE) == \
@@ -282,7 +282,8 @@ def test_gold_table_without_f_r_aligns_hard_links_of_the_gold_lines_only(aligned
 
 
 def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
-    """Round 1 trains --epochs, a fine-tuned round --fine-tune-epochs (no --max-updates)."""
+    """Round 1 trains --epochs, a fine-tuned round --fine-tune-epochs (no --max-updates), each
+    repeated recipe.round_epoch_repeats times on this 12-line bitext."""
     sources, targets, golds = monotone_corpus(12, seed=4)
     src, tgt, _ = write_corpus(tmp_path, "c", sources, targets, golds)
     model = tmp_path / "m"
@@ -292,9 +293,11 @@ def test_fine_tuned_rounds_train_fine_tune_epochs(tmp_path):
             "--fine-tune-epochs", "3", "--model-dir", model, *TINY[2:])
     import json
     config = json.loads((model / "config.json").read_text())
-    assert config["training"]["max_epochs"] == 3 and config["training"]["max_updates"] == 0
+    repeats = recipe.round_epoch_repeats(12)
+    assert config["training"]["max_epochs"] == 3 * repeats
+    assert config["training"]["max_updates"] == 0
     header, *rows = (model / "rounds" / "2" / "fwd" / "metrics.tsv").read_text().splitlines()
-    assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3
+    assert int(dict(zip(header.split("\t"), rows[-1].split("\t")))["epoch"]) == 3 * repeats
     # a fine-tuned round decays linearly (recipe.FINE_TUNE_LR_SCHEDULE); round 1 did not
     assert config["training"]["lr_schedule"] == "linear"
     with restored_aligner_logger():

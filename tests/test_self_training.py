@@ -112,7 +112,9 @@ def test_self_training_options_reach_the_rounds(tmp_path, corpus):
             "--fine-tune-epochs", "3", "--fine-tune-lr-schedule", "inverse-sqrt",
             *TRAIN_TINY[:-5], "--max-epochs", "1", "-q")
     config = _config(other)
-    assert (config["training"]["max_epochs"], config["training"]["max_updates"]) == (3, 0)
+    # (each epoch repeated recipe.round_epoch_repeats times on this 12-line bitext)
+    assert (config["training"]["max_epochs"], config["training"]["max_updates"]) == \
+        (3 * recipe.round_epoch_repeats(12), 0)
     assert config["training"]["lr_schedule"] == "inverse-sqrt"
 
 

@@ -95,7 +95,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
               help=f"Training passes over the bitext per direction in round 1 (and in every "
                    f"round with --afresh); on a round of fewer than {recipe.ROUND_MIN_PAIRS:,} "
                    f"lines each pass is repeated ceil({recipe.ROUND_MIN_PAIRS:,} / lines) "
-                   f"times, as are --fine-tune-epochs; --max-updates, if given, replaces it.")
+                   f"times (at most {recipe.ROUND_MAX_REPEATS}), as are --fine-tune-epochs; --max-updates, if given, replaces it.")
 @max_updates_option
 @bpe_merges_option()
 @click.option("--max-len", default=None, type=click.IntRange(min=1),

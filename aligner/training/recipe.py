@@ -45,6 +45,8 @@ EPOCHS_PER_ROUND = 1
 #: many pairs (round_epoch_repeats): at 1,000 pairs one epoch is 38 updates, and the rounds
 #: left the model untrained (48 AER on en-fr dev against eflomal's 13; learning_curve_enfr.md)
 ROUND_MIN_PAIRS = 25000
+#: ... at most this many times (1,237 lines, the smallest bitext measured, repeat 21 times)
+ROUND_MAX_REPEATS = 25
 #: round 1 is guided by a classical teacher's links of its lines (aligner/training/teacher.py),
 #: their soft-average at TEACHER_THRESHOLD, at TEACHER_GUIDE_WEIGHT (teacher_enfr.md)
 TEACHER = True
@@ -144,8 +146,8 @@ BPE_MERGES_MAX = 10000
 
 def round_epoch_repeats(n_pairs: int) -> int:
     """How many times each epoch of a self-training round is repeated on a round of `n_pairs`
-    lines: ceil(ROUND_MIN_PAIRS / n_pairs), at least 1 (1 from 25,000 lines on)."""
-    return max(1, -(-ROUND_MIN_PAIRS // max(1, n_pairs)))
+    lines: ceil(ROUND_MIN_PAIRS / n_pairs), from 1 (25,000 lines on) to ROUND_MAX_REPEATS."""
+    return min(ROUND_MAX_REPEATS, max(1, -(-ROUND_MIN_PAIRS // max(1, n_pairs))))
 
 
 def bpe_merges(n_pairs: int) -> int:
