@@ -323,29 +323,41 @@ class BitextFiles:
         return self.check()
 
     @property
-    def source(self) -> "_Side":
-        return _Side(self, 0)
+    def source(self) -> "_Side | PairsSide":
+        return _Side(self, 0) if self.joint is None else PairsSide(self, 0)
 
     @property
-    def target(self) -> "_Side":
-        return _Side(self, 1)
+    def target(self) -> "_Side | PairsSide":
+        return _Side(self, 1) if self.joint is None else PairsSide(self, 1)
 
 
 class _Side:
-    """One side of a :class:`BitextFiles`: iterating reads its sentences (lists of words)."""
+    """One side of a :class:`BitextFiles` of two files: iterating reads that side's file, its
+    sentences (lists of words). (A joint file's side: :class:`PairsSide`.)"""
 
     def __init__(self, bitext: BitextFiles, index: int):
         self.bitext, self.index = bitext, index
 
     def __iter__(self) -> Iterator[List[str]]:
-        bitext = self.bitext
-        if bitext.joint is not None:
-            for pair in bitext:
-                yield pair[self.index]
-            return
-        path = bitext.source_name if self.index == 0 else bitext.target_name
+        path = self.bitext.source_name if self.index == 0 else self.bitext.target_name
         for line in iter_lines(path):
             yield tokenize_line(line)
+
+    def __len__(self) -> int:
+        return len(self.bitext)
+
+
+class PairsSide:
+    """One side of any bitext whose iteration gives (source words, target words) pairs (a
+    sample of a bitext, its joined runs): iterating gives that side's sentences, one pass of
+    the bitext each time."""
+
+    def __init__(self, bitext: Any, index: int):
+        self.bitext, self.index = bitext, index
+
+    def __iter__(self) -> Iterator[List[str]]:
+        for pair in self.bitext:
+            yield pair[self.index]
 
     def __len__(self) -> int:
         return len(self.bitext)

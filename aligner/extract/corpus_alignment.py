@@ -29,6 +29,7 @@ import numpy as np
 
 from aligner import constants as C
 from aligner.data import EncodedPair, filtered_out
+from aligner.links.soft_symmetrize import threshold_record
 from aligner.utils import AlignerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -400,8 +401,7 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "input": bitext_identity(bitext), "method": extraction.method,
               "options": extraction.options, "direction": extraction.direction,
               "heuristic": extraction.heuristic,
-              "threshold": getattr(extraction.threshold, "to_dict", lambda: None)()
-              or extraction.threshold,
+              "threshold": threshold_record(extraction.threshold),
               "precision": resolve_precision(precision, device),
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(device),

@@ -52,6 +52,14 @@ def line_threshold(threshold: Threshold, n_source: int, n_target: int) -> float:
     return float(threshold)   # type: ignore[arg-type]
 
 
+def threshold_record(threshold: Threshold) -> object:
+    """`threshold` as JSON records it: the number, or the thresholds per line length as a
+    dict (their ``to_dict``)."""
+    if hasattr(threshold, "to_dict"):
+        return threshold.to_dict()   # type: ignore[union-attr]
+    return float(threshold)   # type: ignore[arg-type]
+
+
 def soft_average(forward: np.ndarray, reverse: np.ndarray,
                  threshold: Threshold = DEFAULT_THRESHOLD) -> Set[Link]:
     """Links (i, j) whose mean of ``forward[i, j]`` and ``reverse[i, j]`` exceeds ``threshold``

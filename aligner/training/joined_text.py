@@ -22,6 +22,8 @@ from typing import Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
+from aligner.formats import PairsSide
+
 #: the random stream of the runs, apart from the samples' and the batches'
 _STREAM = 2_000_003
 
@@ -103,26 +105,12 @@ class JoinedBitext:
         return len(self.firsts) - 1
 
     @property
-    def source(self) -> "_JoinedSide":
-        return _JoinedSide(self, 0)
+    def source(self) -> PairsSide:
+        return PairsSide(self, 0)
 
     @property
-    def target(self) -> "_JoinedSide":
-        return _JoinedSide(self, 1)
-
-
-class _JoinedSide:
-    """One side of a :class:`JoinedBitext`: iterating gives its runs' sentences."""
-
-    def __init__(self, bitext: JoinedBitext, index: int):
-        self.bitext, self.index = bitext, index
-
-    def __iter__(self) -> Iterator[List[str]]:
-        for pair in self.bitext:
-            yield pair[self.index]
-
-    def __len__(self) -> int:
-        return len(self.bitext)
+    def target(self) -> PairsSide:
+        return PairsSide(self, 1)
 
 
 def join_bitext(bitext, most: int, max_words: int, seed: int):

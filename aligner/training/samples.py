@@ -30,6 +30,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from aligner.formats import PairsSide
+
 
 def round_size(n_lines: int, round_pairs: int, round_number: int,
                fine_tune_share: float = 1.0) -> int:
@@ -78,26 +80,12 @@ class SampledBitext:
         return len(self.lines)
 
     @property
-    def source(self) -> "_SampledSide":
-        return _SampledSide(self, 0)
+    def source(self) -> PairsSide:
+        return PairsSide(self, 0)
 
     @property
-    def target(self) -> "_SampledSide":
-        return _SampledSide(self, 1)
-
-
-class _SampledSide:
-    """One side of a :class:`SampledBitext`: iterating gives its sentences (lists of words)."""
-
-    def __init__(self, bitext: SampledBitext, index: int):
-        self.bitext, self.index = bitext, index
-
-    def __iter__(self) -> Iterator[List[str]]:
-        for pair in self.bitext:
-            yield pair[self.index]
-
-    def __len__(self) -> int:
-        return len(self.bitext)
+    def target(self) -> PairsSide:
+        return PairsSide(self, 1)
 
 
 def round_bitext(bitext, round_pairs: int, seed: int, round_number: int,
