@@ -103,3 +103,51 @@ def test_sigterm_of_extract_stops_its_block_processes(tmp_path):
     # Python's resource tracker a semaphore to warn about at exit (its lines, as above)
     assert all("resource_tracker" in line for line in lines[1:]), stderr
     assert not processes.left_running(everything)
+
+
+def _sleep_through_sigterm(ready) -> None:
+    """A process that ignores SIGTERM, as a block process blocked on a queue lock after
+    its SystemExit was taken for its block's error."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    time.sleep(600)
+
+
+def _sleep(ready) -> None:
+    import time
+
+    ready.set()
+    time.sleep(600)
+
+
+def test_stop_processes_kills_a_process_that_outlives_its_sigterm():
+    """stop_processes ends one that obeys SIGTERM by SIGTERM and one that ignores it by
+    SIGKILL once the grace time is over: a block process stuck after its SIGTERM cannot make
+    the whole alignment wait forever."""
+    import multiprocessing
+    import signal
+    import time
+
+    context = multiprocessing.get_context("fork")
+    events = [context.Event(), context.Event()]
+    stubborn = context.Process(target=_sleep_through_sigterm, args=(events[0],))
+    obedient = context.Process(target=_sleep, args=(events[1],))
+    for process, ready in zip((stubborn, obedient), events):
+        process.start()
+        assert ready.wait(60)
+    try:
+        started = time.monotonic()
+        corpus_alignment.stop_processes([stubborn, obedient], grace_s=1.0)
+        stubborn.join(30)
+        obedient.join(30)
+        assert time.monotonic() - started < 30
+        assert obedient.exitcode == -signal.SIGTERM
+        assert stubborn.exitcode == -signal.SIGKILL
+    finally:
+        for process in (stubborn, obedient):
+            if process.is_alive():
+                process.kill()
+                process.join()

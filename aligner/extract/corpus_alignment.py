@@ -331,12 +331,38 @@ class BlockProcesses:
     def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
         try:
             if exc_type is not None:   # stop the blocks in flight instead of waiting for them
-                for process in list((getattr(self._executor, "_processes", None)
-                                     or {}).values()):
-                    process.terminate()
+                stop_processes(list((getattr(self._executor, "_processes", None)
+                                     or {}).values()))
             self._executor.shutdown(wait=True, cancel_futures=exc_type is not None)
         finally:
             self._signals.close()
+
+
+#: seconds a stopped block process has to end on SIGTERM before it is killed
+STOP_GRACE_S = 10.0
+
+
+def stop_processes(workers: Sequence[Any], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to each multiprocessing Process of `workers`, then SIGKILL to those still
+    running after `grace_s` seconds. A block process can outlive its SIGTERM: its SystemExit
+    (aligner.extract.inference._exit_on_sigterm), raised inside a block, is caught by
+    concurrent.futures' worker loop as the block's error, which then waits for its next block
+    on a queue lock that a killed sibling may hold forever, with SIGTERM ignored by then; the
+    executor's shutdown would wait for it forever. Waits on the processes' sentinels, so no
+    process is reaped here (the executor's own join does that)."""
+    from multiprocessing.connection import wait
+    import time
+
+    for process in workers:
+        process.terminate()   # a no-op for one already ended
+    deadline = time.monotonic() + grace_s
+    running = list(workers)
+    while running and time.monotonic() < deadline:
+        ended = set(wait([process.sentinel for process in running],
+                         timeout=max(0.0, deadline - time.monotonic())))
+        running = [process for process in running if process.sentinel not in ended]
+    for process in running:
+        process.kill()
 
 
 def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str]],
