@@ -309,17 +309,23 @@ class BlockProcesses:
 
         pending: Deque[Tuple[int, Any]] = collections.deque()
 
+        def broken(index: int) -> AlignerError:
+            return AlignerError(f"a block process ended before its block {index} was aligned "
+                                f"(out of memory? try --processes 1 or fewer --threads)")
+
         def oldest() -> Tuple[int, Any]:
             index, future = pending.popleft()
             try:
                 return index, future.result()
             except BrokenProcessPool:
-                raise AlignerError(f"a block process ended before its block {index} was "
-                                   f"aligned (out of memory? try --processes 1 or fewer "
-                                   f"--threads)") from None
+                raise broken(index) from None
 
         for index, block in blocks:
-            pending.append((index, self._executor.submit(_align_block_in_worker, block)))
+            try:   # a pool found broken already refuses the next block
+                future = self._executor.submit(_align_block_in_worker, block)
+            except BrokenProcessPool:
+                raise broken(pending[0][0] if pending else index) from None
+            pending.append((index, future))
             if len(pending) >= 2 * self.processes:
                 yield oldest()
         while pending:
