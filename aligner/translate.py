@@ -53,7 +53,7 @@ from aligner import constants as C
 from aligner.data import make_batch, subword_to_word_links
 from aligner.extract.inference import batched, hard_alignment, model_max_positions
 from aligner.model_dir import LoadedModelDir
-from aligner.models.base import AlignmentModel
+from aligner.models.base import AlignmentModel, model_device
 from aligner.precision import active_autocast_dtype
 from aligner.prep import split_words
 from aligner.utils import check_condition
@@ -293,7 +293,7 @@ def translate_inputs(model: AlignmentModel, inputs: Sequence[EncodedInput],
     back in input order. An empty input, or one longer than the model's max_positions, gets
     an empty translation and a warning naming `input_name` and the line.
     """
-    device = device or next(model.parameters()).device
+    device = device or model_device(model)
     model.eval()
     if alignment_method is not None:
         check_condition(alignment_method in model.METHODS,
@@ -369,7 +369,7 @@ def symmetrize_translations(loaded: LoadedModelDir, inputs: Sequence[EncodedInpu
     check_condition(method in model.METHODS,
                     f"unknown alignment method '{method}' for the '{other}' model "
                     f"(choose from {', '.join(model.METHODS)})")
-    device = device or next(model.parameters()).device
+    device = device or model_device(model)
     limit = model_max_positions(model)
     rows, widths, too_long = [], [], []     # widths[n]: positions of the pair of rows[n]
     for k, result in enumerate(results):
@@ -441,7 +441,7 @@ def translate(loaded: LoadedModelDir, lines: Sequence[str], direction: str = "fw
                                 device, max_tokens, input_name)
     seconds = time.time() - start
     n_subwords = sum(len(t.subwords) for t in results)
-    device_type = (device or next(model.parameters()).device).type
+    device_type = (device or model_device(model)).type
     autocast = active_autocast_dtype(device_type)   # aligner.precision: bf16, or none
     precision = ("fp32" if autocast is None else
                  {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "autocast"))

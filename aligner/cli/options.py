@@ -133,6 +133,25 @@ def bpe_merges_option(default: Optional[int] = None,
                            default_help if default is None else None))
 
 
+#: the kinds `align run` trains (`align train` takes every kind of aligner.models.MODELS,
+#: named here without importing torch: tests/test_model_contract.py checks the list)
+RUN_KINDS = (recipe.MODEL_KIND, "classical")
+KNOWN_KINDS = "transformer, hmm0, hmm1, alignment-layer, classical"
+
+
+def model_kind_option(choices: Optional[tuple] = None) -> Decorator:
+    """--model of align train (any kind; checked against the registry when used) and align
+    run (`choices`: the recipe's kind or the classical aligner), with one help text."""
+    return click.option(
+        "--model", "model_kind", default=recipe.MODEL_KIND, show_default=True,
+        type=click.Choice(list(choices)) if choices else str,
+        help=f"Model kind: {recipe.MODEL_KIND}, the recipe's neural direct HMM (the best "
+             f"alignments); classical, IBM Model 1 then word HMMs of both directions in "
+             f"agreement, the recipe's teacher alone (no network, no BPE, one training: a "
+             f"quick first look, or a corpus too large for the recipe); align train takes "
+             f"any of {KNOWN_KINDS}.")
+
+
 def model_option_option(function):
     """-M/--model-option KEY=VALUE (aligner.cli.train.parse_key_values)."""
     return click.option(

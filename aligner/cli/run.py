@@ -31,7 +31,8 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  max_updates_option, model_dir_option, model_option_option,
                                  overwrite_option, precision_option, quiet_option,
                                  recipe_summary, resume_option, rounds_option, seed_option,
-                                 self_training_options, threads_option, warmup_option)
+                                 self_training_options, threads_option, warmup_option,
+                                 RUN_KINDS, model_kind_option)
 from aligner.cli.train import check_bitext_args, check_gold_in_range, parse_key_values, set_threads
 from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.utils import (AlignerError, Terminated, check_condition, check_distinct_files,
@@ -56,6 +57,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 
 @click.command("run", help=HELP)
 @bitext_options
+@model_kind_option(RUN_KINDS)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True,
               help="Symmetrized Pharaoh alignments, one line per input line ('-' = stdout).")
@@ -113,8 +115,8 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 @seed_option
 @threads_option()
 @quiet_option
-def command(source: Optional[str], target: Optional[str], joint: Optional[str], output: str,
-            forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
+def command(source: Optional[str], target: Optional[str], joint: Optional[str],
+            model_kind: str, output: str, forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: Optional[float], self_guide_threshold: float,
             shortlist: int, model_dir: Optional[str], overwrite: bool, resume: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
@@ -180,9 +182,16 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
     check_condition(model_dir is not None or torchrun_world_size() == 1,
                     "under torchrun give --model-dir (on a file system every rank reads): "
                     "each process would make a temporary directory of its own")
+    classical = model_kind != recipe.MODEL_KIND
+    if classical:   # one training: no rounds unless asked for (then refused, in one line)
+        if click.get_current_context().get_parameter_source(
+                "rounds") is click.core.ParameterSource.DEFAULT:
+            rounds = 1
+        shortlist = 0   # no softmax over a vocabulary to shorten
     # everything is checked before a temporary model directory is made
     request, plan = build_job(
-        model_dir or "", bitext, model_options=parse_key_values(model_option, "--model-option"),
+        model_dir or "", bitext, model_kind=model_kind,
+        model_options=parse_key_values(model_option, "--model-option"),
         bpe_merges=bpe_merges, max_len=max_len, guide=guide, guide_weight=guide_weight,
         max_tokens=max_tokens, lr=lr, warmup=warmup,
         # --epochs: a round's length, which --max-updates replaces
@@ -201,10 +210,14 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
         seed=seed, resume=resume, overwrite=overwrite, quiet=quiet,
         argv=["align"] + sys.argv[1:])
     threshold = plan.output_threshold
-    logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
-                n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic,
-                request.prep_config.bpe_merges,
-                f"{max_updates} updates" if max_updates else f"{epochs} epochs")
+    if classical:
+        logger.info("align run: %d sentence pairs, the classical aligner (-H %s)", n_lines,
+                    heuristic)
+    else:
+        logger.info("align run: %d sentence pairs, %s recipe (%s, -H %s), %d BPE merges, %s",
+                    n_lines, recipe.MODEL_KIND, recipe.METHOD, heuristic,
+                    request.prep_config.bpe_merges,
+                    f"{max_updates} updates" if max_updates else f"{epochs} epochs")
     temporary = None
     # SIGTERM (`kill`, `timeout`, a scheduler) as Ctrl-C: the worker processes (the teacher's,
     # the directions', the alignment's) are stopped and the temporary directory is removed

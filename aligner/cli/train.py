@@ -21,7 +21,9 @@ from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bi
                                  join_lines_option,
                                  bpe_merges_option, deterministic_option, device_option,
                                  guide_options, lr_option, max_epochs_option, max_tokens_option,
-                                 max_updates_option, model_dir_option, model_option_option,
+                                 max_updates_option, model_dir_option, model_kind_option,
+                                 KNOWN_KINDS,
+                                 model_option_option,
                                  overwrite_option, precision_option, quiet_option,
                                  recipe_summary, resume_option, rounds_option, seed_option,
                                  self_training_options, threads_option, warmup_option)
@@ -34,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the kinds of the registry aligner.models.MODELS (which decides), spelled out so that the
 #: help needs no torch import; tests/test_model_contract.py checks that the two agree
-KNOWN_KINDS = "transformer, hmm0, hmm1, alignment-layer"
 
 
 def parse_directions(value: str) -> Tuple[str, ...]:
@@ -114,8 +115,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.command("train", help=HELP)
 @bitext_options
 @model_dir_option("-o", required=True)
-@click.option("--model", "model_kind", default=recipe.MODEL_KIND, show_default=True,
-              help=f"Model kind ({KNOWN_KINDS}).")
+@model_kind_option()
 @click.option("--directions", default="fwd,rev", show_default=True,
               help="Directions to train: fwd = p(target|source), rev = p(source|target).")
 # preprocessing
@@ -289,12 +289,21 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                     "--valid-gold needs --valid-src and --valid-tgt")
     check_condition(resume or not ignore_data_change,
                     "--resume-ignore-data-change applies to --resume only")
-    model_options: Dict[str, Any] = dict(d_model=d_model, n_heads=heads,
-                                         enc_layers=encoder_layers, dec_layers=decoder_layers,
-                                         d_ff=ff_dim, dropout=dropout,
-                                         max_positions=max_positions,
-                                         tie_embeddings=tie_embeddings,
-                                         markov_order=markov_order)
+    architecture = dict(d_model=("d_model", d_model), n_heads=("heads", heads),
+                        enc_layers=("encoder_layers", encoder_layers),
+                        dec_layers=("decoder_layers", decoder_layers), d_ff=("ff_dim", ff_dim),
+                        dropout=("dropout", dropout),
+                        max_positions=("max_positions", max_positions),
+                        tie_embeddings=("tie_embeddings", tie_embeddings),
+                        markov_order=("markov_order", markov_order))
+    # a network's settings: those the kind has, and any given (refused for a kind without
+    # them, e.g. --d-model for --model classical); their defaults do not apply to the others
+    fields = model_class(model_kind).config_class.__dataclass_fields__
+    context = click.get_current_context()
+    model_options: Dict[str, Any] = {
+        name: value for name, (parameter, value) in architecture.items()
+        if name in fields or context.get_parameter_source(parameter)
+        is not click.core.ParameterSource.DEFAULT}
     model_options.update(parse_key_values(model_option, "--model-option"))
     layer_kinds = [name for name, cls in MODELS.items()
                    if "layer_keys" in cls.config_class.__dataclass_fields__]

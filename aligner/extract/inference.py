@@ -39,7 +39,7 @@ from aligner.formats import Bitext
 from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
 from aligner.malloc import keep_freed_memory
 from aligner.model_dir import LoadedModelDir
-from aligner.models.base import AlignmentModel
+from aligner.models.base import AlignmentModel, model_device
 from aligner.precision import active_autocast_dtype
 from aligner.utils import check_condition, sigterm_raises
 
@@ -151,7 +151,7 @@ def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction:
     pairs `model` can take (:func:`usable`; the others are in no batch), in length-sorted
     batches of at most `max_tokens` positions (see :func:`batched`; None: by the device,
     :func:`default_max_tokens`). `device`: the model's by default."""
-    device = device or next(model.parameters()).device
+    device = device or model_device(model)
     max_tokens = max_tokens or default_max_tokens(device)
     limit = model_max_positions(model)
     ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
@@ -353,7 +353,7 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
     process inherits no autocast state). Off in the Python API by default, where a "spawn"
     process would re-run a script that has no ``if __name__ == "__main__"`` guard.
     """
-    device = device or next(models[directions[0]].parameters()).device
+    device = device or model_device(models[directions[0]])
     if (parallel and device.type == "cpu" and len(directions) == 2
             and (os.cpu_count() or 1) >= 2 and len(pairs) >= PARALLEL_MIN_PAIRS):
         autocast = active_autocast_dtype("cpu")

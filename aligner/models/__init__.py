@@ -15,6 +15,7 @@ from typing import Any, Dict, Tuple, Type
 
 from aligner.models.alignment_layer import AlignmentLayerModel
 from aligner.models.base import AlignmentModel
+from aligner.models.classical import ClassicalHMM
 from aligner.models.direct_hmm import FirstOrderHMM, ZeroOrderHMM
 from aligner.models.transformer import Transformer
 from aligner.utils import check_condition
@@ -24,6 +25,7 @@ MODELS: Dict[str, Type[AlignmentModel]] = {
     "alignment-layer": AlignmentLayerModel,
     "hmm0": ZeroOrderHMM,
     "hmm1": FirstOrderHMM,
+    "classical": ClassicalHMM,
 }
 
 #: extraction methods per model kind (first = default of ``align extract``)

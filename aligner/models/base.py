@@ -45,6 +45,14 @@ def select_rows(value: Any, rows: torch.Tensor) -> Any:
     return value
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of a model's parameters, else of its buffers (a kind whose tables are
+    buffers: the classical aligner), else the CPU."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 class AlignmentModel(nn.Module, abc.ABC):
     """Base class: a translation model in one direction that exposes soft alignments.
 
@@ -101,6 +109,11 @@ class AlignmentModel(nn.Module, abc.ABC):
     #: the kind of the frozen base this kind is trained on (two-stage training, see
     #: aligner.training.run.train); None: an ordinary one-stage kind
     BASE_KIND: Optional[str] = None
+    #: trained by EM over the corpus (aligner/training/classical.py), not by the training
+    #: loop: the classical aligner
+    TRAINED_BY_EM: bool = False
+    #: whether :meth:`init_decode_state` / :meth:`decode_step` translate (`align translate`)
+    TRANSLATES: bool = True
 
     @property
     @abc.abstractmethod

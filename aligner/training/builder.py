@@ -238,9 +238,9 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         "guide_weight": resolve_guide_weight(guide_weight, guide is not None or recipe_guide,
                                              model_kind),
         "agreement_weight": agreement_weight})
-    prep_config = PrepConfig(**(prep_options or {}),
-                             bpe_merges=(recipe.bpe_merges(n_lines) if bpe_merges is None
-                                         else bpe_merges))
+    if bpe_merges is None:   # the classical aligner's units are words
+        bpe_merges = 0 if cls.TRAINED_BY_EM else recipe.bpe_merges(n_lines)
+    prep_config = PrepConfig(**(prep_options or {}), bpe_merges=bpe_merges)
     final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
     check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
                     "--final-agreement-weight trains the last round's directions in one loop: "

@@ -411,6 +411,12 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
         if not parallel:
             start = time.time()
 
+    if model_class(request.model_kind).TRAINED_BY_EM:   # the classical aligner
+        from aligner.training.classical import train_model_dir as train_by_em
+
+        summaries = train_by_em(model_dir, config, context.is_main)
+        finished("+".join(directions))
+        return summaries
     if request.agreement:
         summary = train_agreement(model_dir, config, resumed, device, context, validation,
                                   progress=not quiet, init_dir=request.init_dir)

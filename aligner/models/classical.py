@@ -1,0 +1,287 @@
+"""The classical aligner as a model kind (``--model classical``): per direction a first-order
+HMM over words (Vogel et al. 1996) with Och & Ney's (2003) empty word, its lexicon a table
+t(observed word | given word) over the word pairs seen together in training and its jumps one
+distribution s(d) over distances, trained by EM in agreement (Liang et al. 2006;
+aligner/training/classical.py). The same model is the recipe's teacher
+(aligner/training/teacher.py).
+
+Conventions as every model kind's (aligner/models/base.py): this direction's "source" (the
+encoder side, ``src``) is the HMM's *given* side, its states j = 0..J-1; its "target"
+(``tgt_out``) is the *observed* side, the time steps i = 0..I-1. The units are words
+(a classical model directory has no BPE: ``bpe_merges`` 0). State J + j' stands for "the empty
+word, after given word j'", so a jump after an empty word is measured from the last real
+position:
+
+    p(j | j', J) = (1 - p0) · s(j - j') / Σ_{j''<J} s(j'' - j'),   p(empty after j' | j') = p0,
+
+the distance clipped to [-max_jump, max_jump]. A pair of words never seen together in training
+(an unknown word, in particular) has the lexicon probability ``unseen_prob`` instead of 0, as
+fast_align gives an unseen pair a small floor: an unknown word then takes its link from its
+neighbours' positions through the jumps, or none.
+
+The forward–backward (:func:`forward_backward`) runs in float32, scaled per position, on
+batches of lines of any lengths (padded positions masked), one (J, J) transition matrix per
+line; training counts are float64. ``hmm-posterior`` gives p(word i aligned to j | both
+sentences): rows sum to p(i aligned) ≤ 1, the rest is the empty word's.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from aligner import constants as C
+from aligner.config import dataclass_from_dict
+from aligner.models.base import AlignmentModel, DecodeState
+from aligner.utils import AlignerError, check_condition
+
+
+@dataclasses.dataclass
+class ClassicalConfig:
+    """The classical HMM's settings (config.json). src_vocab_size / tgt_vocab_size: the word
+    vocabularies (given / observed side of fwd). ibm1_iterations, hmm_iterations: EM iterations
+    of IBM Model 1 (whose lexicon starts the HMM) and of the HMM. empty_prob: p0, fixed.
+    max_jump: longer jumps share one weight. agreement: the two directions' lexicon counts are
+    the product of their posteriors (Liang et al. 2006). unseen_prob: t(o | g) of a pair never
+    seen together in training. max_positions: words + 1 of the longest side aligned (longer
+    lines get no links). batch_cells: given × observed words × lines per batch in training,
+    its unit of memory."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    ibm1_iterations: int = 5
+    hmm_iterations: int = 5
+    empty_prob: float = 0.2
+    max_jump: int = 100
+    agreement: bool = True
+    unseen_prob: float = 1e-7
+    max_positions: int = 1024
+    batch_cells: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        check_condition(self.ibm1_iterations >= 0 and self.hmm_iterations >= 0,
+                        "ibm1_iterations and hmm_iterations must be >= 0")
+        check_condition(0.0 < self.empty_prob < 1.0, f"empty_prob must be in (0, 1): "
+                                                     f"{self.empty_prob}")
+        check_condition(self.max_jump >= 1, f"max_jump must be >= 1: {self.max_jump}")
+        check_condition(0.0 < self.unseen_prob < 1.0, f"unseen_prob must be in (0, 1): "
+                                                      f"{self.unseen_prob}")
+        check_condition(self.max_positions >= 2, "max_positions must be >= 2")
+        check_condition(self.batch_cells >= 1, "batch_cells must be >= 1")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "ClassicalConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
+        return dataclass_from_dict(cls, values)
+
+
+class Lexicon:
+    """t(observed | given) over the word pairs seen together in training.
+
+    keys (N,) int64, sorted: given · n_observed + observed, the empty word being given id
+    ``n_given``; probs (N,) float: their probabilities. :meth:`lookup` gives ``floor`` for a
+    pair not in the table."""
+
+    def __init__(self, keys: torch.Tensor, probs: torch.Tensor, n_given: int, n_observed: int,
+                 floor: float):
+        self.keys, self.probs = keys, probs
+        self.n_given, self.n_observed, self.floor = n_given, n_observed, floor
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        """The probabilities of `keys` (any shape, int64), float32, ``floor`` where absent."""
+        if len(self.keys) == 0:
+            return torch.full(keys.shape, self.floor, dtype=torch.float32, device=keys.device)
+        index = torch.searchsorted(self.keys, keys).clamp_max(len(self.keys) - 1)
+        found = self.keys[index] == keys
+        return torch.where(found, self.probs[index].float(),
+                           torch.tensor(self.floor, dtype=torch.float32, device=keys.device))
+
+    def emissions(self, given: torch.Tensor, observed: torch.Tensor
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(real (B, I, J): t(observed i | given j), empty (B, I): t(observed i | empty)) for
+        given ids (B, J) and observed ids (B, I) (padding: any id, masked by the caller)."""
+        real = self.lookup(given[:, None, :] * self.n_observed + observed[:, :, None])
+        empty = self.lookup(self.n_given * self.n_observed + observed)
+        return real, empty
+
+
+def jump_weights(jumps: torch.Tensor, size: int, max_jump: int) -> torch.Tensor:
+    """(J, J) s(j - j') at [j', j], the distance clipped to [-max_jump, max_jump]; jumps
+    (2·max_jump + 1,) holds s(d) at d + max_jump."""
+    positions = torch.arange(size, device=jumps.device)
+    distance = (positions[None, :] - positions[:, None]).clamp(-max_jump, max_jump) + max_jump
+    return jumps.float()[distance]
+
+
+def transitions(jumps: torch.Tensor, given_mask: torch.Tensor, empty_prob: float,
+                max_jump: int) -> torch.Tensor:
+    """(B, J, J) p(real j | previous position j') per line, rows j' summing to 1 - p0 over
+    the line's real positions (0 into padded j). jumps (2·max_jump + 1,): s(d) at
+    d + max_jump; given_mask (B, J) bool. (:func:`forward_backward` never builds it: it
+    factors it into one shared (J, J) matrix and a normalizer per line.)"""
+    weights = jump_weights(jumps, given_mask.shape[1], max_jump)[None] \
+        * given_mask[:, None, :].float()                                  # (B, J', J)
+    return (1 - empty_prob) * weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: torch.Tensor,
+                     given_mask: torch.Tensor, jumps: torch.Tensor, empty_prob: float,
+                     max_jump: int, want_jumps: bool = False
+                     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """The scaled forward–backward of a batch of lines of any lengths.
+
+    real (B, I, J): emissions of the real states; empty (B, I): the empty word's;
+    observed_mask (B, I), given_mask (B, J) bool: real positions (a prefix of each row, at
+    least one of each). Returns (posteriors (B, I, J) of the real states, 0 at padding;
+    log-likelihood (B,) float64 of each line; with `want_jumps`, the expected jumps per
+    distance (2·max_jump + 1,) float64 summed over the batch, else None).
+
+    Line b's transitions (:func:`transitions`) are (1 - p0) · W[j', j] · m_b[j] / Z_b[j']
+    with W the shared (J, J) jump weights, m_b its real positions and Z_b[j'] = Σ_j W[j', j]
+    m_b[j]: so every step is one (B, J) × (J, J) product for the whole batch."""
+    p0 = empty_prob
+    batch, steps, size = real.shape
+    given = given_mask.float()                                             # m (B, J)
+    valid = observed_mask
+    weights = jump_weights(jumps, size, max_jump)                          # W (J, J)
+    normalizer = (given @ weights.T).clamp_min(1e-30)                      # Z (B, J')
+    emission = torch.cat([real.float() * given[:, None, :],
+                          empty.float()[:, :, None] * given[:, None, :]], dim=-1)  # (B, I, 2J)
+    n_given = given.sum(-1, keepdim=True).clamp_min(1)
+    alpha = torch.cat([(1 - p0) * given, p0 * given], dim=-1) / n_given * emission[:, 0]
+    scale = alpha.sum(-1)
+    alpha = alpha / scale[:, None].clamp_min(1e-30)
+    alphas = torch.empty_like(emission)
+    scales = torch.ones(batch, steps, device=real.device)
+    alphas[:, 0], scales[:, 0] = alpha, scale
+    for i in range(1, steps):
+        previous = alpha[:, :size] + alpha[:, size:]                       # (B, J) from j'
+        moved = ((previous / normalizer) @ weights) * given * (1 - p0)
+        new = torch.cat([moved, p0 * previous], dim=-1) * emission[:, i]
+        scale = new.sum(-1)
+        here = valid[:, i]
+        alpha = torch.where(here[:, None], new / scale[:, None].clamp_min(1e-30), alpha)
+        scales[:, i] = torch.where(here, scale, torch.ones_like(scale))
+        alphas[:, i] = alpha
+    betas = torch.empty_like(emission)
+    beta = torch.ones_like(emission[:, 0])
+    betas[:, -1] = beta
+    weighted = torch.zeros_like(emission)                                  # E_i · β_i / c_i
+    for i in range(steps - 1, 0, -1):
+        here = valid[:, i]
+        w = emission[:, i] * beta / scales[:, i, None]
+        w = torch.where(here[:, None], w, torch.zeros_like(w))
+        weighted[:, i] = w
+        back = (1 - p0) * (w[:, :size] @ weights.T) / normalizer + p0 * w[:, size:]   # at j'
+        back = torch.cat([back, back], dim=-1)
+        beta = torch.where(here[:, None], back, beta)
+        betas[:, i - 1] = beta
+    posterior = (alphas * betas)[:, :, :size] * valid[:, :, None] * given[:, None, :]
+    log_likelihood = scales.double().log().sum(-1)
+    if not want_jumps:
+        return posterior, log_likelihood, None
+    # [j', j] = Σ_b Σ_i α_i(j') · E_{i+1}(j) β_{i+1}(j) / c_{i+1} · p_b(j | j')
+    previous = (alphas[:, :-1, :size] + alphas[:, :-1, size:]) / normalizer[:, None, :]
+    expected = (1 - p0) * weights * torch.einsum("bij,bik->jk", previous,
+                                                 weighted[:, 1:, :size])
+    positions = torch.arange(size, device=real.device)
+    distance = (positions[None, :] - positions[:, None]).clamp(-max_jump, max_jump) + max_jump
+    counts = torch.zeros(2 * max_jump + 1, dtype=torch.float64, device=real.device)
+    counts.index_add_(0, distance.flatten(), expected.flatten().double())
+    return posterior, log_likelihood, counts
+
+
+class ClassicalHMM(AlignmentModel):
+    """One direction of the classical aligner: its lexicon table and jump weights, read from
+    the weights file's extra state (they have no gradient: EM trains them,
+    aligner/training/classical.py). It aligns; it does not translate."""
+
+    METHODS = ("hmm-posterior",)
+    config_class = ClassicalConfig
+    #: trained by EM over the corpus (aligner/training/classical.py), not by the training loop
+    TRAINED_BY_EM = True
+    TRANSLATES = False
+    #: measured on en-fr dev (eval/results/classical_enfr.md)
+    BEST_HEURISTIC = "soft-average"
+
+    def __init__(self, config: ClassicalConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("lexicon_keys", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.register_buffer("lexicon_probs", torch.zeros(0), persistent=False)
+        self.register_buffer("jumps", torch.ones(2 * config.max_jump + 1), persistent=False)
+
+    def set_tables(self, keys: torch.Tensor, probs: torch.Tensor, jumps: torch.Tensor) -> None:
+        """The trained tables: keys (N,) int64 sorted (:class:`Lexicon`), probs (N,), jumps
+        (2·max_jump + 1,)."""
+        check_condition(keys.shape == probs.shape and keys.ndim == 1,
+                        "lexicon keys and probabilities differ in shape")
+        check_condition(jumps.shape == (2 * self.config.max_jump + 1,),
+                        f"jump table of {tuple(jumps.shape)}, max_jump {self.config.max_jump}")
+        device = self.jumps.device
+        self.lexicon_keys = keys.to(device=device, dtype=torch.long)
+        self.lexicon_probs = probs.to(device=device, dtype=torch.float32)
+        self.jumps = jumps.to(device=device, dtype=torch.float32)
+
+    def extra_state(self) -> Dict:
+        return {"lexicon_keys": self.lexicon_keys.cpu(), "lexicon_probs": self.lexicon_probs.cpu(),
+                "jumps": self.jumps.cpu()}
+
+    def load_extra_state(self, state: Dict) -> None:
+        check_condition(all(name in state for name in ("lexicon_keys", "lexicon_probs",
+                                                       "jumps")),
+                        "a classical model's weights file without its lexicon and jump tables")
+        self.set_tables(state["lexicon_keys"], state["lexicon_probs"], state["jumps"])
+
+    def lexicon(self) -> Lexicon:
+        return Lexicon(self.lexicon_keys, self.lexicon_probs, self.config.src_vocab_size,
+                       self.config.tgt_vocab_size, self.config.unseen_prob)
+
+    def leaves_unaligned_mass(self, method: str) -> bool:
+        return True
+
+    def _posterior(self, src: torch.Tensor, tgt_out: torch.Tensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(posteriors (B, I+1, J+1) with 0 in the EOS row and column and at padding,
+        log-likelihood (B,))."""
+        given = src[:, :-1]                                         # (B, J)
+        observed = tgt_out[:, :-1]                                  # (B, I)
+        given_mask = given.ne(C.PAD_ID) & given.ne(C.EOS_ID)
+        observed_mask = observed.ne(C.PAD_ID) & observed.ne(C.EOS_ID)
+        real, empty = self.lexicon().emissions(given, observed)
+        # float32 whatever the caller's autocast: products of many small probabilities
+        with torch.autocast(src.device.type, enabled=False):
+            posterior, log_likelihood, _ = forward_backward(
+                real, empty, observed_mask, given_mask, self.jumps, self.config.empty_prob,
+                self.config.max_jump)
+        scores = posterior.new_zeros(src.shape[0], tgt_out.shape[1], src.shape[1])
+        scores[:, :-1, :-1] = posterior
+        return scores, log_likelihood
+
+    def loss(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+             label_smoothing: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """-log p(observed words | given words) summed over the batch, and the number of
+        non-pad target tokens (EOS included, as every kind counts them: the HMM knows the
+        length, so EOS has probability 1 and adds nothing to the sum)."""
+        _, log_likelihood = self._posterior(src, tgt_out)
+        return -log_likelihood.sum().float(), tgt_out.ne(C.PAD_ID).sum()
+
+    def alignment_scores(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor,
+                         method: str, **options) -> torch.Tensor:
+        check_condition(method in self.METHODS, f"unknown method '{method}' for the classical "
+                                                f"model (choose from {', '.join(self.METHODS)})")
+        return self._posterior(src, tgt_out)[0]
+
+    def init_decode_state(self, src: torch.Tensor, **options) -> DecodeState:
+        raise AlignerError("--model classical aligns but does not translate (a lexicon table "
+                           "and jumps, no language model): train hmm0 or hmm1 to translate")
+
+    def decode_step(self, state: DecodeState, prev_tokens: torch.Tensor
+                    ) -> Tuple[torch.Tensor, DecodeState]:
+        raise AlignerError("--model classical aligns but does not translate")

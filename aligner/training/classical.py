@@ -1,0 +1,356 @@
+"""EM training of the classical aligner (aligner/models/classical.py): IBM Model 1, then the
+first-order HMMs of both directions in agreement, streamed over the corpus in blocks.
+
+Memory: each EM iteration reads the corpus block by block (from the memory-mapped encoded
+corpus of the model directory, or any iterable of blocks), computes a block's posteriors of
+both directions, adds its counts and drops them: what stays is the lexicon (its keys, counts
+and probabilities: the word pairs seen together in a line) and the jumps, not the corpus nor
+any posterior past its block.
+
+Processes: under torchrun (a process group initialized), rank r takes blocks r, r + N, ...
+of each iteration and the counts are summed over the ranks (``torch.distributed.all_reduce``)
+before each M-step, so N processes train the tables one process would (within float
+tolerance: the sums are added in another order). Every rank builds the same lexicon keys from
+the whole corpus (one pass), so the tables line up without communication.
+
+Conventions: the direction "fwd" observes the target words given the source words (states);
+"rev" the source given the target. In a batch, ``src`` (B, J) and ``tgt`` (B, I) are word ids
+padded with -1; fwd's posteriors are (B, I, J) [target i, source j], rev's (B, J, I).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import (TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Sequence, Tuple)
+
+import numpy as np
+import torch
+
+from aligner.models.classical import ClassicalConfig, Lexicon, forward_backward
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aligner.config import RunConfig
+    from aligner.training.loop import TrainSummary
+
+logger = logging.getLogger(__name__)
+
+#: one line: its source and target word ids (any integer arrays)
+Line = Tuple[np.ndarray, np.ndarray]
+#: the corpus as a callable that gives its blocks anew for every pass
+Blocks = Callable[[], Iterable[Sequence[Line]]]
+
+
+class _Batch:
+    """Lines of one block, padded: src (B, J) / tgt (B, I) int64 ids (-1 = padding), their
+    masks, and each direction's lexicon keys: fwd (B, I, J) given = source, empty column
+    key in fwd_empty (B, I); rev (B, J, I), rev_empty (B, J). rows: the lines' positions in
+    their block."""
+
+    def __init__(self, lines: Sequence[Line], rows: Sequence[int], n_src: int, n_tgt: int):
+        self.rows = list(rows)
+        longest_src = max(len(lines[r][0]) for r in rows)
+        longest_tgt = max(len(lines[r][1]) for r in rows)
+        src = np.full((len(rows), longest_src), -1, dtype=np.int64)
+        tgt = np.full((len(rows), longest_tgt), -1, dtype=np.int64)
+        for b, r in enumerate(rows):
+            src[b, :len(lines[r][0])] = lines[r][0]
+            tgt[b, :len(lines[r][1])] = lines[r][1]
+        self.src, self.tgt = torch.from_numpy(src), torch.from_numpy(tgt)
+        self.src_mask, self.tgt_mask = self.src >= 0, self.tgt >= 0
+        s, t = self.src.clamp_min(0), self.tgt.clamp_min(0)
+        self.keys = {"fwd": s[:, None, :] * n_tgt + t[:, :, None],
+                     "rev": t[:, None, :] * n_src + s[:, :, None]}
+        self.empty_keys = {"fwd": n_src * n_tgt + t, "rev": n_tgt * n_src + s}
+        # real positions: fwd observes the target (rows) given the source (columns)
+        self.masks = {"fwd": (self.tgt_mask, self.src_mask), "rev": (self.src_mask, self.tgt_mask)}
+        self.kept: Dict[str, torch.Tensor] = {}     # positions in the lexicon, when kept
+
+    def valid_keys(self, direction: str) -> torch.Tensor:
+        """The lexicon keys of the real cells, the empty word's included (1-d)."""
+        observed, given = self.masks[direction]
+        cells = self.keys[direction][observed[:, :, None] & given[:, None, :]]
+        return torch.cat([cells, self.empty_keys[direction][observed]])
+
+
+def batches_of(block: Sequence[Line], n_src: int, n_tgt: int, batch_cells: int,
+               max_words: int) -> Iterator[_Batch]:
+    """The lines of `block` with both sides non-empty and at most `max_words` words, sorted by
+    length and cut into batches of at most `batch_cells` source × target words × lines."""
+    rows = [r for r, (s, t) in enumerate(block)
+            if 0 < len(s) <= max_words and 0 < len(t) <= max_words]
+    rows.sort(key=lambda r: (len(block[r][0]), len(block[r][1])))
+    start = 0
+    while start < len(rows):
+        stop, longest_s, longest_t = start, 0, 0
+        while stop < len(rows):
+            s = max(longest_s, len(block[rows[stop]][0]))
+            t = max(longest_t, len(block[rows[stop]][1]))
+            if stop > start and (stop - start + 1) * s * t > batch_cells:
+                break
+            longest_s, longest_t, stop = s, t, stop + 1
+        yield _Batch(block, rows[start:stop], n_src, n_tgt)
+        start = stop
+
+
+class _Table:
+    """One direction's lexicon during training: sorted keys (N,), probabilities (N + 1,)
+    float64 with a last entry for padding, and the given word of every key."""
+
+    def __init__(self, keys: np.ndarray, n_given: int, n_observed: int):
+        self.keys = torch.from_numpy(keys)
+        self.n_given, self.n_observed = n_given, n_observed
+        self.given_of_key = self.keys // n_observed          # n_given = the empty word
+        self.probs = torch.ones(len(keys) + 1, dtype=torch.float64)   # uniform start
+        self.probs[-1] = 0.0
+
+    def index(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Positions of `keys` in the table (every real one is there); N where `mask` is
+        False."""
+        position = torch.searchsorted(self.keys, keys).clamp_max(len(self.keys) - 1)
+        return torch.where(mask, position, torch.full_like(position, len(self.keys)))
+
+    def normalize(self, counts: torch.Tensor) -> None:
+        """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
+        counts = counts[:-1]
+        totals = torch.zeros(self.n_given + 1, dtype=torch.float64).index_add_(
+            0, self.given_of_key, counts)
+        self.probs = torch.cat([counts / totals[self.given_of_key].clamp_min(1e-300),
+                                counts.new_zeros(1)])
+
+
+class _Reducer:
+    """Sums tensors over the ranks of an initialized process group (nothing to do alone)."""
+
+    def __init__(self, across_ranks: bool = True) -> None:
+        import torch.distributed as dist
+
+        self.enabled = across_ranks and dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.enabled else 0
+        self.world = dist.get_world_size() if self.enabled else 1
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor)
+        return tensor
+
+    def mine(self, blocks: Iterable[Sequence[Line]]) -> Iterator[Sequence[Line]]:
+        """This rank's share of `blocks`: r, r + N, ..."""
+        for number, block in enumerate(blocks):
+            if number % self.world == self.rank:
+                yield block
+
+
+def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig,
+                 max_words: int) -> Dict[str, np.ndarray]:
+    """Every (given, observed) key of a real cell of the corpus, per direction, sorted and
+    unique (one pass over all blocks: the same on every rank)."""
+    found: Dict[str, List[np.ndarray]] = {"fwd": [], "rev": []}
+    pending = 0
+    for block in blocks():
+        for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
+            for direction in found:
+                found[direction].append(np.unique(batch.valid_keys(direction).numpy()))
+                pending += len(found[direction][-1])
+        if pending > 50_000_000:   # merge, so the unmerged parts stay bounded
+            found = {d: [np.unique(np.concatenate(parts))] for d, parts in found.items()}
+            pending = sum(len(parts[0]) for parts in found.values())
+    return {d: np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            for d, parts in found.items()}
+
+
+def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig,
+                 max_words: int = 1023,
+                 progress: Optional[Callable[[Dict[str, float]], None]] = None,
+                 across_ranks: bool = True, keep_batches: bool = False
+                 ) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """EM of both directions on the corpus `blocks` (a callable giving its blocks of lines,
+    called once per pass); word ids of the source below `n_src`, of the target below `n_tgt`.
+    Lines with an empty side or a side over `max_words` words are left out.
+
+    Returns per direction (lexicon keys (N,) int64 sorted, probabilities (N,) float32, jump
+    weights (2·max_jump + 1,) float32), what :meth:`ClassicalHMM.set_tables` takes: fwd's
+    given side is the source (n_given = n_src, n_observed = n_tgt), rev's the target.
+    `progress`: called after each iteration with its log-likelihood per direction (of the
+    tables before its M-step, summed over the ranks). `across_ranks`:
+    under torchrun, the ranks share the blocks and sum their counts (every rank must call);
+    False: this process trains alone (the recipe's teacher, on rank 0). `keep_batches`: the
+    batches and their positions in the lexicon are built once and kept for every iteration
+    (for a corpus held in memory anyway, the teacher's: faster, but memory grows with the
+    lines); otherwise each pass builds them anew, block by block."""
+    reducer = _Reducer(across_ranks)
+    kept: List[_Batch] = []
+
+    def each_batch() -> Iterator[_Batch]:
+        """This rank's batches of the corpus, one pass."""
+        if kept:
+            yield from kept
+            return
+        for block in reducer.mine(blocks()):
+            for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
+                if keep_batches:
+                    kept.append(batch)
+                yield batch
+
+    def index_of(batch: _Batch, direction: str, table: "_Table") -> torch.Tensor:
+        """(B, I, J + 1) positions in `table` of the batch's cells of `direction`, the empty
+        word's in the last column (the padding entry where a cell is not real); kept on the
+        batch with `keep_batches`."""
+        if direction in batch.kept:
+            return batch.kept[direction]
+        observed, given = batch.masks[direction]
+        cells = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
+        mask = observed[:, :, None] & torch.cat(
+            [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
+        index = table.index(cells, mask)
+        if keep_batches:
+            batch.kept[direction] = index
+        return index
+
+    started = time.time()
+    keys = lexicon_keys(blocks, n_src, n_tgt, config, max_words)
+    sizes = {"fwd": (n_src, n_tgt), "rev": (n_tgt, n_src)}          # (given, observed)
+    tables = {d: _Table(keys[d], *sizes[d]) for d in keys}
+    jumps = {d: torch.ones(2 * config.max_jump + 1, dtype=torch.float64) for d in keys}
+    logger.info("classical lexicon: %d fwd and %d rev word pairs (%.1f s)",
+                len(keys["fwd"]), len(keys["rev"]), time.time() - started)
+
+    def report(stage: str, likelihood: torch.Tensor) -> None:
+        logger.info("classical %s: log-likelihood fwd %.1f, rev %.1f (%.1f s)", stage,
+                    float(likelihood[0]), float(likelihood[1]), time.time() - started)
+        if progress is not None:
+            progress({"fwd": float(likelihood[0]), "rev": float(likelihood[1])})
+
+    for iteration in range(config.ibm1_iterations):
+        counts = {d: torch.zeros(len(keys[d]) + 1, dtype=torch.float64) for d in keys}
+        likelihood = torch.zeros(2, dtype=torch.float64)
+        for batch in each_batch():
+            for k, direction in enumerate(("fwd", "rev")):
+                observed, _ = batch.masks[direction]
+                table = tables[direction]
+                index = index_of(batch, direction, table)                # (B, I, J + 1)
+                emission = table.probs[index]
+                total = emission.sum(-1, keepdim=True)
+                counts[direction].index_add_(
+                    0, index.flatten(), (emission / total.clamp_min(1e-300)).flatten())
+                # p(o_i | given line) = Σ_j t(o_i | g_j) / (J + 1), the empty word's included
+                choices = batch.masks[direction][1].sum(-1, keepdim=True) + 1       # (B, 1)
+                likelihood[k] += (total[..., 0] / choices)[observed].log().sum()
+        for direction in keys:
+            tables[direction].normalize(reducer.sum_(counts[direction]))
+        report(f"IBM-1 iteration {iteration + 1}", reducer.sum_(likelihood))
+
+    for iteration in range(config.hmm_iterations):
+        counts = {d: torch.zeros(len(keys[d]) + 1, dtype=torch.float64) for d in keys}
+        jump_counts = {d: torch.zeros_like(jumps[d]) for d in keys}
+        likelihood = torch.zeros(2, dtype=torch.float64)
+        for batch in each_batch():
+            posteriors, indices = {}, {}
+            for k, direction in enumerate(("fwd", "rev")):
+                observed, given = batch.masks[direction]
+                table = tables[direction]
+                cells = index_of(batch, direction, table)                # (B, I, J + 1)
+                index, empty_index = cells[:, :, :-1], cells[:, :, -1]
+                posterior, lines_ll, expected = forward_backward(
+                    table.probs[index], table.probs[empty_index], observed, given,
+                    jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
+                posteriors[direction] = posterior
+                indices[direction] = (index, empty_index, observed)
+                jump_counts[direction] += expected
+                likelihood[k] += lines_ll.sum()
+            if config.agreement:   # each direction counts the product, in its layout
+                both = posteriors["fwd"] * posteriors["rev"].transpose(1, 2)
+                posteriors = {"fwd": both, "rev": both.transpose(1, 2)}
+            for direction, (index, empty_index, observed) in indices.items():
+                posterior = posteriors[direction]
+                counts[direction].index_add_(0, index.flatten(),
+                                             posterior.flatten().double())
+                left = (observed.double() - posterior.double().sum(-1)).clamp_min(0)
+                counts[direction].index_add_(0, empty_index.flatten(), left.flatten())
+        for direction in keys:
+            tables[direction].normalize(reducer.sum_(counts[direction]))
+            jumps[direction] = reducer.sum_(jump_counts[direction]).clamp_min(1e-6)
+        report(f"HMM iteration {iteration + 1}", reducer.sum_(likelihood))
+    return {d: (tables[d].keys, tables[d].probs[:-1].float(), jumps[d].float()) for d in keys}
+
+
+def posteriors(block: Sequence[Line], lexicons: Dict[str, Lexicon],
+               jumps: Dict[str, torch.Tensor], config: ClassicalConfig, max_words: int = 1023
+               ) -> Dict[str, List[Optional[np.ndarray]]]:
+    """Each direction's posteriors of every line of `block`, in the orientation (source words,
+    target words): fwd[s, t] = p(source s | target t) (the HMM observing the target), rev[s, t]
+    = p(target t | source s); None for a line left out (an empty side, over `max_words`)."""
+    result: Dict[str, List[Optional[np.ndarray]]] = {"fwd": [None] * len(block),
+                                                     "rev": [None] * len(block)}
+    n_src, n_tgt = lexicons["fwd"].n_given, lexicons["fwd"].n_observed
+    for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
+        for direction in ("fwd", "rev"):
+            observed, given = batch.masks[direction]
+            obs_ids, given_ids = ((batch.tgt, batch.src) if direction == "fwd"
+                                  else (batch.src, batch.tgt))
+            real, empty = lexicons[direction].emissions(given_ids.clamp_min(0),
+                                                        obs_ids.clamp_min(0))
+            posterior, _, _ = forward_backward(real, empty, observed, given, jumps[direction],
+                                               config.empty_prob, config.max_jump)
+            array = posterior.numpy()
+            for b, r in enumerate(batch.rows):
+                n_s, n_t = len(block[r][0]), len(block[r][1])
+                if direction == "fwd":            # (target, source) -> (source, target)
+                    result[direction][r] = np.ascontiguousarray(array[b, :n_t, :n_s].T)
+                else:
+                    result[direction][r] = np.ascontiguousarray(array[b, :n_s, :n_t])
+    return result
+
+
+#: lines per block of a model directory's EM pass (memory: a block's batches at a time)
+BLOCK_LINES = 10_000
+
+
+def train_model_dir(model_dir: str, config: "RunConfig", is_main: bool
+                    ) -> Dict[str, "TrainSummary"]:
+    """`align train --model classical`: EM on the model directory's encoded corpus (words:
+    no BPE), read in blocks of :data:`BLOCK_LINES` lines each iteration, the counts summed
+    over the ranks under torchrun; rank 0 (`is_main`) writes each direction's tables as its
+    best weights (``DIR/params.best.pt``). Returns a summary per direction."""
+    import os
+
+    from aligner.data import EncodedCorpus
+    from aligner.model_dir import CORPUS_DIR, build_direction_model, params_path, save_params
+    from aligner.training.loop import TrainSummary
+
+    corpus = EncodedCorpus.open(os.path.join(model_dir, CORPUS_DIR))
+    settings = ClassicalConfig.from_dict(dict(config.models[config.directions[0]]))
+    if config.directions[0] == "rev":   # the rev model's given side is the target language
+        settings = ClassicalConfig.from_dict({**settings.to_dict(),
+                                              "src_vocab_size": settings.tgt_vocab_size,
+                                              "tgt_vocab_size": settings.src_vocab_size})
+
+    def blocks() -> Iterator[List[Line]]:
+        for start in range(0, len(corpus), BLOCK_LINES):
+            yield [(np.asarray(corpus.source(k), dtype=np.int64),
+                    np.asarray(corpus.target(k), dtype=np.int64))
+                   for k in range(start, min(len(corpus), start + BLOCK_LINES))]
+
+    started = time.time()
+    likelihoods: List[Dict[str, float]] = []
+    tables = train_tables(blocks, settings.src_vocab_size, settings.tgt_vocab_size, settings,
+                          max_words=settings.max_positions - 1, progress=likelihoods.append)
+    seconds = time.time() - started
+    summaries = {}
+    words = {"fwd": int(corpus.tgt_lengths.sum()), "rev": int(corpus.src_lengths.sum())}
+    for direction in config.directions:
+        if is_main:
+            model = build_direction_model(config, direction)
+            model.set_tables(*tables[direction])
+            os.makedirs(os.path.dirname(params_path(model_dir, direction)), exist_ok=True)
+            save_params(model, params_path(model_dir, direction))
+        summaries[direction] = TrainSummary(
+            updates=0, epochs=settings.ibm1_iterations + settings.hmm_iterations,
+            tokens=words[direction], seconds=seconds,
+            tokens_per_s=words[direction] / max(seconds, 1e-9),
+            last_train_loss=(-likelihoods[-1][direction] / max(1, words[direction])
+                             if likelihoods else float("nan")),
+            best_score=None, best_update=0, metrics=[])
+    return summaries

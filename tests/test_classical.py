@@ -1,0 +1,309 @@
+"""The classical aligner (aligner/models/classical.py, aligner/training/classical.py): its
+forward–backward against an enumeration of every state path on a padded batch of lines of
+different lengths, EM counts against hand-computed ones, agreement against a line-by-line
+computation, blocks and two processes (gloo) against one, and the model kind from the command
+line: train, align new text with unknown words, stream from a pipe."""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from aligner.models.classical import (ClassicalConfig, Lexicon, forward_backward,
+                                      transitions)
+from aligner.training.classical import posteriors, train_tables
+from conftest import ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ALIGN = [sys.executable, "-m", "aligner"]
+
+
+def _paths(real, empty, trans, p0, length, size):
+    """Every state path of one line (I = `length` observed words, J = `size` given words) of
+    the HMM as aligner/models/classical.py defines it (empty state J + j' continues from j'):
+    yields (path, its joint probability with the observed words, its moves (j', j) into real
+    states)."""
+    for path in itertools.product(range(2 * size), repeat=length):
+        p, position, moves = 1.0, None, []
+        for i, state in enumerate(path):
+            is_real = state < size
+            if i == 0:
+                step = (1 - p0) / size if is_real else p0 / size
+            elif is_real:
+                step = float(trans[position, state])
+                moves.append((position, state))
+            else:
+                step = p0 if state - size == position else 0.0
+            position = state if is_real else state - size
+            p *= step * float(real[i, state] if is_real else empty[i])
+        yield path, p, moves
+
+
+def _random_batch(seed):
+    """Three lines of (I, J) = (3, 2), (2, 3), (1, 1), padded to (3, 3): random emissions
+    (padding cells random too: the masks must keep them out)."""
+    generator = torch.Generator().manual_seed(seed)
+    real = torch.rand(3, 3, 3, generator=generator) + 0.05
+    empty = torch.rand(3, 3, generator=generator) + 0.05
+    lengths = [(3, 2), (2, 3), (1, 1)]
+    observed = torch.tensor([[i < n for i in range(3)] for n, _ in lengths])
+    given = torch.tensor([[j < m for j in range(3)] for _, m in lengths])
+    return real, empty, observed, given, lengths
+
+
+def test_forward_backward_equals_the_enumeration_of_every_path():
+    p0, max_jump = 0.3, 1
+    real, empty, observed, given, lengths = _random_batch(0)
+    jumps = torch.tensor([0.2, 0.5, 0.3])
+    posterior, log_likelihood, counts = forward_backward(real, empty, observed, given, jumps,
+                                                         p0, max_jump, want_jumps=True)
+    trans = transitions(jumps, given, p0, max_jump)
+    expected_counts = torch.zeros(3, dtype=torch.float64)
+    for b, (n, m) in enumerate(lengths):
+        total, gamma = 0.0, torch.zeros(n, 2 * m, dtype=torch.float64)
+        moves_weight = torch.zeros(m, m, dtype=torch.float64)
+        for path, p, moves in _paths(real[b], empty[b], trans[b], p0, n, m):
+            total += p
+            for i, state in enumerate(path):
+                gamma[i, state] += p
+            for move in moves:
+                moves_weight[move] += p
+        torch.testing.assert_close(posterior[b, :n, :m].double(), gamma[:, :m] / total,
+                                   rtol=0, atol=1e-6)
+        assert float(posterior[b, n:].abs().sum() + posterior[b, :, m:].abs().sum()) == 0.0
+        assert float(log_likelihood[b]) == pytest.approx(np.log(total), abs=1e-5)
+        for j_from in range(m):
+            for j_to in range(m):
+                distance = max(-max_jump, min(max_jump, j_to - j_from)) + max_jump
+                expected_counts[distance] += moves_weight[j_from, j_to] / total
+    torch.testing.assert_close(counts, expected_counts, rtol=0, atol=1e-5)
+
+
+def test_transitions_rows_sum_to_one_minus_p0_over_the_real_positions():
+    given = torch.tensor([[True, True, False], [True, True, True]])
+    trans = transitions(torch.tensor([1.0, 2.0, 3.0, 2.0, 1.0]), given, 0.2, 2)
+    torch.testing.assert_close(trans.sum(-1), torch.full((2, 3), 0.8))
+    assert float(trans[0, :, 2].abs().sum()) == 0.0                  # nothing into padding
+    # line 1, from j' = 0: s(0), s(1), s(2) = 3, 2, 1 over 6
+    torch.testing.assert_close(trans[1, 0], 0.8 * torch.tensor([3.0, 2.0, 1.0]) / 6)
+
+
+def _ids(lines):
+    """Lines of words as int64 id arrays (ids from 0, first seen first) and the count."""
+    vocabulary = {}
+    return ([np.array([vocabulary.setdefault(w, len(vocabulary)) for w in line.split()],
+                      dtype=np.int64) for line in lines], len(vocabulary))
+
+
+def test_one_ibm1_iteration_gives_the_hand_computed_lexicon():
+    """Line 1 'a' given 'x' (with the empty word e), line 2 'a b' given 'x y', uniform
+    start: each observed word's posterior is uniform over its line's given words and e, so
+    c(x,a) = 1/2 + 1/3, c(x,b) = 1/3, t(a|x) = 5/7, t(b|x) = 2/7; c(e,a) = 5/6, c(e,b) = 1/3,
+    t(a|e) = 5/7; c(y,a) = c(y,b) = 1/3, t(a|y) = 1/2. (fwd: the target 'a b' given the
+    source 'x y'.)"""
+    source, n_src = _ids(["x", "x y"])          # x = 0, y = 1
+    target, n_tgt = _ids(["a", "a b"])          # a = 0, b = 1
+    config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=1, hmm_iterations=0)
+    keys, probs, _ = train_tables(lambda: [list(zip(source, target))], n_src, n_tgt,
+                                  config)["fwd"]
+    table = dict(zip(keys.tolist(), probs.tolist()))
+    x, y, e, a, b = 0, 1, n_src, 0, 1
+    assert table[x * n_tgt + a] == pytest.approx(5 / 7)
+    assert table[x * n_tgt + b] == pytest.approx(2 / 7)
+    assert table[e * n_tgt + a] == pytest.approx(5 / 7)
+    assert table[y * n_tgt + a] == pytest.approx(1 / 2)
+    assert len(table) == 6
+
+
+def _synthetic(lines: int, seed: int, vocabulary: int = 40):
+    """Source words sK and target words tK in the same order, an adjacent pair swapped in
+    about half the lines: (source lines, target lines, each line's true links)."""
+    import random
+
+    rng = random.Random(seed)
+    source, target, gold = [], [], []
+    for _ in range(lines):
+        words = [rng.randrange(vocabulary) for _ in range(rng.randint(3, 9))]
+        order = list(range(len(words)))
+        if rng.random() < 0.5:
+            k = rng.randrange(len(words) - 1)
+            order[k], order[k + 1] = order[k + 1], order[k]
+        source.append(" ".join(f"s{w}" for w in words))
+        target.append(" ".join(f"t{words[k]}" for k in order))
+        gold.append({(k, j) for j, k in enumerate(order)})
+    return source, target, gold
+
+
+def test_agreement_counts_the_product_of_both_directions_posteriors():
+    """One HMM iteration in agreement equals its M-step computed line by line: the lexicon of
+    each direction from the product of the two directions' posteriors (the empty word taking
+    each observed word's mass left over), from the tables of the IBM-1 iterations before."""
+    source, target, _ = _synthetic(30, seed=1, vocabulary=8)
+    src, n_src = _ids(source)
+    tgt, n_tgt = _ids(target)
+    lines = list(zip(src, tgt))
+    config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=0)
+    start = train_tables(lambda: [lines], n_src, n_tgt, config)
+    after = train_tables(lambda: [lines], n_src, n_tgt,
+                         ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=1))
+    sizes = {"fwd": (n_src, n_tgt), "rev": (n_tgt, n_src)}
+    lexicons = {d: Lexicon(start[d][0], start[d][1], *sizes[d], 1e-7) for d in start}
+    soft = posteriors(lines, lexicons, {d: start[d][2] for d in start}, config)
+    for direction, (n_given, n_observed) in sizes.items():
+        counts = {}
+        for (s, t), fwd, rev in zip(lines, soft["fwd"], soft["rev"]):
+            both = fwd * rev                    # (source, target): fwd's and rev's posterior
+            if direction == "rev":              # rev: given the target, observing the source
+                both, s, t = both.T, t, s       # (given, observed) from here on
+            for gi, g in enumerate(s):
+                for oi, o in enumerate(t):
+                    key = g * n_observed + o
+                    counts[key] = counts.get(key, 0.0) + both[gi, oi]
+            for oi, o in enumerate(t):          # the empty word: each word's mass left over
+                key = n_given * n_observed + o
+                counts[key] = counts.get(key, 0.0) + max(0.0, 1.0 - both[:, oi].sum())
+        totals = {}
+        for key, value in counts.items():
+            totals[key // n_observed] = totals.get(key // n_observed, 0.0) + value
+        keys, probs, _ = after[direction]
+        table = dict(zip(keys.tolist(), probs.tolist()))
+        assert set(table) == set(counts)
+        for key, value in counts.items():
+            assert table[key] == pytest.approx(value / totals[key // n_observed], abs=1e-5)
+
+
+def test_blocks_give_the_tables_of_one_block():
+    source, target, _ = _synthetic(120, seed=2)
+    src, n_src = _ids(source)
+    tgt, n_tgt = _ids(target)
+    lines = list(zip(src, tgt))
+    config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=2)
+    whole = train_tables(lambda: [lines], n_src, n_tgt, config)
+    parts = train_tables(lambda: [lines[k:k + 25] for k in range(0, 120, 25)], n_src, n_tgt,
+                         config)
+    for direction in whole:
+        assert torch.equal(whole[direction][0], parts[direction][0])
+        for a, b in zip(whole[direction][1:], parts[direction][1:]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _train_in_a_group(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One rank of the gloo test: train on the synthetic corpus in 5 blocks, rank 0 saves
+    the tables."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        source, target, _ = _synthetic(120, seed=2)
+        src, n_src = _ids(source)
+        tgt, n_tgt = _ids(target)
+        lines = list(zip(src, tgt))
+        config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=2)
+        tables = train_tables(lambda: [lines[k:k + 25] for k in range(0, 120, 25)], n_src,
+                              n_tgt, config)
+        if rank == 0:
+            torch.save(tables, os.path.join(out_dir, "tables.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_train_the_tables_of_one(tmp_path):
+    """Under a gloo group of 2, each rank takes every other block and the counts are summed
+    (all_reduce): the tables of one process, within float tolerance."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_train_in_a_group, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    shared = torch.load(tmp_path / "tables.pt")
+    source, target, _ = _synthetic(120, seed=2)
+    src, n_src = _ids(source)
+    tgt, n_tgt = _ids(target)
+    config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=2)
+    alone = train_tables(lambda: [list(zip(src, tgt))], n_src, n_tgt, config)
+    for direction in alone:
+        assert torch.equal(alone[direction][0], shared[direction][0])
+        for a, b in zip(alone[direction][1:], shared[direction][1:]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_an_unseen_pair_gets_the_floor():
+    lexicon = Lexicon(torch.tensor([3, 7, 12]), torch.tensor([0.5, 0.25, 0.125]), 3, 4, 1e-7)
+    found = lexicon.lookup(torch.tensor([[7, 8], [12, 0]]))
+    torch.testing.assert_close(found, torch.tensor([[0.25, 1e-7], [0.125, 1e-7]]))
+    assert float(Lexicon(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3, 4,
+                         0.5).lookup(torch.tensor([1]))) == 0.5
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_align_train_and_extract_with_model_classical(tmp_path):
+    """`align train --model classical` writes a model directory whose `align extract` aligns
+    new text: the synthetic links found, a line of unknown words given an output line, one
+    direction with --direction fwd, link probabilities, and the same links streamed from a
+    pipe (-i -)."""
+    source, target, gold = _synthetic(400, seed=3)
+    src = _write(tmp_path / "train.src", source)
+    tgt = _write(tmp_path / "train.tgt", target)
+    model = str(tmp_path / "model")
+    done = subprocess.run([*ALIGN, "train", "--model", "classical", "-s", src, "-t", tgt, "-o",
+                           model, "-q"], env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    new_source, new_target, new_gold = _synthetic(20, seed=4)
+    new_source.append("q1 q2 q3")                    # unknown on both sides
+    new_target.append("r1 r2")
+    new_src = _write(tmp_path / "new.src", new_source)
+    new_tgt = _write(tmp_path / "new.tgt", new_target)
+    out = tmp_path / "new.align"
+    done = subprocess.run([*ALIGN, "extract", model, "-s", new_src, "-t", new_tgt, "-o",
+                           str(out), "--link-probs", str(tmp_path / "probs"), "-q"],
+                          env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == 21
+    links = [{tuple(map(int, link.split("-"))) for link in line.split()} for line in lines]
+    found = sum(len(a & g) for a, g in zip(links, new_gold))
+    assert found / sum(map(len, links[:20])) > 0.9 and found / sum(map(len, new_gold)) > 0.9
+    assert all(s < 3 and t < 2 for s, t in links[20])  # in range, whatever the jumps make of it
+    probs = (tmp_path / "probs").read_text().splitlines()
+    assert [len(p.split()) for p in probs] == [len(line) for line in links]
+    fwd = tmp_path / "fwd.align"
+    done = subprocess.run([*ALIGN, "extract", model, "-s", new_src, "-t", new_tgt, "-o",
+                           str(fwd), "--direction", "fwd", "-q"], env=ENV, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert len(fwd.read_text().splitlines()) == 21
+    joint = "".join(f"{s} ||| {t}\n" for s, t in zip(new_source, new_target))
+    done = subprocess.run([*ALIGN, "extract", model, "-i", "-", "-q"], input=joint, env=ENV,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == lines
+
+
+def test_align_run_with_model_classical(tmp_path):
+    source, target, gold = _synthetic(300, seed=5)
+    src = _write(tmp_path / "c.src", source)
+    tgt = _write(tmp_path / "c.tgt", target)
+    out = tmp_path / "c.align"
+    done = subprocess.run([*ALIGN, "run", "--model", "classical", "-s", src, "-t", tgt, "-o",
+                           str(out), "--model-dir", str(tmp_path / "m"), "-q"], env=ENV,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    links = [{tuple(map(int, link.split("-"))) for link in line.split()}
+             for line in out.read_text().splitlines()]
+    assert len(links) == 300
+    found = sum(len(a & g) for a, g in zip(links, gold))
+    assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.95
+    refused = subprocess.run([*ALIGN, "run", "--model", "classical", "--rounds", "2", "-s",
+                              src, "-t", tgt, "-o", str(tmp_path / "x")], env=ENV,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert refused.stderr.count("\n") == 1 and "--rounds 2" in refused.stderr
