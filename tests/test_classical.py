@@ -177,19 +177,28 @@ def test_agreement_counts_the_product_of_both_directions_posteriors():
             assert table[key] == pytest.approx(value / totals[key // n_observed], abs=1e-5)
 
 
-def test_blocks_give_the_tables_of_one_block():
+def test_blocks_give_the_tables_of_one_block(tmp_path):
+    """Blocks, with the lexicon positions looked up anew in every pass, kept in memory or
+    kept in a file per block: the tables of the whole corpus in one block."""
     source, target, _ = _synthetic(120, seed=2)
     src, n_src = _ids(source)
     tgt, n_tgt = _ids(target)
     lines = list(zip(src, tgt))
     config = ClassicalConfig(n_src, n_tgt, ibm1_iterations=2, hmm_iterations=2)
     whole = train_tables(lambda: [lines], n_src, n_tgt, config)
-    parts = train_tables(lambda: [lines[k:k + 25] for k in range(0, 120, 25)], n_src, n_tgt,
-                         config)
-    for direction in whole:
-        assert torch.equal(whole[direction][0], parts[direction][0])
-        for a, b in zip(whole[direction][1:], parts[direction][1:]):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+    def blocks():
+        return [lines[k:k + 25] for k in range(0, 120, 25)]
+
+    variants = [train_tables(blocks, n_src, n_tgt, config),
+                train_tables(blocks, n_src, n_tgt, config, keep_batches=True),
+                train_tables(blocks, n_src, n_tgt, config, positions_dir=str(tmp_path))]
+    assert sorted(os.listdir(tmp_path)) == [f"block{n}.npz" for n in range(5)]
+    for parts in variants:
+        for direction in whole:
+            assert torch.equal(whole[direction][0], parts[direction][0])
+            for a, b in zip(whole[direction][1:], parts[direction][1:]):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def _train_in_a_group(rank: int, world: int, init_file: str, out_dir: str) -> None:

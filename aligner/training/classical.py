@@ -20,6 +20,7 @@ padded with -1; fwd's posteriors are (B, I, J) [target i, source j], rev's (B, J
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import (TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional,
                     Sequence, Tuple)
@@ -27,7 +28,7 @@ from typing import (TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Opt
 import numpy as np
 import torch
 
-from aligner.models.classical import ClassicalConfig, Lexicon, forward_backward
+from aligner.models.classical import ClassicalConfig, KeyIndex, Lexicon, forward_backward
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import RunConfig
@@ -99,6 +100,7 @@ class _Table:
 
     def __init__(self, keys: np.ndarray, n_given: int, n_observed: int):
         self.keys = torch.from_numpy(keys)
+        self.positions = KeyIndex(self.keys)
         self.n_given, self.n_observed = n_given, n_observed
         self.given_of_key = self.keys // n_observed          # n_given = the empty word
         self.probs = torch.ones(len(keys) + 1, dtype=torch.float64)   # uniform start
@@ -107,8 +109,9 @@ class _Table:
     def index(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Positions of `keys` in the table (every real one is there); N where `mask` is
         False."""
-        position = torch.searchsorted(self.keys, keys).clamp_max(len(self.keys) - 1)
-        return torch.where(mask, position, torch.full_like(position, len(self.keys)))
+        position = self.positions.find(keys)
+        return torch.where(mask & (position >= 0), position,
+                           torch.full_like(position, len(self.keys)))
 
     def normalize(self, counts: torch.Tensor) -> None:
         """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
@@ -146,25 +149,39 @@ class _Reducer:
 def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig,
                  max_words: int) -> Dict[str, np.ndarray]:
     """Every (given, observed) key of a real cell of the corpus, per direction, sorted and
-    unique (one pass over all blocks: the same on every rank)."""
-    found: Dict[str, List[np.ndarray]] = {"fwd": [], "rev": []}
+    unique (one pass over all blocks: the same on every rank). The word pairs are found once,
+    as fwd's keys; rev's are the same pairs the other way round, and each direction's empty
+    word has a key for every word it observes."""
+    pairs: List[np.ndarray] = []
+    words: Dict[str, List[np.ndarray]] = {"src": [], "tgt": []}
     pending = 0
     for block in blocks():
         for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
-            for direction in found:
-                found[direction].append(np.unique(batch.valid_keys(direction).numpy()))
-                pending += len(found[direction][-1])
+            observed, given = batch.masks["fwd"]
+            pairs.append(np.unique(batch.keys["fwd"][observed[:, :, None]
+                                                     & given[:, None, :]].numpy()))
+            words["src"].append(np.unique(batch.src[batch.src_mask].numpy()))
+            words["tgt"].append(np.unique(batch.tgt[batch.tgt_mask].numpy()))
+            pending += len(pairs[-1])
         if pending > 50_000_000:   # merge, so the unmerged parts stay bounded
-            found = {d: [np.unique(np.concatenate(parts))] for d, parts in found.items()}
-            pending = sum(len(parts[0]) for parts in found.values())
-    return {d: np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-            for d, parts in found.items()}
+            pairs = [np.unique(np.concatenate(pairs))]
+            pending = len(pairs[0])
+    empty = np.zeros(0, dtype=np.int64)
+    fwd = np.unique(np.concatenate(pairs)) if pairs else empty
+    src = np.unique(np.concatenate(words["src"])) if words["src"] else empty
+    tgt = np.unique(np.concatenate(words["tgt"])) if words["tgt"] else empty
+    source, target = fwd // n_tgt, fwd % n_tgt
+    rev = np.sort(target * n_src + source)
+    # the empty word is given id n_given: its keys come after every real word's
+    return {"fwd": np.concatenate([fwd, n_src * n_tgt + tgt]),
+            "rev": np.concatenate([rev, n_tgt * n_src + src])}
 
 
 def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig,
                  max_words: int = 1023,
                  progress: Optional[Callable[[Dict[str, float]], None]] = None,
-                 across_ranks: bool = True, keep_batches: bool = False
+                 across_ranks: bool = True, keep_batches: bool = False,
+                 positions_dir: Optional[str] = None
                  ) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """EM of both directions on the corpus `blocks` (a callable giving its blocks of lines,
     called once per pass); word ids of the source below `n_src`, of the target below `n_tgt`.
@@ -174,38 +191,66 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
     weights (2·max_jump + 1,) float32), what :meth:`ClassicalHMM.set_tables` takes: fwd's
     given side is the source (n_given = n_src, n_observed = n_tgt), rev's the target.
     `progress`: called after each iteration with its log-likelihood per direction (of the
-    tables before its M-step, summed over the ranks). `across_ranks`:
-    under torchrun, the ranks share the blocks and sum their counts (every rank must call);
-    False: this process trains alone (the recipe's teacher, on rank 0). `keep_batches`: the
-    batches and their positions in the lexicon are built once and kept for every iteration
-    (for a corpus held in memory anyway, the teacher's: faster, but memory grows with the
-    lines); otherwise each pass builds them anew, block by block."""
+    tables before its M-step, summed over the ranks). `across_ranks`: under torchrun, the
+    ranks share the blocks and sum their counts (every rank must call); False: this process
+    trains alone (the recipe's teacher, on rank 0).
+
+    Each cell's position in the lexicon is looked up once, in the first pass, then kept: with
+    `keep_batches` in memory with the batches (for a corpus held in memory anyway, the
+    teacher's), with `positions_dir` in one file per block there (int32, read back block by
+    block: memory stays bounded, the disk holds 8 bytes per source × target word pair of the
+    corpus), else looked up again in every pass."""
     reducer = _Reducer(across_ranks)
     kept: List[_Batch] = []
+    cached = keep_batches or positions_dir is not None
+
+    def positions_shape(batch: _Batch, direction: str) -> Tuple[int, ...]:
+        """The shape of the batch's positions of `direction`: (B, I, J + 1)."""
+        return tuple(batch.keys[direction].shape[:2]) + (batch.keys[direction].shape[2] + 1,)
 
     def each_batch() -> Iterator[_Batch]:
-        """This rank's batches of the corpus, one pass."""
+        """This rank's batches of the corpus, one pass, with their lexicon positions where
+        kept."""
         if kept:
             yield from kept
             return
-        for block in reducer.mine(blocks()):
-            for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
+        for number, block in enumerate(blocks()):
+            if number % reducer.world != reducer.rank:
+                continue
+            batches = list(batches_of(block, n_src, n_tgt, config.batch_cells, max_words))
+            path = (os.path.join(positions_dir, f"block{number}.npz")
+                    if positions_dir is not None else None)
+            saved = path is not None and os.path.exists(path)
+            if saved:
+                with np.load(path) as arrays:
+                    for direction in ("fwd", "rev"):
+                        flat, offset = arrays[direction], 0
+                        for batch in batches:
+                            shape = positions_shape(batch, direction)
+                            size = int(np.prod(shape))
+                            batch.kept[direction] = torch.from_numpy(
+                                flat[offset:offset + size].astype(np.int64)).reshape(shape)
+                            offset += size
+            for batch in batches:
                 if keep_batches:
                     kept.append(batch)
                 yield batch
+            if path is not None and not saved:   # the pass gave every batch its positions
+                np.savez(path, **{d: np.concatenate([b.kept[d].numpy().ravel().astype(np.int32)
+                                                     for b in batches])
+                                  for d in ("fwd", "rev")})
 
     def index_of(batch: _Batch, direction: str, table: "_Table") -> torch.Tensor:
         """(B, I, J + 1) positions in `table` of the batch's cells of `direction`, the empty
-        word's in the last column (the padding entry where a cell is not real); kept on the
-        batch with `keep_batches`."""
+        word's in the last column (the padding entry where a cell is not real)."""
         if direction in batch.kept:
             return batch.kept[direction]
         observed, given = batch.masks[direction]
-        cells = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
+        keys = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
         mask = observed[:, :, None] & torch.cat(
             [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
-        index = table.index(cells, mask)
-        if keep_batches:
+        index = table.index(keys, mask)
+        if cached:
             batch.kept[direction] = index
         return index
 
@@ -314,7 +359,7 @@ def train_model_dir(model_dir: str, config: "RunConfig", is_main: bool
     no BPE), read in blocks of :data:`BLOCK_LINES` lines each iteration, the counts summed
     over the ranks under torchrun; rank 0 (`is_main`) writes each direction's tables as its
     best weights (``DIR/params.best.pt``). Returns a summary per direction."""
-    import os
+    import shutil
 
     from aligner.data import EncodedCorpus
     from aligner.model_dir import CORPUS_DIR, build_direction_model, params_path, save_params
@@ -335,8 +380,16 @@ def train_model_dir(model_dir: str, config: "RunConfig", is_main: bool
 
     started = time.time()
     likelihoods: List[Dict[str, float]] = []
-    tables = train_tables(blocks, settings.src_vocab_size, settings.tgt_vocab_size, settings,
-                          max_words=settings.max_positions - 1, progress=likelihoods.append)
+    # each rank's lexicon positions, kept on disk between passes (ours: removed at the end)
+    positions = os.path.join(model_dir, CORPUS_DIR, f"positions.{_Reducer().rank}")
+    shutil.rmtree(positions, ignore_errors=True)   # of a run killed while it trained
+    os.makedirs(positions)
+    try:
+        tables = train_tables(blocks, settings.src_vocab_size, settings.tgt_vocab_size,
+                              settings, max_words=settings.max_positions - 1,
+                              progress=likelihoods.append, positions_dir=positions)
+    finally:
+        shutil.rmtree(positions, ignore_errors=True)
     seconds = time.time() - started
     summaries = {}
     words = {"fwd": int(corpus.tgt_lengths.sum()), "rev": int(corpus.src_lengths.sum())}
