@@ -316,3 +316,24 @@ def test_align_run_with_model_classical(tmp_path):
                              capture_output=True, text=True)
     assert refused.returncode != 0
     assert refused.stderr.count("\n") == 1 and "--rounds 2" in refused.stderr
+
+
+def test_network_options_are_refused_for_model_classical(tmp_path):
+    """A network's setting given with --model classical is refused in one line (their
+    defaults do not apply to it); its own settings pass through -M."""
+    src = _write(tmp_path / "c.src", ["a b", "b c"])
+    tgt = _write(tmp_path / "c.tgt", ["x y", "y z"])
+    refused = subprocess.run([*ALIGN, "train", "--model", "classical", "--d-model", "64", "-s",
+                              src, "-t", tgt, "-o", str(tmp_path / "m")], env=ENV,
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1
+    assert "d_model" in refused.stderr and not (tmp_path / "m").exists()
+    done = subprocess.run([*ALIGN, "train", "--model", "classical", "-M", "hmm_iterations=1",
+                           "-s", src, "-t", tgt, "-o", str(tmp_path / "m"), "-q"], env=ENV,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["model_kind"] == "classical"
+    assert config["models"]["fwd"]["hmm_iterations"] == 1

@@ -97,7 +97,8 @@ class KeyIndex:
         self.keys = keys
         bits = max(10, int(2 * max(1, len(keys)) - 1).bit_length())
         self.mask = (1 << bits) - 1
-        self.slots = torch.full((self.mask + 1,), -1, dtype=torch.long, device=keys.device)
+        index_type = torch.int32 if len(keys) < 2 ** 31 else torch.long   # half the memory
+        self.slots = torch.full((self.mask + 1,), -1, dtype=index_type, device=keys.device)
         pending = torch.arange(len(keys), device=keys.device)
         home = self._hash(keys)
         probe = 0
@@ -105,9 +106,9 @@ class KeyIndex:
             slot = (home[pending] + probe) & self.mask
             free = self.slots[slot] == -1
             claim, at = pending[free], slot[free]
-            self.slots[at] = claim                    # one claim per slot wins
+            self.slots[at] = claim.to(index_type)     # one claim per slot wins
             won = torch.zeros(len(keys), dtype=torch.bool, device=keys.device)
-            won[claim[self.slots[at] == claim]] = True
+            won[claim[self.slots[at].long() == claim]] = True
             pending = pending[~won[pending]]
             probe += 1
 
@@ -123,7 +124,7 @@ class KeyIndex:
         active = torch.arange(len(flat), device=flat.device)
         slot = self._hash(flat)
         while len(active):   # a key is in the first slots after its home, before a free one
-            position = self.slots[slot]
+            position = self.slots[slot].long()
             filled = position >= 0
             hit = filled & (self.keys[position.clamp_min(0)] == flat[active])
             result[active[hit]] = position[hit]

@@ -100,7 +100,7 @@ class _Table:
 
     def __init__(self, keys: np.ndarray, n_given: int, n_observed: int):
         self.keys = torch.from_numpy(keys)
-        self.positions = KeyIndex(self.keys)
+        self._positions: Optional[KeyIndex] = None     # built at the first lookup
         self.n_given, self.n_observed = n_given, n_observed
         self.given_of_key = self.keys // n_observed          # n_given = the empty word
         self.probs = torch.ones(len(keys) + 1, dtype=torch.float64)   # uniform start
@@ -109,9 +109,16 @@ class _Table:
     def index(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Positions of `keys` in the table (every real one is there); N where `mask` is
         False."""
-        position = self.positions.find(keys)
+        if self._positions is None:
+            self._positions = KeyIndex(self.keys)
+        position = self._positions.find(keys)
         return torch.where(mask & (position >= 0), position,
                            torch.full_like(position, len(self.keys)))
+
+    def forget_positions(self) -> None:
+        """Free the hash index (once every cell's position is kept: it would only take
+        memory, 4-8 bytes per key times 2 to 4)."""
+        self._positions = None
 
     def normalize(self, counts: torch.Tensor) -> None:
         """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
@@ -285,6 +292,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 likelihood[k] += (total[..., 0] / choices)[observed].log().sum()
         for direction in keys:
             tables[direction].normalize(reducer.sum_(counts[direction]))
+            if cached:   # every cell's position is kept from here on
+                tables[direction].forget_positions()
         report(f"IBM-1 iteration {iteration + 1}", reducer.sum_(likelihood))
 
     for iteration in range(config.hmm_iterations):

@@ -206,7 +206,9 @@ def train_rounds(request: TrainRequest, plan: SelfTraining) -> RoundsResult:
                     "--final-agreement-weight trains the last of two or more self-training "
                     "rounds: give --rounds 2 or more")
     if plan.rounds == 1:   # one ordinary run in the directory itself
-        return RoundsResult(summaries=train(request))
+        start = time.time()
+        summaries = train(request)
+        return RoundsResult(summaries=summaries, training_seconds=time.time() - start)
     # one process group for every round: each round's training and guide alignment use it
     with distributed(request.train_config.device) as context:
         return _train_rounds_in_group(request, plan, context)
