@@ -102,7 +102,6 @@ class _Table:
         self.keys = torch.from_numpy(keys)
         self._positions: Optional[KeyIndex] = None     # built at the first lookup
         self.n_given, self.n_observed = n_given, n_observed
-        self.given_of_key = self.keys // n_observed          # n_given = the empty word
         self.probs = torch.ones(len(keys) + 1, dtype=torch.float64)   # uniform start
         self.probs[-1] = 0.0
 
@@ -123,10 +122,9 @@ class _Table:
     def normalize(self, counts: torch.Tensor) -> None:
         """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
         counts = counts[:-1]
-        totals = torch.zeros(self.n_given + 1, dtype=torch.float64).index_add_(
-            0, self.given_of_key, counts)
-        self.probs = torch.cat([counts / totals[self.given_of_key].clamp_min(1e-300),
-                                counts.new_zeros(1)])
+        given = self.keys // self.n_observed               # n_given: the empty word
+        totals = torch.zeros(self.n_given + 1, dtype=torch.float64).index_add_(0, given, counts)
+        torch.div(counts, totals[given].clamp_min_(1e-300), out=self.probs[:-1])
 
 
 class _Reducer:
@@ -170,7 +168,7 @@ def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
             words["src"].append(np.unique(batch.src[batch.src_mask].numpy()))
             words["tgt"].append(np.unique(batch.tgt[batch.tgt_mask].numpy()))
             pending += len(pairs[-1])
-        if pending > 50_000_000:   # merge, so the unmerged parts stay bounded
+        if pending > 20_000_000:   # merge, so the unmerged parts stay bounded
             pairs = [np.unique(np.concatenate(pairs))]
             pending = len(pairs[0])
     empty = np.zeros(0, dtype=np.int64)
@@ -224,28 +222,34 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
         for number, block in enumerate(blocks()):
             if number % reducer.world != reducer.rank:
                 continue
-            batches = list(batches_of(block, n_src, n_tgt, config.batch_cells, max_words))
             path = (os.path.join(positions_dir, f"block{number}.npz")
                     if positions_dir is not None else None)
             saved = path is not None and os.path.exists(path)
-            if saved:
-                with np.load(path) as arrays:
+            arrays = np.load(path) if saved else None
+            offsets = {"fwd": 0, "rev": 0}
+            written: Dict[str, List[np.ndarray]] = {"fwd": [], "rev": []}
+            for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
+                if arrays is not None:   # the positions of this batch, from the block's file
                     for direction in ("fwd", "rev"):
-                        flat, offset = arrays[direction], 0
-                        for batch in batches:
-                            shape = positions_shape(batch, direction)
-                            size = int(np.prod(shape))
-                            batch.kept[direction] = torch.from_numpy(
-                                flat[offset:offset + size].astype(np.int64)).reshape(shape)
-                            offset += size
-            for batch in batches:
+                        shape = positions_shape(batch, direction)
+                        start, offsets[direction] = (offsets[direction],
+                                                     offsets[direction] + int(np.prod(shape)))
+                        batch.kept[direction] = torch.from_numpy(
+                            arrays[direction][start:offsets[direction]].astype(np.int64)
+                        ).reshape(shape)
                 if keep_batches:
                     kept.append(batch)
                 yield batch
-            if path is not None and not saved:   # the pass gave every batch its positions
-                np.savez(path, **{d: np.concatenate([b.kept[d].numpy().ravel().astype(np.int32)
-                                                     for b in batches])
-                                  for d in ("fwd", "rev")})
+                if path is not None and not saved:   # looked up in this pass: to the file
+                    for direction in ("fwd", "rev"):
+                        written[direction].append(
+                            batch.kept.pop(direction).numpy().ravel().astype(np.int32))
+            if arrays is not None:
+                arrays.close()
+            elif path is not None:
+                np.savez(path, **{d: np.concatenate(parts) if parts
+                                  else np.zeros(0, dtype=np.int32)
+                                  for d, parts in written.items()})
 
     def index_of(batch: _Batch, direction: str, table: "_Table") -> torch.Tensor:
         """(B, I, J + 1) positions in `table` of the batch's cells of `direction`, the empty
