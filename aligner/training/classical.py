@@ -159,7 +159,7 @@ def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
     word has a key for every word it observes."""
     pairs: List[np.ndarray] = []
     words: Dict[str, List[np.ndarray]] = {"src": [], "tgt": []}
-    pending = 0
+    pending = 0   # keys found since the last merge
     for block in blocks():
         for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
             observed, given = batch.masks["fwd"]
@@ -170,7 +170,7 @@ def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
             pending += len(pairs[-1])
         if pending > 20_000_000:   # merge, so the unmerged parts stay bounded
             pairs = [np.unique(np.concatenate(pairs))]
-            pending = len(pairs[0])
+            pending = 0
     empty = np.zeros(0, dtype=np.int64)
     fwd = np.unique(np.concatenate(pairs)) if pairs else empty
     src = np.unique(np.concatenate(words["src"])) if words["src"] else empty
