@@ -225,7 +225,10 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
             path = (os.path.join(positions_dir, f"block{number}.npz")
                     if positions_dir is not None else None)
             saved = path is not None and os.path.exists(path)
-            arrays = np.load(path) if saved else None
+            arrays = None
+            if saved:   # both directions' positions of the block, read once
+                with np.load(path) as stored:
+                    arrays = {d: stored[d] for d in ("fwd", "rev")}
             offsets = {"fwd": 0, "rev": 0}
             written: Dict[str, List[np.ndarray]] = {"fwd": [], "rev": []}
             for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
@@ -244,9 +247,7 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                     for direction in ("fwd", "rev"):
                         written[direction].append(
                             batch.kept.pop(direction).numpy().ravel().astype(np.int32))
-            if arrays is not None:
-                arrays.close()
-            elif path is not None:
+            if path is not None and not saved:
                 np.savez(path, **{d: np.concatenate(parts) if parts
                                   else np.zeros(0, dtype=np.int32)
                                   for d, parts in written.items()})
