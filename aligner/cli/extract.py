@@ -61,7 +61,7 @@ def method_options(pairs: Sequence[str], option: str = "-O") -> Dict[str, Any]:
 #: written out so that `align extract -h` need not import torch)
 METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-sgd, layer, "
                 "attention, attention-avg; hmm0: hmm-posterior, hmm-alignment; hmm1: "
-                "hmm-posterior, hmm-viterbi, hmm-alignment")
+                "hmm-posterior, hmm-viterbi, hmm-alignment; classical: hmm-posterior")
 
 
 @click.command("extract")

@@ -22,6 +22,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -237,13 +238,12 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
                         job: BlockJob, threads: int, autocast: Any, quiet: bool) -> None:
     """Initializer of a block process: the parent's allocator settings, the console logging,
     `threads` torch threads, the model directory loaded on the CPU (the same weights as the
-    parent's: its checksums are in the parts record), then SIGTERM as in the direction
-    workers (aligner.extract.inference._exit_on_sigterm). A SIGTERM while the model loads ends the
-    process on the spot, as it holds nothing then: raised as SystemExit inside this
-    initializer, concurrent.futures would print its traceback."""
+    parent's: its checksums are in the parts record), then SIGTERM ends the process
+    (:func:`_end_block_worker`). A SIGTERM while the model loads ends the process on the spot,
+    as it holds nothing then: raised as SystemExit inside this initializer, concurrent.futures
+    would print its traceback."""
     import torch
 
-    from aligner.extract.inference import _exit_on_sigterm
     from aligner.log import setup_logging
     from aligner.malloc import keep_freed_memory
 
@@ -253,7 +253,22 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
     extraction = Extraction.load(model_dir, torch.device("cpu"), checkpoint=checkpoint,
                                  **settings)
     _BLOCK_WORKER.update(extraction=extraction, job=job, autocast=autocast)
-    _exit_on_sigterm()
+    signal.signal(signal.SIGTERM, _end_block_worker)
+
+
+def _end_block_worker(signum: int, frame: Any) -> None:
+    """SIGTERM in a block process (its pool stopping it): end the process now, running
+    multiprocessing's exit clean-up first (so that its semaphores are released, not left to the
+    resource tracker to warn about). Not by SystemExit, as the direction workers end
+    (aligner.extract.inference._exit_on_sigterm): raised inside a block, concurrent.futures
+    would take it for the block's error and the process would go on to the next block."""
+    from multiprocessing import util
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        util._exit_function()   # what a process runs when its target returns
+    finally:
+        os._exit(1)
 
 
 def _align_block_in_worker(block) -> Tuple[Dict[str, List[str]], Dict[str, Any]]:
