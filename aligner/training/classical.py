@@ -5,7 +5,9 @@ Memory: each EM iteration reads the corpus block by block (from the memory-mappe
 corpus of the model directory, or any iterable of blocks), computes a block's posteriors of
 both directions, adds its counts and drops them: what stays is the lexicon (its keys, counts
 and probabilities: the word pairs seen together in a line) and the jumps, not the corpus nor
-any posterior past its block.
+any posterior past its block. Each cell's position in the lexicon is looked up once, in the
+first pass, and kept in a file per block (a model directory's training) or with the batches
+(the teacher's lines, in memory anyway).
 
 Processes: under torchrun (a process group initialized), rank r takes blocks r, r + N, ...
 of each iteration and the counts are summed over the ranks (``torch.distributed.all_reduce``)
@@ -143,12 +145,6 @@ class _Reducer:
 
             dist.all_reduce(tensor)
         return tensor
-
-    def mine(self, blocks: Iterable[Sequence[Line]]) -> Iterator[Sequence[Line]]:
-        """This rank's share of `blocks`: r, r + N, ..."""
-        for number, block in enumerate(blocks):
-            if number % self.world == self.rank:
-                yield block
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
