@@ -311,6 +311,13 @@ def test_align_run_with_model_classical(tmp_path):
     assert len(links) == 300
     found = sum(len(a & g) for a, g in zip(links, gold))
     assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.95
+    # --resume of the finished run: nothing to train (EM keeps no training state), same bytes
+    again = tmp_path / "again.align"
+    done = subprocess.run([*ALIGN, "run", "--model", "classical", "-s", src, "-t", tgt, "-o",
+                           str(again), "--model-dir", str(tmp_path / "m"), "--resume", "-q"],
+                          env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert again.read_bytes() == out.read_bytes()
     refused = subprocess.run([*ALIGN, "run", "--model", "classical", "--rounds", "2", "-s",
                               src, "-t", tgt, "-o", str(tmp_path / "x")], env=ENV,
                              capture_output=True, text=True)

@@ -352,6 +352,8 @@ def _open_model_dir(request: TrainRequest) -> bool:
                      saved_guide=saved.data.guide or None)
         if request.agreement:
             check_agreement_resumable(model_dir)
+        elif model_class(request.model_kind).TRAINED_BY_EM:
+            pass   # EM keeps no training state: cut off, it trains again; finished, it is kept
         else:
             for direction in request.directions:
                 check_resumable(direction_dir(model_dir, direction))
@@ -414,6 +416,9 @@ def _train_directions(request: TrainRequest, config: RunConfig, resumed: bool,
     if model_class(request.model_kind).TRAINED_BY_EM:   # the classical aligner
         from aligner.training.classical import train_model_dir as train_by_em
 
+        if resumed and all(os.path.isfile(params_path(model_dir, d)) for d in directions):
+            logger.info("%s: the classical model is trained; nothing to resume", model_dir)
+            return {}
         summaries = train_by_em(model_dir, config, context.is_main)
         finished("+".join(directions))
         return summaries
