@@ -44,6 +44,22 @@ def dataclass_from_dict(cls: Type[T], values: Dict[str, Any], what: str = "") ->
         raise AlignerError(f"{prefix}{error}") from None
 
 
+class ModelConfig:
+    """What every model kind's config dataclass shares (aligner/models/): ``to_dict()`` for
+    config.json and ``from_dict()``, which refuses unknown keys naming the class (a typo must
+    not pass silently) and values of the wrong type (:func:`dataclass_from_dict`)."""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: Type[T], values: Dict[str, Any]) -> T:
+        known = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - known)
+        check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
+        return dataclass_from_dict(cls, values)
+
+
 def check_field_types(cls: type, values: Dict[str, Any], what: str = "") -> None:
     """AlignerError naming the key unless each value of `values` has the type annotated on the
     dataclass field of that name: ``int`` (not bool), ``float`` (an int or float, not bool),

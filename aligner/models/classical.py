@@ -27,18 +27,18 @@ sentences): rows sum to p(i aligned) ≤ 1, the rest is the empty word's.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from aligner import constants as C
-from aligner.config import dataclass_from_dict
+from aligner.config import ModelConfig
 from aligner.models.base import AlignmentModel, DecodeState
 from aligner.utils import AlignerError, check_condition
 
 
 @dataclasses.dataclass
-class ClassicalConfig:
+class ClassicalConfig(ModelConfig):
     """The classical HMM's settings (config.json). src_vocab_size / tgt_vocab_size: the word
     vocabularies (given / observed side of fwd). ibm1_iterations, hmm_iterations: EM iterations
     of IBM Model 1 (whose lexicon starts the HMM) and of the HMM. empty_prob: p0, fixed.
@@ -69,16 +69,6 @@ class ClassicalConfig:
                                                       f"{self.unseen_prob}")
         check_condition(self.max_positions >= 2, "max_positions must be >= 2")
         check_condition(self.batch_cells >= 1, "batch_cells must be >= 1")
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "ClassicalConfig":
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
-        return dataclass_from_dict(cls, values)
 
 
 #: Knuth's multiplicative hashing constant (2^64 / golden ratio), as a signed int64

@@ -35,23 +35,22 @@ The building blocks are shared by the other model kinds (direct HMM, alignment l
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aligner.config import dataclass_from_dict
+from aligner.config import ModelConfig
 from aligner.constants import PAD_ID, SPECIAL_TOKENS
 from aligner.models.base import AlignmentModel, DecodeState
 from aligner.utils import AlignerError, check_condition
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Every hyper-parameter of the transformer (saved in the model directory's config)."""
 
     src_vocab_size: int
@@ -90,17 +89,6 @@ class TransformerConfig:
                         f"markov_order must be >= 0 (0 = no Markov restriction): "
                         f"{self.markov_order}")
 
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "TransformerConfig":
-        """Build from a dict (as in config.json), refusing unknown keys (a typo must not pass
-        silently) and values of the wrong type (:func:`aligner.config.dataclass_from_dict`)."""
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
-        return dataclass_from_dict(cls, values)
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:

@@ -69,12 +69,6 @@ class _Batch:
         self.masks = {"fwd": (self.tgt_mask, self.src_mask), "rev": (self.src_mask, self.tgt_mask)}
         self.kept: Dict[str, torch.Tensor] = {}     # positions in the lexicon, when kept
 
-    def valid_keys(self, direction: str) -> torch.Tensor:
-        """The lexicon keys of the real cells, the empty word's included (1-d)."""
-        observed, given = self.masks[direction]
-        cells = self.keys[direction][observed[:, :, None] & given[:, None, :]]
-        return torch.cat([cells, self.empty_keys[direction][observed]])
-
 
 def batches_of(block: Sequence[Line], n_src: int, n_tgt: int, batch_cells: int,
                max_words: int) -> Iterator[_Batch]:
