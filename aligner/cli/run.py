@@ -116,7 +116,8 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
 @threads_option()
 @quiet_option
 def command(source: Optional[str], target: Optional[str], joint: Optional[str],
-            model_kind: str, output: str, forward_links: Optional[str], reverse_links: Optional[str], soft: Optional[str],
+            model_kind: str, output: str, forward_links: Optional[str],
+            reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: Optional[float], self_guide_threshold: float,
             shortlist: int, model_dir: Optional[str], overwrite: bool, resume: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],

@@ -365,12 +365,10 @@ STOP_GRACE_S = 10.0
 
 def stop_processes(workers: Sequence[Any], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to each multiprocessing Process of `workers`, then SIGKILL to those still
-    running after `grace_s` seconds. A block process can outlive its SIGTERM: its SystemExit
-    (aligner.extract.inference._exit_on_sigterm), raised inside a block, is caught by
-    concurrent.futures' worker loop as the block's error, which then waits for its next block
-    on a queue lock that a killed sibling may hold forever, with SIGTERM ignored by then; the
-    executor's shutdown would wait for it forever. Waits on the processes' sentinels, so no
-    process is reaped here (the executor's own join does that)."""
+    running after `grace_s` seconds. A block process ends on SIGTERM (:func:`_end_block_worker`);
+    this is for one that cannot (stuck in a long native call, its handler never run), which the
+    executor's shutdown would otherwise wait for forever. Waits on the processes' sentinels, so
+    no process is reaped here (the executor's own join does that)."""
     from multiprocessing.connection import wait
     import time
 

@@ -153,12 +153,16 @@ class Lexicon:
         return real, empty
 
 
+def jump_index(size: int, max_jump: int, device: torch.device) -> torch.Tensor:
+    """(J, J) long: at [j', j] the index of the jump j - j' in a jump table, the distance
+    clipped to [-max_jump, max_jump] and shifted by max_jump."""
+    positions = torch.arange(size, device=device)
+    return (positions[None, :] - positions[:, None]).clamp(-max_jump, max_jump) + max_jump
+
+
 def jump_weights(jumps: torch.Tensor, size: int, max_jump: int) -> torch.Tensor:
-    """(J, J) s(j - j') at [j', j], the distance clipped to [-max_jump, max_jump]; jumps
-    (2·max_jump + 1,) holds s(d) at d + max_jump."""
-    positions = torch.arange(size, device=jumps.device)
-    distance = (positions[None, :] - positions[:, None]).clamp(-max_jump, max_jump) + max_jump
-    return jumps.float()[distance]
+    """(J, J) s(j - j') at [j', j]; jumps (2·max_jump + 1,) holds s(d) at d + max_jump."""
+    return jumps.float()[jump_index(size, max_jump, jumps.device)]
 
 
 def transitions(jumps: torch.Tensor, given_mask: torch.Tensor, empty_prob: float,
@@ -191,7 +195,8 @@ def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: tor
     batch, steps, size = real.shape
     given = given_mask.float()                                             # m (B, J)
     valid = observed_mask
-    weights = jump_weights(jumps, size, max_jump)                          # W (J, J)
+    distance = jump_index(size, max_jump, real.device)                     # (J, J)
+    weights = jumps.float()[distance]                                      # W (J, J)
     normalizer = (given @ weights.T).clamp_min(1e-30)                      # Z (B, J')
     emission = torch.cat([real.float() * given[:, None, :],
                           empty.float()[:, :, None] * given[:, None, :]], dim=-1)  # (B, I, 2J)
@@ -232,8 +237,6 @@ def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: tor
     previous = (alphas[:, :-1, :size] + alphas[:, :-1, size:]) / normalizer[:, None, :]
     expected = (1 - p0) * weights * torch.einsum("bij,bik->jk", previous,
                                                  weighted[:, 1:, :size])
-    positions = torch.arange(size, device=real.device)
-    distance = (positions[None, :] - positions[:, None]).clamp(-max_jump, max_jump) + max_jump
     counts = torch.zeros(2 * max_jump + 1, dtype=torch.float64, device=real.device)
     counts.index_add_(0, distance.flatten(), expected.flatten().double())
     return posterior, log_likelihood, counts

@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 THREADS = 1
 
 
+#: the classical model's defaults, the teacher's too (one place: aligner/models/classical.py)
+_CLASSICAL = {field.name: field.default for field in dataclasses.fields(ClassicalConfig)}
+
+
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
     """ibm1_iterations, hmm_iterations: EM iterations of each model (IBM-1 first; its
@@ -47,12 +51,12 @@ class TeacherConfig:
     trained together (Liang et al. 2006): each EM iteration's lexicon counts of both are the
     product of the two directions' link posteriors, not each one's own. max_words: a line
     with a side longer than this is not aligned (no links), as a line with an empty side."""
-    ibm1_iterations: int = 5
-    hmm_iterations: int = 5
-    empty_prob: float = 0.2
-    max_jump: int = 100
-    batch_cells: int = 1_000_000
-    agreement: bool = True
+    ibm1_iterations: int = _CLASSICAL["ibm1_iterations"]
+    hmm_iterations: int = _CLASSICAL["hmm_iterations"]
+    empty_prob: float = _CLASSICAL["empty_prob"]
+    max_jump: int = _CLASSICAL["max_jump"]
+    batch_cells: int = _CLASSICAL["batch_cells"]
+    agreement: bool = _CLASSICAL["agreement"]
     max_words: int = 200
 
 
