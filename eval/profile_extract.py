@@ -217,8 +217,11 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
         profile(loaded, bitext, counted, max_tokens, options, threshold, sink)
     scale = len(encoded) / share
     shapes = [(1024, 1024, 1024), (500, 64, 5000), (500, 128, 128), (512, 128, 512)]
+    # the bound at the products' rate in the precision the model runs in (bfloat16 products
+    # are about 4x float32's on a CPU with avx512_bf16/AMX); float32's rate reported beside it
     rates = gemm_rate(threads, shapes)
-    peak = max(rates)
+    rates_run = gemm_rate(threads, shapes, torch.bfloat16) if precision == "bf16" else rates
+    peak = max(rates_run)
     src_subwords = sum(len(p.src_ids) for p in encoded) / len(encoded)
     tgt_subwords = sum(len(p.tgt_ids) for p in encoded) / len(encoded)
     config = loaded.models["fwd"].config
@@ -237,7 +240,12 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
       f"one process, {threads} thread(s)).\n\n")
     w("GEMM rate (torch.mm, float32, same threads): "
       + ", ".join(f"{m}×{k}·{k}×{n} {r:.0f}" for (m, k, n), r in zip(shapes, rates))
-      + f" GFLOP/s; the bound below uses the best, {peak:.0f} GFLOP/s.\n\n")
+      + " GFLOP/s")
+    if precision == "bf16":
+        w("; bfloat16: " + ", ".join(f"{m}×{k}·{k}×{n} {r:.0f}"
+                                     for (m, k, n), r in zip(shapes, rates_run)) + " GFLOP/s")
+    w(f"; the bound below uses the best of the run's precision, {peak:.0f} GFLOP/s (a lower "
+      f"bound: some products run in float32).\n\n")
     w("| stage | seconds | share | pairs/s alone | MFLOP/pair (matrix products) | "
       "bound s at the GEMM rate | time / bound |\n|---|---|---|---|---|---|---|\n")
     total_flops = 0.0

@@ -87,9 +87,10 @@ hmm1 recomputes only the chosen words' entries when it updates q.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -596,6 +597,21 @@ def empty_word_mixture(log_lexicon: torch.Tensor, gate: torch.Tensor
 
 # -- layers ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _float32_on_cpu_inference(tensor: torch.Tensor) -> Iterator[bool]:
+    """Yields True, with autocast off inside, where `tensor` is a reduced-precision CPU tensor
+    outside autocast's training use (no autograd): there the context's (B, I, H, J, d/H)
+    features are faster in float32 (the CPU has no bfloat16 element-wise arithmetic: each
+    operation converts; eval/results/extract_speed_bf16.md), and more exact. Elsewhere (a GPU,
+    training, float32 inputs) yields False and changes nothing."""
+    if (tensor.device.type == "cpu" and tensor.dtype != torch.float32
+            and not torch.is_grad_enabled()):
+        with torch.autocast(device_type="cpu", enabled=False):
+            yield True
+    else:
+        yield False
+
+
 class HMMContext(nn.Module):
     """c_i = W1 · Σ_j α_h(j|i) · relu(W2·h_j + W3·s_i) per head h (replaces cross-attention).
 
@@ -628,10 +644,14 @@ class HMMContext(nn.Module):
         # (a contiguous source, or the broadcast sum inherits its transposed layout)
         source = self.w2(memory).view(batch, states, heads, head_dim).transpose(1, 2).contiguous()
         target = self.w3(s).view(batch, steps, heads, 1, head_dim)
-        features = F.relu(source.unsqueeze(1) + target, inplace=True)     # (B, I, H, J, d/H)
         weights = self.dropout(alpha).transpose(1, 2).unsqueeze(3)         # (B, I, H, 1, J)
-        context = torch.matmul(weights, features)                          # (B, I, H, 1, d/H)
-        return self.w1(context.reshape(batch, steps, d_model)), alpha
+        dtype = source.dtype
+        with _float32_on_cpu_inference(source) as float32:
+            if float32:   # the CPU emulates bfloat16 element-wise arithmetic: 2x slower
+                source, target, weights = source.float(), target.float(), weights.float()
+            features = F.relu(source.unsqueeze(1) + target, inplace=True)  # (B, I, H, J, d/H)
+            context = torch.matmul(weights, features)                      # (B, I, H, 1, d/H)
+        return self.w1(context.reshape(batch, steps, d_model).to(dtype)), alpha
 
 
 class HMMDecoderLayer(nn.Module):
@@ -725,7 +745,7 @@ class FirstOrderAlignment(nn.Module):
         jump = (position.unsqueeze(0) - previous_position.unsqueeze(1)).clamp(
             -self.max_jump, self.max_jump) + self.max_jump                       # (J+1, J)
         hidden = self.w_a(memory).unsqueeze(1) + self.w_b(previous).unsqueeze(2)
-        hidden += self.jump(jump).to(memory.dtype)                               # (B, J+1, J, a)
+        hidden += self.jump(jump).to(hidden.dtype)   # (B, J+1, J, a); hidden is bf16 under autocast
         keys = F.relu(hidden, inplace=True)                 # in place: one (B, J+1, J, a) buffer
         if keys.requires_grad:
             keys.register_hook(_contiguous_gradient)
@@ -759,14 +779,17 @@ class FirstOrderAlignment(nn.Module):
         previous, states = keys.size(1), keys.size(2)
         scale = 1.0 / math.sqrt(dim)
         flat_keys = keys.reshape(batch, previous * states, dim).transpose(1, 2)
-        if offsets is None:
-            scores = torch.bmm(queries, flat_keys).mul_(scale)
+        if offsets is None:   # the scale on the (B, c, a) queries, not the (B, c, J+1, J) scores
+            scores = torch.bmm(queries * scale, flat_keys)
         else:
             scores = torch.baddbmm((offsets * scale).unsqueeze(-1), queries, flat_keys,
                                    alpha=scale)
-        scores = scores.view(batch, steps, previous, states).float()   # a new tensor: in place
+        scores = scores.view(batch, steps, previous, states)           # a new tensor: in place
         scores.masked_fill_(src_pad_mask[:, None, None, :], float("-inf"))
-        return torch.log_softmax(scores, dim=-1) if log else torch.softmax(scores, dim=-1)
+        # at least float32 (a bf16 product under autocast is converted inside the softmax)
+        dtype = torch.promote_types(scores.dtype, torch.float32)
+        return (torch.log_softmax(scores, dim=-1, dtype=dtype) if log
+                else torch.softmax(scores, dim=-1, dtype=dtype))
 
 
 @dataclass
