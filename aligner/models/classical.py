@@ -197,46 +197,49 @@ def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: tor
     valid = observed_mask
     distance = jump_index(size, max_jump, real.device)                     # (J, J)
     weights = jumps.float()[distance]                                      # W (J, J)
-    normalizer = (given @ weights.T).clamp_min(1e-30)                      # Z (B, J')
-    emission = torch.cat([real.float() * given[:, None, :],
-                          empty.float()[:, :, None] * given[:, None, :]], dim=-1)  # (B, I, 2J)
+    inverse_normalizer = 1.0 / (given @ weights.T).clamp_min(1e-30)        # 1 / Z (B, J')
+    # E_i with the step's constant factors folded in: (1 - p0) for a real state, p0 for an
+    # empty one; 0 at padded states and padded positions. Position-major, (I, B, 2J), so
+    # that each step reads and writes contiguous rows
+    real_part = real.float().transpose(0, 1) * (given * (1 - p0))           # (I, B, J)
+    empty_part = empty.float().t()[:, :, None] * (given * p0)               # (I, B, J)
+    emission = torch.cat([real_part, empty_part], dim=-1)                   # (I, B, 2J)
+    emission *= valid.t()[:, :, None]
     n_given = given.sum(-1, keepdim=True).clamp_min(1)
-    alpha = torch.cat([(1 - p0) * given, p0 * given], dim=-1) / n_given * emission[:, 0]
-    scale = alpha.sum(-1)
-    alpha = alpha / scale[:, None].clamp_min(1e-30)
-    alphas = torch.empty_like(emission)
-    scales = torch.ones(batch, steps, device=real.device)
-    alphas[:, 0], scales[:, 0] = alpha, scale
-    for i in range(1, steps):
-        previous = alpha[:, :size] + alpha[:, size:]                       # (B, J) from j'
-        moved = ((previous / normalizer) @ weights) * given * (1 - p0)
-        new = torch.cat([moved, p0 * previous], dim=-1) * emission[:, i]
-        scale = new.sum(-1)
-        here = valid[:, i]
-        alpha = torch.where(here[:, None], new / scale[:, None].clamp_min(1e-30), alpha)
-        scales[:, i] = torch.where(here, scale, torch.ones_like(scale))
-        alphas[:, i] = alpha
-    betas = torch.empty_like(emission)
-    beta = torch.ones_like(emission[:, 0])
-    betas[:, -1] = beta
-    weighted = torch.zeros_like(emission)                                  # E_i · β_i / c_i
+    alphas = torch.empty_like(emission)                                    # (I, B, 2J)
+    scales = torch.empty(steps, batch, 1, device=real.device)              # c_i
+    torch.mul(given.repeat(1, 2) / n_given, emission[0], out=alphas[0])    # p0, 1 - p0 in E_0
+    for i in range(steps):   # α_i written in place, then normalized by c_i = Σ α_i
+        if i > 0:
+            previous = alphas[i - 1, :, :size] + alphas[i - 1, :, size:]   # (B, J) from j'
+            torch.mul((previous * inverse_normalizer) @ weights, emission[i, :, :size],
+                      out=alphas[i, :, :size])
+            torch.mul(previous, emission[i, :, size:], out=alphas[i, :, size:])
+        torch.sum(alphas[i], dim=-1, keepdim=True, out=scales[i])
+        # a padded position has E = 0, so α = 0 there (γ is masked; nothing reads it on)
+        alphas[i].div_(scales[i].clamp_min(1e-30))
+    scales = torch.where(valid.t(), scales[:, :, 0], torch.ones_like(scales[:, :, 0]))  # (I, B)
+    weighted = emission.div_(scales[:, :, None])                           # E_i / c_i
+    # β of the real states equals the empty ones' (both move to j' alike): (I, B, J); 1 at
+    # and after a line's last position, where E = 0 makes the product 0 and `padded` adds 1
+    padded = (~valid).t().float()[:, :, None]                              # (I, B, 1)
+    betas = torch.empty(steps, batch, size, device=real.device)
+    betas[-1] = 1.0
     for i in range(steps - 1, 0, -1):
-        here = valid[:, i]
-        w = emission[:, i] * beta / scales[:, i, None]
-        w = torch.where(here[:, None], w, torch.zeros_like(w))
-        weighted[:, i] = w
-        back = (1 - p0) * (w[:, :size] @ weights.T) / normalizer + p0 * w[:, size:]   # at j'
-        back = torch.cat([back, back], dim=-1)
-        beta = torch.where(here[:, None], back, beta)
-        betas[:, i - 1] = beta
-    posterior = (alphas * betas)[:, :, :size] * valid[:, :, None] * given[:, None, :]
-    log_likelihood = scales.double().log().sum(-1)
+        w_real = weighted[i, :, :size].mul_(betas[i])        # E_i · β_i / c_i
+        w_empty = weighted[i, :, size:].mul_(betas[i])
+        # β_{i-1}(j') = Σ_j p(j | j') w(j) + p0 w(empty j')
+        torch.addcmul(w_empty + padded[i], w_real @ weights.T, inverse_normalizer,
+                      out=betas[i - 1])
+    posterior = ((alphas[:, :, :size] * betas).transpose(0, 1)
+                 * valid[:, :, None] * given[:, None, :])                   # (B, I, J)
+    log_likelihood = scales.double().log().sum(0)
     if not want_jumps:
         return posterior, log_likelihood, None
     # [j', j] = Σ_b Σ_i α_i(j') · E_{i+1}(j) β_{i+1}(j) / c_{i+1} · p_b(j | j')
-    previous = (alphas[:, :-1, :size] + alphas[:, :-1, size:]) / normalizer[:, None, :]
-    expected = (1 - p0) * weights * torch.einsum("bij,bik->jk", previous,
-                                                 weighted[:, 1:, :size])
+    previous = (alphas[:-1, :, :size] + alphas[:-1, :, size:]) * inverse_normalizer
+    # ((1 - p0) is in the weighted E already)
+    expected = weights * torch.einsum("ibj,ibk->jk", previous, weighted[1:, :, :size])
     counts = torch.zeros(2 * max_jump + 1, dtype=torch.float64, device=real.device)
     counts.index_add_(0, distance.flatten(), expected.flatten().double())
     return posterior, log_likelihood, counts

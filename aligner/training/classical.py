@@ -30,7 +30,7 @@ from typing import (TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Opt
 import numpy as np
 import torch
 
-from aligner.models.classical import ClassicalConfig, KeyIndex, Lexicon, forward_backward
+from aligner.models.classical import ClassicalConfig, Lexicon, forward_backward
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import RunConfig
@@ -46,12 +46,13 @@ Blocks = Callable[[], Iterable[Sequence[Line]]]
 
 class _Batch:
     """Lines of one block, padded: src (B, J) / tgt (B, I) int64 ids (-1 = padding), their
-    masks, and each direction's lexicon keys: fwd (B, I, J) given = source, empty column
-    key in fwd_empty (B, I); rev (B, J, I), rev_empty (B, J). rows: the lines' positions in
-    their block."""
+    masks, and each direction's lexicon keys (computed when first asked for): fwd (B, I, J)
+    given = source, empty column key in fwd_empty (B, I); rev (B, J, I), rev_empty (B, J).
+    rows: the lines' positions in their block."""
 
     def __init__(self, lines: Sequence[Line], rows: Sequence[int], n_src: int, n_tgt: int):
         self.rows = list(rows)
+        self.n_src, self.n_tgt = n_src, n_tgt
         longest_src = max(len(lines[r][0]) for r in rows)
         longest_tgt = max(len(lines[r][1]) for r in rows)
         src = np.full((len(rows), longest_src), -1, dtype=np.int64)
@@ -60,14 +61,49 @@ class _Batch:
             src[b, :len(lines[r][0])] = lines[r][0]
             tgt[b, :len(lines[r][1])] = lines[r][1]
         self.src, self.tgt = torch.from_numpy(src), torch.from_numpy(tgt)
-        self.src_mask, self.tgt_mask = self.src >= 0, self.tgt >= 0
-        s, t = self.src.clamp_min(0), self.tgt.clamp_min(0)
-        self.keys = {"fwd": s[:, None, :] * n_tgt + t[:, :, None],
-                     "rev": t[:, None, :] * n_src + s[:, :, None]}
-        self.empty_keys = {"fwd": n_src * n_tgt + t, "rev": n_tgt * n_src + s}
+        self._set_masks(self.src >= 0, self.tgt >= 0)
+        self._keys: Optional[Dict[str, torch.Tensor]] = None
+
+    @classmethod
+    def of_lengths(cls, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> "_Batch":
+        """A batch known by its lines' lengths only (masks, no words): one whose lexicon
+        positions are kept (:func:`train_tables`' later passes)."""
+        batch = cls.__new__(cls)
+        batch.rows, batch.src, batch.tgt, batch._keys = [], None, None, None
+        src, tgt = torch.from_numpy(src_lengths), torch.from_numpy(tgt_lengths)
+        batch._set_masks(torch.arange(int(src.max()))[None, :] < src[:, None],
+                         torch.arange(int(tgt.max()))[None, :] < tgt[:, None])
+        return batch
+
+    def _set_masks(self, src_mask: torch.Tensor, tgt_mask: torch.Tensor) -> None:
+        self.src_mask, self.tgt_mask = src_mask, tgt_mask
         # real positions: fwd observes the target (rows) given the source (columns)
-        self.masks = {"fwd": (self.tgt_mask, self.src_mask), "rev": (self.src_mask, self.tgt_mask)}
+        self.masks = {"fwd": (tgt_mask, src_mask), "rev": (src_mask, tgt_mask)}
         self.kept: Dict[str, torch.Tensor] = {}     # positions in the lexicon, when kept
+
+    def _make_keys(self) -> None:
+        s, t = self.src.clamp_min(0), self.tgt.clamp_min(0)
+        n_src, n_tgt = self.n_src, self.n_tgt
+        self._keys = {"fwd": s[:, None, :] * n_tgt + t[:, :, None],
+                      "rev": t[:, None, :] * n_src + s[:, :, None]}
+        self._empty_keys = {"fwd": n_src * n_tgt + t, "rev": n_tgt * n_src + s}
+
+    @property
+    def keys(self) -> Dict[str, torch.Tensor]:
+        if self._keys is None:
+            self._make_keys()
+        return self._keys
+
+    @property
+    def empty_keys(self) -> Dict[str, torch.Tensor]:
+        if self._keys is None:
+            self._make_keys()
+        return self._empty_keys
+
+    def positions_shape(self, direction: str) -> Tuple[int, ...]:
+        """The shape of the batch's lexicon positions of `direction`: (B, I, J + 1)."""
+        observed, given = self.masks[direction]
+        return (observed.shape[0], observed.shape[1], given.shape[1] + 1)
 
 
 def batches_of(block: Sequence[Line], n_src: int, n_tgt: int, batch_cells: int,
@@ -96,24 +132,26 @@ class _Table:
 
     def __init__(self, keys: np.ndarray, n_given: int, n_observed: int):
         self.keys = torch.from_numpy(keys)
-        self._positions: Optional[KeyIndex] = None     # built at the first lookup
         self.n_given, self.n_observed = n_given, n_observed
         self.probs = torch.ones(len(keys) + 1, dtype=torch.float64)   # uniform start
         self.probs[-1] = 0.0
 
     def index(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Positions of `keys` in the table (every real one is there); N where `mask` is
-        False."""
-        if self._positions is None:
-            self._positions = KeyIndex(self.keys)
-        position = self._positions.find(keys)
-        return torch.where(mask & (position >= 0), position,
-                           torch.full_like(position, len(self.keys)))
+        False (or, which never happens for a cell of the corpus, the key is not there).
 
-    def forget_positions(self) -> None:
-        """Free the hash index (once every cell's position is kept: it would only take
-        memory, 4-8 bytes per key times 2 to 4)."""
-        self._positions = None
+        A batch's distinct keys, sorted, are looked up by binary search: neighbouring
+        queries read neighbouring table entries, so the search stays in cache (a block of
+        6.2M cells with 38 % distinct: 1.8x a hash table's time, eval/results/classical_enfr.md,
+        and no index of 4-8 bytes per key)."""
+        position = torch.full(keys.shape, len(self.keys), dtype=torch.long)
+        if len(self.keys) == 0:
+            return position
+        distinct, inverse = torch.unique(keys[mask], return_inverse=True)  # sorted
+        found = torch.searchsorted(self.keys, distinct)
+        there = self.keys[found.clamp_max(len(self.keys) - 1)] == distinct
+        position[mask] = torch.where(there, found, len(self.keys))[inverse]
+        return position
 
     def normalize(self, counts: torch.Tensor) -> None:
         """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
@@ -151,6 +189,40 @@ def _unique(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+def _save_block(path: str, lengths: List[np.ndarray], positions: Dict[str, List[np.ndarray]]
+                ) -> None:
+    """One block's kept batches in one int32 file (no zip, no checksum: a scratch file of
+    this run): [number of batches, each batch's line count, the (2, B) source and target
+    lengths of each, fwd's positions, rev's positions]."""
+    parts = [np.array([len(lengths)], dtype=np.int32),
+             np.array([part.shape[1] for part in lengths], dtype=np.int32)]
+    parts += [part.ravel() for part in lengths]
+    parts += [np.concatenate(positions[d]) if positions[d] else np.zeros(0, dtype=np.int32)
+              for d in ("fwd", "rev")]
+    np.save(path, np.concatenate(parts))
+
+
+def _saved_batches(path: str) -> Iterator[_Batch]:
+    """The batches :func:`_save_block` wrote, with their positions kept."""
+    stored = np.load(path)
+    count = int(stored[0])
+    sizes = stored[1:1 + count]
+    offset = 1 + count
+    batches = []
+    for size in sizes.tolist():
+        lengths = stored[offset:offset + 2 * size].reshape(2, size)
+        batches.append(_Batch.of_lengths(lengths[0], lengths[1]))
+        offset += 2 * size
+    for direction in ("fwd", "rev"):
+        for batch in batches:
+            shape = batch.positions_shape(direction)
+            cells = int(np.prod(shape))
+            batch.kept[direction] = torch.from_numpy(
+                stored[offset:offset + cells].astype(np.int64)).reshape(shape)
+            offset += cells
+    yield from batches
 
 
 def lexicon_keys(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig,
@@ -211,48 +283,41 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
     kept: List[_Batch] = []
     cached = keep_batches or positions_dir is not None
 
-    def positions_shape(batch: _Batch, direction: str) -> Tuple[int, ...]:
-        """The shape of the batch's positions of `direction`: (B, I, J + 1)."""
-        return tuple(batch.keys[direction].shape[:2]) + (batch.keys[direction].shape[2] + 1,)
+    saved_blocks: List[str] = []   # this rank's block files, once the first pass wrote them
 
     def each_batch() -> Iterator[_Batch]:
         """This rank's batches of the corpus, one pass, with their lexicon positions where
-        kept."""
+        kept. With `positions_dir`, the first pass reads the lines and looks the positions
+        up; it writes each block's positions and its batches' line lengths to a file, from
+        which the later passes take the batches without reading a line."""
         if kept:
             yield from kept
             return
+        if saved_blocks:
+            for path in saved_blocks:
+                yield from _saved_batches(path)
+            return
+        written_blocks = []
         for number, block in enumerate(blocks()):
             if number % reducer.world != reducer.rank:
                 continue
-            path = (os.path.join(positions_dir, f"block{number}.npz")
-                    if positions_dir is not None else None)
-            saved = path is not None and os.path.exists(path)
-            arrays = None
-            if saved:   # both directions' positions of the block, read once
-                with np.load(path) as stored:
-                    arrays = {d: stored[d] for d in ("fwd", "rev")}
-            offsets = {"fwd": 0, "rev": 0}
+            lengths: List[np.ndarray] = []
             written: Dict[str, List[np.ndarray]] = {"fwd": [], "rev": []}
             for batch in batches_of(block, n_src, n_tgt, config.batch_cells, max_words):
-                if arrays is not None:   # the positions of this batch, from the block's file
-                    for direction in ("fwd", "rev"):
-                        shape = positions_shape(batch, direction)
-                        start, offsets[direction] = (offsets[direction],
-                                                     offsets[direction] + int(np.prod(shape)))
-                        batch.kept[direction] = torch.from_numpy(
-                            arrays[direction][start:offsets[direction]].astype(np.int64)
-                        ).reshape(shape)
                 if keep_batches:
                     kept.append(batch)
                 yield batch
-                if path is not None and not saved:   # looked up in this pass: to the file
+                if positions_dir is not None:   # looked up in this pass: to the file
+                    lengths.append(np.stack([batch.src_mask.sum(1).numpy(),
+                                             batch.tgt_mask.sum(1).numpy()]).astype(np.int32))
                     for direction in ("fwd", "rev"):
                         written[direction].append(
                             batch.kept.pop(direction).numpy().ravel().astype(np.int32))
-            if path is not None and not saved:
-                np.savez(path, **{d: np.concatenate(parts) if parts
-                                  else np.zeros(0, dtype=np.int32)
-                                  for d, parts in written.items()})
+            if positions_dir is not None:
+                path = os.path.join(positions_dir, f"block{number}.npy")
+                _save_block(path, lengths, written)
+                written_blocks.append(path)
+        saved_blocks.extend(written_blocks)
 
     def index_of(batch: _Batch, direction: str, table: "_Table") -> torch.Tensor:
         """(B, I, J + 1) positions in `table` of the batch's cells of `direction`, the empty
@@ -299,8 +364,6 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 likelihood[k] += (total[..., 0] / choices)[observed].log().sum()
         for direction in keys:
             tables[direction].normalize(reducer.sum_(counts[direction]))
-            if cached:   # every cell's position is kept from here on
-                tables[direction].forget_positions()
         report(f"IBM-1 iteration {iteration + 1}", reducer.sum_(likelihood))
 
     for iteration in range(config.hmm_iterations):
