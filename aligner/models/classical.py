@@ -114,9 +114,10 @@ class KeyIndex:
         active = torch.arange(len(flat), device=flat.device)
         slot = self._hash(flat)
         while len(active):   # a key is in the first slots after its home, before a free one
-            position = self.slots[slot].long()
+            # (index_select: 4x the speed of indexing with a tensor on the CPU)
+            position = self.slots.index_select(0, slot).long()
             filled = position >= 0
-            hit = filled & (self.keys[position.clamp_min(0)] == flat[active])
+            hit = filled & (self.keys.index_select(0, position.clamp_min(0)) == flat[active])
             result[active[hit]] = position[hit]
             going_on = filled & ~hit
             active, slot = active[going_on], (slot[going_on] + 1) & self.mask
@@ -141,7 +142,8 @@ class Lexicon:
         if len(self.keys) == 0:
             return torch.full(keys.shape, self.floor, dtype=torch.float32, device=keys.device)
         position = self.index.find(keys)
-        return torch.where(position >= 0, self.probs[position.clamp_min(0)].float(),
+        found = self.probs.index_select(0, position.clamp_min(0).reshape(-1))
+        return torch.where(position >= 0, found.view(position.shape).float(),
                            torch.tensor(self.floor, dtype=torch.float32, device=keys.device))
 
     def emissions(self, given: torch.Tensor, observed: torch.Tensor

@@ -153,12 +153,17 @@ class _Table:
         position[mask] = torch.where(there, found, len(self.keys))[inverse]
         return position
 
+    def gather(self, positions: torch.Tensor) -> torch.Tensor:
+        """The probabilities at `positions` (any shape), float64 (index_select: 4x the speed
+        of indexing with a tensor on the CPU)."""
+        return self.probs.index_select(0, positions.reshape(-1)).view(positions.shape)
+
     def normalize(self, counts: torch.Tensor) -> None:
         """t(o | g) = c(g, o) / c(g) from counts (N + 1,) (the last: padding, dropped)."""
         counts = counts[:-1]
         given = self.keys // self.n_observed               # n_given: the empty word
         totals = torch.zeros(self.n_given + 1, dtype=torch.float64).index_add_(0, given, counts)
-        torch.div(counts, totals[given].clamp_min_(1e-300), out=self.probs[:-1])
+        torch.div(counts, totals.index_select(0, given).clamp_min_(1e-300), out=self.probs[:-1])
 
 
 class _Reducer:
@@ -355,10 +360,10 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 observed, _ = batch.masks[direction]
                 table = tables[direction]
                 index = index_of(batch, direction, table)                # (B, I, J + 1)
-                emission = table.probs[index]
+                emission = table.gather(index)
                 total = emission.sum(-1, keepdim=True)
-                counts[direction].index_add_(
-                    0, index.flatten(), (emission / total.clamp_min(1e-300)).flatten())
+                counts[direction].scatter_add_(
+                    0, index.reshape(-1), (emission / total.clamp_min(1e-300)).reshape(-1))
                 # p(o_i | given line) = Σ_j t(o_i | g_j) / (J + 1), the empty word's included
                 choices = batch.masks[direction][1].sum(-1, keepdim=True) + 1       # (B, 1)
                 likelihood[k] += (total[..., 0] / choices)[observed].log().sum()
@@ -376,23 +381,21 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 observed, given = batch.masks[direction]
                 table = tables[direction]
                 cells = index_of(batch, direction, table)                # (B, I, J + 1)
-                index, empty_index = cells[:, :, :-1], cells[:, :, -1]
                 posterior, lines_ll, expected = forward_backward(
-                    table.probs[index], table.probs[empty_index], observed, given,
+                    table.gather(cells[:, :, :-1]), table.gather(cells[:, :, -1]), observed, given,
                     jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
                 posteriors[direction] = posterior
-                indices[direction] = (index, empty_index, observed)
+                indices[direction] = (cells, observed)
                 jump_counts[direction] += expected
                 likelihood[k] += lines_ll.sum()
             if config.agreement:   # each direction counts the product, in its layout
                 both = posteriors["fwd"] * posteriors["rev"].transpose(1, 2)
                 posteriors = {"fwd": both, "rev": both.transpose(1, 2)}
-            for direction, (index, empty_index, observed) in indices.items():
-                posterior = posteriors[direction]
-                counts[direction].index_add_(0, index.flatten(),
-                                             posterior.flatten().double())
-                left = (observed.double() - posterior.double().sum(-1)).clamp_min(0)
-                counts[direction].index_add_(0, empty_index.flatten(), left.flatten())
+            for direction, (cells, observed) in indices.items():
+                posterior = posteriors[direction].double()
+                left = (observed.double() - posterior.sum(-1)).clamp_min(0)   # the empty word's
+                counts[direction].scatter_add_(
+                    0, cells.reshape(-1), torch.cat([posterior, left[:, :, None]], -1).reshape(-1))
         for direction in keys:
             tables[direction].normalize(reducer.sum_(counts[direction]))
             jumps[direction] = reducer.sum_(jump_counts[direction]).clamp_min(1e-6)
