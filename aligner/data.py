@@ -261,6 +261,21 @@ class EncodedCorpus:
     def target(self, k: int) -> np.ndarray:
         return self._tgt_ids[self._tgt_offsets[k]:self._tgt_offsets[k + 1]]
 
+    def lines(self, start: int, stop: int, dtype: type = np.int64
+              ) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """Pairs start..stop-1 as (source ids, target ids) arrays of `dtype`, read with one
+        slice of each side (not two per pair: a Python-level read per pair costs more than the
+        ids)."""
+        if stop <= start:
+            return []
+        pairs = []
+        for ids, offsets in ((self._src_ids, self._src_offsets),
+                             (self._tgt_ids, self._tgt_offsets)):
+            bounds = np.asarray(offsets[start:stop + 1], dtype=np.int64)
+            block = np.asarray(ids[bounds[0]:bounds[-1]], dtype=dtype)
+            pairs.append(np.split(block, bounds[1:-1] - bounds[0]))
+        return list(zip(*pairs))
+
 
 _REBUILD = "; train again with --overwrite to rebuild the encoded corpus"
 

@@ -66,6 +66,14 @@ def test_encode_corpus_filters_counts_and_memmap_round_trip(tmp_path):
     assert np.load(tmp_path / SRC_OFFSETS).tolist() == [0, 3, 7]
     assert np.load(tmp_path / SRC_OFFSETS).dtype == np.int64
     assert json.loads((tmp_path / CORPUS_META).read_text())["n_kept"] == 2
+    # lines(start, stop): the same pairs, read a side at a time, as int64 arrays
+    for start, stop in ((0, 2), (1, 2), (0, 1), (1, 1)):
+        lines = corpus.lines(start, stop)
+        assert len(lines) == stop - start
+        for k, (source, target) in enumerate(lines, start):
+            assert source.dtype == np.int64 and target.dtype == np.int64
+            assert source.tolist() == corpus.source(k).tolist()
+            assert target.tolist() == corpus.target(k).tolist()
 
 
 def test_limits_can_be_disabled(tmp_path):

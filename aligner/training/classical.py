@@ -100,6 +100,12 @@ class _Batch:
             self._make_keys()
         return self._empty_keys
 
+    def forget_keys(self, direction: str) -> None:
+        """Drop `direction`'s keys (once its lexicon positions are kept)."""
+        if self._keys is not None:
+            self._keys.pop(direction, None)
+            self._empty_keys.pop(direction, None)
+
     def positions_shape(self, direction: str) -> Tuple[int, ...]:
         """The shape of the batch's lexicon positions of `direction`: (B, I, J + 1)."""
         observed, given = self.masks[direction]
@@ -334,8 +340,12 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
         mask = observed[:, :, None] & torch.cat(
             [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
         index = table.index(keys, mask)
-        if cached:
-            batch.kept[direction] = index
+        if cached:   # the positions stay; the keys, as large, are not needed again
+            # kept in memory for every pass: int32, half the memory (index_select takes it;
+            # scatter_add_ gets a long copy). From a file, a block at a time: int64
+            small = keep_batches and len(table.keys) < 2 ** 31
+            batch.kept[direction] = index.int() if small else index
+            batch.forget_keys(direction)
         return index
 
     started = time.time()
@@ -362,8 +372,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 index = index_of(batch, direction, table)                # (B, I, J + 1)
                 emission = table.gather(index)
                 total = emission.sum(-1, keepdim=True)
-                counts[direction].scatter_add_(
-                    0, index.reshape(-1), (emission / total.clamp_min(1e-300)).reshape(-1))
+                counts[direction].scatter_add_(0, index.reshape(-1).long(),
+                                               (emission / total.clamp_min(1e-300)).reshape(-1))
                 # p(o_i | given line) = Σ_j t(o_i | g_j) / (J + 1), the empty word's included
                 choices = batch.masks[direction][1].sum(-1, keepdim=True) + 1       # (B, 1)
                 likelihood[k] += (total[..., 0] / choices)[observed].log().sum()
@@ -395,7 +405,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 posterior = posteriors[direction].double()
                 left = (observed.double() - posterior.sum(-1)).clamp_min(0)   # the empty word's
                 counts[direction].scatter_add_(
-                    0, cells.reshape(-1), torch.cat([posterior, left[:, :, None]], -1).reshape(-1))
+                    0, cells.reshape(-1).long(),
+                    torch.cat([posterior, left[:, :, None]], -1).reshape(-1))
         for direction in keys:
             tables[direction].normalize(reducer.sum_(counts[direction]))
             jumps[direction] = reducer.sum_(jump_counts[direction]).clamp_min(1e-6)
@@ -456,9 +467,7 @@ def train_model_dir(model_dir: str, config: "RunConfig", is_main: bool
 
     def blocks() -> Iterator[List[Line]]:
         for start in range(0, len(corpus), BLOCK_LINES):
-            yield [(np.asarray(corpus.source(k), dtype=np.int64),
-                    np.asarray(corpus.target(k), dtype=np.int64))
-                   for k in range(start, min(len(corpus), start + BLOCK_LINES))]
+            yield corpus.lines(start, min(len(corpus), start + BLOCK_LINES))
 
     started = time.time()
     likelihoods: List[Dict[str, float]] = []
