@@ -860,3 +860,30 @@ def test_first_order_keys_take_their_gradient_contiguous_with_the_same_values(mo
         assert (got is None) == (want is None)
         if got is not None:
             assert torch.equal(got, want)
+
+
+def test_hmm_context_features_are_float32_in_cpu_bf16_inference(monkeypatch):
+    """Under bfloat16 autocast without autograd on the CPU the context's (B, I, H, J, d/H)
+    features are built in float32 (the CPU converts bfloat16 for every element-wise
+    operation); in training they stay in the autocast dtype. The output is close to the
+    float32 model's either way."""
+    from aligner.models import direct_hmm
+    from aligner.models.direct_hmm import HMMContext
+
+    torch.manual_seed(0)
+    context = HMMContext(16, 2, 0.0).eval()
+    s, memory = torch.randn(3, 5, 16), torch.randn(3, 4, 16)
+    pad = torch.tensor([[False] * 4, [False, False, False, True], [False, False, True, True]])
+    seen = []
+    relu = F.relu
+    monkeypatch.setattr(direct_hmm.F, "relu",
+                        lambda x, inplace=False: seen.append(x.dtype) or relu(x, inplace))
+    with torch.no_grad():
+        exact, _ = context(s, memory, pad)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fast, _ = context(s, memory, pad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trained, _ = context(s, memory, pad)
+    assert seen == [torch.float32, torch.float32, torch.bfloat16]
+    torch.testing.assert_close(fast.float(), exact, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(trained.float(), exact, atol=0.05, rtol=0.05)
