@@ -179,6 +179,11 @@ def forward_log_z(log_emission: torch.Tensor, log_initial: torch.Tensor,
     return torch.logsumexp(forward, dim=-1)
 
 
+def _normalized(vector: torch.Tensor) -> torch.Tensor:
+    """`vector` divided by its sum over the last dimension (a zero row stays zero)."""
+    return vector / vector.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(vector.dtype).tiny)
+
+
 @torch.no_grad()
 def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
                      log_transition: Transitions, target_lengths: Optional[torch.Tensor] = None,
@@ -212,13 +217,9 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
             return transition_probs(start, stop).to(dtype)
         return log_transition_fn(start, stop).to(dtype).exp()
 
-    tiny = torch.finfo(dtype).tiny
     emission = emission.to(dtype)
     scaled = (emission - emission.amax(dim=-1, keepdim=True)).exp()          # (B, I, J) in [0, 1]
     active = torch.arange(steps, device=emission.device).unsqueeze(0) < lengths.unsqueeze(1)
-
-    def normalized(vector: torch.Tensor) -> torch.Tensor:
-        return vector / vector.sum(dim=-1, keepdim=True).clamp_min(tiny)
 
     initial = _clamp(log_initial).to(dtype).exp()                           # (B, J)
     pieces = _chunks(1, steps, chunk)
@@ -226,12 +227,12 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
         matrices = transition_matrices(1, steps) if steps > 1 else None
         return _forward_backward_at_once(scaled, initial, matrices, active).to(
             log_emission.dtype)
-    alphas = [normalized(initial * scaled[:, 0])]
+    alphas = [_normalized(initial * scaled[:, 0])]
     matrices = None        # at the end: the last piece's, which the backward pass starts with
     for start, stop in pieces:
         matrices = transition_matrices(start, stop)                        # (B, c, J', J)
         for i in range(start, stop):
-            step = normalized(_bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
+            step = _normalized(_bmm(alphas[-1].unsqueeze(1), matrices[:, i - start])
                               .squeeze(1) * scaled[:, i])
             alphas.append(torch.where(active[:, i:i + 1], step, alphas[-1]))
     betas = [torch.ones(batch, states, dtype=dtype, device=emission.device)]
@@ -241,12 +242,12 @@ def forward_backward(log_emission: torch.Tensor, log_initial: torch.Tensor,
         for i in range(stop - 1, start - 1, -1):                            # β_{i-1} from β_i
             # β_{i-1} = A_i · (e_i ⊙ β_i), as a row vector times A_iᵀ (a view): several
             # times faster than a matrix times a column vector in torch.bmm on the CPU
-            step = normalized(_bmm((scaled[:, i] * betas[-1]).unsqueeze(1),
+            step = _normalized(_bmm((scaled[:, i] * betas[-1]).unsqueeze(1),
                                    matrices[:, i - start].transpose(-1, -2)).squeeze(1))
             # positions at or after the sentence's last one keep β = 1
             betas.append(torch.where(active[:, i:i + 1], step, betas[-1]))
     gamma = torch.stack(alphas, dim=1) * torch.stack(betas[::-1], dim=1)    # (B, I, J)
-    gamma = normalized(gamma) * active.unsqueeze(-1)
+    gamma = _normalized(gamma) * active.unsqueeze(-1)
     return gamma.to(log_emission.dtype)
 
 
@@ -271,9 +272,6 @@ def _forward_backward_at_once(scaled: torch.Tensor, initial: torch.Tensor,
     """
     batch, steps, states = scaled.shape
 
-    def normalized(vector: torch.Tensor) -> torch.Tensor:
-        return vector / vector.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(vector.dtype).tiny)
-
     backward_tilde = [scaled[:, steps - 1]]      # β̃_{I-1}, then β̃_{I-2}, ... (unnormalized ok)
     forward_messages = [initial]                  # p(b_0), then α_{t-1} · A_t for t = 1..I-1
     if steps > 1:
@@ -283,7 +281,7 @@ def _forward_backward_at_once(scaled: torch.Tensor, initial: torch.Tensor,
         step_active = torch.cat([active[:, 1:], active[:, 1:].flip(1)]).unsqueeze(-1)
         # where a step is padding: forward rows 0 (masked in γ), backward rows β̃ = e (β = 1)
         fallback = torch.cat([torch.zeros_like(scaled[:, 1:]), step_emissions[batch:]])
-        vectors = torch.cat([normalized(initial * scaled[:, 0]), scaled[:, steps - 1]])  # (2B, J)
+        vectors = torch.cat([_normalized(initial * scaled[:, 0]), scaled[:, steps - 1]])  # (2B, J)
         with torch.autocast(device_type=scaled.device.type, enabled=False):
             for t in range(steps - 1):
                 # a row vector times a matrix (or a transposed view): several times faster
@@ -294,10 +292,10 @@ def _forward_backward_at_once(scaled: torch.Tensor, initial: torch.Tensor,
                               matrices[:, steps - 2 - t].transpose(-1, -2))]).squeeze(1)
                 forward_messages.append(product[:batch])
                 vectors = torch.where(step_active[:, t],
-                                      normalized(product * step_emissions[:, t]), fallback[:, t])
+                                      _normalized(product * step_emissions[:, t]), fallback[:, t])
                 backward_tilde.append(vectors[batch:])
     gamma = torch.stack(forward_messages, dim=1) * torch.stack(backward_tilde[::-1], dim=1)
-    return normalized(gamma) * active.unsqueeze(-1)
+    return _normalized(gamma) * active.unsqueeze(-1)
 
 
 def _bmm(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

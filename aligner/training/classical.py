@@ -155,7 +155,7 @@ class _Table:
             return position
         distinct, inverse = torch.unique(keys[mask], return_inverse=True)  # sorted
         found = torch.searchsorted(self.keys, distinct)
-        there = self.keys[found.clamp_max(len(self.keys) - 1)] == distinct
+        there = self.keys.index_select(0, found.clamp_max(len(self.keys) - 1)) == distinct
         position[mask] = torch.where(there, found, len(self.keys))[inverse]
         return position
 
@@ -392,7 +392,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 table = tables[direction]
                 cells = index_of(batch, direction, table)                # (B, I, J + 1)
                 posterior, lines_ll, expected = forward_backward(
-                    table.gather(cells[:, :, :-1]), table.gather(cells[:, :, -1]), observed, given,
+                    table.gather(cells[:, :, :-1]), table.gather(cells[:, :, -1]), observed,
+                    given,
                     jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
                 posteriors[direction] = posterior
                 indices[direction] = (cells, observed)
