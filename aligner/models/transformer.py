@@ -188,7 +188,7 @@ class MultiHeadAttention(nn.Module):
             mask = attn_mask[None, None] if mask is None else (mask | attn_mask[None, None])
         dropout = self.dropout if self.training else 0.0
         weights = None
-        if need_weights:
+        if need_weights or _explicit_attention(q):
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
             if mask is not None:
                 scores = scores.masked_fill(mask, float("-inf"))
@@ -199,6 +199,13 @@ class MultiHeadAttention(nn.Module):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
         context = context.transpose(1, 2).reshape(batch, n_queries, d_model)
         return self.out_proj(context), weights
+
+
+def _explicit_attention(q: torch.Tensor) -> bool:
+    """Whether attention with gradients on bfloat16 CPU tensors `q` runs as explicit products:
+    torch's CPU flash attention in bfloat16 takes 4-8x the time of the explicit
+    products, backward included (eval/results/train_bf16_cpu.md)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled()
 
 
 def self_attention_mask(n_queries: int, n_keys: int, markov_order: int,
