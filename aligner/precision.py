@@ -70,9 +70,15 @@ def resolve_precision(name: str, device: torch.device, inference: bool = False) 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has bfloat16 instructions (:data:`CPU_BF16_FLAGS` in the flags of
-    `cpuinfo`; False where the file is absent, as on macOS and Windows)."""
+def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo", capability: Optional[str] = None) -> bool:
+    """Whether this CPU computes in bfloat16 natively: :data:`CPU_BF16_FLAGS` in the flags of
+    `cpuinfo` (False where the file is absent, as on macOS and Windows) and torch running its
+    AVX-512 kernels (`capability`, default ``torch.backends.cpu.get_cpu_capability()``; not
+    under ``ATEN_CPU_CAPABILITY=default`` or ``avx2``, where torch emulates bfloat16)."""
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.upper().startswith("AVX512"):
+        return False
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
             for line in handle:

@@ -135,20 +135,23 @@ def test_resolve_precision_on_cpu_and_bad_values():
         resolve_precision("bf16", torch.device("meta"))
 
 
-@pytest.mark.parametrize("flags,native", [("fpu sse2 avx512f avx512_bf16 amx_tile", True),
-                                          ("fpu amx_bf16", True), ("fpu avx2 avx512f", False),
-                                          (None, False)])
+@pytest.mark.parametrize("flags,capability,native", [
+    ("fpu sse2 avx512f avx512_bf16 amx_tile", "AVX512", True), ("fpu amx_bf16", "AVX512", True),
+    ("fpu avx2 avx512f", "AVX512", False), (None, "AVX512", False),
+    # bf16 instructions, but torch told not to use AVX-512 (ATEN_CPU_CAPABILITY=default / avx2)
+    ("fpu avx512f avx512_bf16", "DEFAULT", False), ("fpu avx512f avx512_bf16", "AVX2", False)])
 def test_inference_auto_is_bf16_on_a_cpu_with_bf16_instructions(tmp_path, monkeypatch, flags,
-                                                                native):
+                                                                capability, native):
     """Inference (align extract, align run's final alignment): auto = bf16 where /proc/cpuinfo
-    lists avx512_bf16 or amx_bf16; training's auto stays fp32 on every CPU."""
+    lists avx512_bf16 or amx_bf16 and torch runs its AVX-512 kernels; training's auto stays
+    fp32 on every CPU."""
     from aligner import precision
 
     cpuinfo = tmp_path / "cpuinfo"
     if flags is not None:
         cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
                            f"flags\t\t: {flags}\n")
-    assert precision.cpu_native_bf16(str(cpuinfo)) == native
+    assert precision.cpu_native_bf16(str(cpuinfo), capability) == native
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda: native)
     assert resolve_precision("auto", CPU, inference=True) == ("bf16" if native else "fp32")
     assert resolve_precision("auto", CPU) == "fp32"

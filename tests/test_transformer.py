@@ -71,6 +71,39 @@ def test_attention_weights_are_distributions_over_unpadded_keys():
     assert torch.allclose(fast, out, atol=1e-6)           # SDPA path == explicit softmax path
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_cpu_attention_with_gradients_equals_the_float32_product(causal):
+    """Under CPU bf16 autocast with gradients the attention runs as explicit products
+    (torch's bf16 flash attention is several times slower there): its output and gradients
+    match float32 attention within bfloat16's rounding, padded keys get no weight, and
+    without gradients (extraction) SDPA still runs."""
+    from aligner.models import transformer
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 2, dropout=0.0)
+    query, memory = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    out32, _ = attention(query, memory, key_padding_mask=pad, causal=causal)
+    grads32 = torch.autograd.grad(out32.square().sum(), list(attention.parameters()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q = attention.q_proj(query)
+        assert q.dtype == torch.bfloat16 and transformer._explicit_attention(q)
+        out16, _ = attention(query, memory, key_padding_mask=pad, causal=causal)
+        with torch.no_grad():
+            assert not transformer._explicit_attention(attention.q_proj(query))
+    grads16 = torch.autograd.grad(out16.float().square().sum(), list(attention.parameters()))
+    assert torch.allclose(out16.float(), out32, atol=0.05, rtol=0.02)
+    scale = max(g.abs().max().item() for g in grads32)       # (the key bias's is ~0 exactly)
+    for got, want in zip(grads16, grads32):
+        assert torch.allclose(got, want, atol=0.03 * scale, rtol=0.03)
+    # a change to a padded key's memory changes nothing
+    moved = memory.clone()
+    moved[1, 4] += 10.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_moved, _ = attention(query, moved, key_padding_mask=pad, causal=causal)
+    assert torch.equal(out_moved[1], out16[1])
+
+
 def test_causal_mask_by_hand():
     mask = MultiHeadAttention.build_mask(torch.tensor([[False, False, True]]), 3, 3, True,
                                          torch.device("cpu"))
