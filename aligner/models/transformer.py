@@ -141,8 +141,9 @@ class MultiHeadAttention(nn.Module):
     ``forward(query (B, Iq, d), memory (B, Jk, d), key_padding_mask (B, Jk) bool True = pad,
     causal, need_weights, attn_mask (Iq, Jk) bool True = masked)`` returns
     ``(output (B, Iq, d), weights (B, H, Iq, Jk) or None)``.
-    Without weights it runs ``F.scaled_dot_product_attention`` (the fast path used in training);
-    with weights it computes an explicit softmax. The returned weights are the probabilities
+    Without weights it runs ``F.scaled_dot_product_attention`` (the fast path used in training),
+    except for bfloat16 training on a CPU (:func:`_explicit_attention`); with weights it
+    computes an explicit softmax. The returned weights are the probabilities
     *before* attention dropout (identical to the fast path in eval mode).
     """
 
