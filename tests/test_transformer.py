@@ -88,7 +88,8 @@ def test_bf16_cpu_attention_with_gradients_equals_the_float32_product(causal):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         q = attention.q_proj(query)
         assert q.dtype == torch.bfloat16 and transformer._explicit_attention(q)
-        out16, _ = attention(query, memory, key_padding_mask=pad, causal=causal)
+        out16, unasked = attention(query, memory, key_padding_mask=pad, causal=causal)
+        assert unasked is None                  # weights only when asked for, on any path
         with torch.no_grad():
             assert not transformer._explicit_attention(attention.q_proj(query))
     grads16 = torch.autograd.grad(out16.float().square().sum(), list(attention.parameters()))

@@ -199,7 +199,7 @@ class MultiHeadAttention(nn.Module):
             allowed = None if mask is None else ~mask
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
         context = context.transpose(1, 2).reshape(batch, n_queries, d_model)
-        return self.out_proj(context), weights
+        return self.out_proj(context), (weights if need_weights else None)
 
 
 def _explicit_attention(q: torch.Tensor) -> bool:
