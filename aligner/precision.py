@@ -24,9 +24,9 @@ instructions (avx512_bf16, AMX; eval/results/precision_bf16.md, profile_extract.
 slower on others; so ``auto`` inference (`align extract`, the final alignment of `align run`)
 runs bf16 on a CPU with those instructions and float32 on others, while training on a CPU
 (and so the self-training rounds' guides) stays float32 (bf16 training there is 1.3x faster
-but cost en-fr dev AER and memory: eval/results/train_bf16_cpu.md). CPU autocast, unlike CUDA autocast,
-does not promote softmax and layer norm to float32 by itself: the explicit ``.float()`` casts
-above are what keeps them exact.
+but cost en-fr dev AER and memory: eval/results/train_bf16_cpu.md). CPU autocast, unlike CUDA
+autocast, does not promote softmax and layer norm to float32 by itself: the explicit
+``.float()`` casts above are what keeps them exact.
 
 Usage (the whole decoding or extraction call goes inside the context)::
 

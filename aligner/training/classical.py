@@ -393,8 +393,7 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 cells = index_of(batch, direction, table)                # (B, I, J + 1)
                 posterior, lines_ll, expected = forward_backward(
                     table.gather(cells[:, :, :-1]), table.gather(cells[:, :, -1]), observed,
-                    given,
-                    jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
+                    given, jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
                 posteriors[direction] = posterior
                 indices[direction] = (cells, observed)
                 jump_counts[direction] += expected
