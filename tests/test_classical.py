@@ -198,6 +198,13 @@ def test_blocks_give_the_tables_of_one_block(tmp_path):
     reads.clear()
     variants.append(train_tables(blocks, n_src, n_tgt, config, positions_dir=str(tmp_path)))
     assert sorted(os.listdir(tmp_path)) == [f"block{n}.npy" for n in range(5)]
+    # the files hold the real cells' positions only: I·(J + 1) of fwd and J·(I + 1) of rev
+    # per line, after a header of the batch count, each batch's line count and the lengths
+    stored = [np.load(tmp_path / f"block{n}.npy") for n in range(5)]
+    headers = sum(1 + int(part[0]) + 2 * int(part[1:1 + int(part[0])].sum())
+                  for part in stored)
+    real = sum(len(t) * (len(s) + 1) + len(s) * (len(t) + 1) for s, t in lines)
+    assert sum(part.size for part in stored) - headers == real
     # the lines are read for the word pairs and in the first pass only; the later passes
     # take their batches from the block files
     assert len(reads) == 2

@@ -106,10 +106,12 @@ class _Batch:
             self._keys.pop(direction, None)
             self._empty_keys.pop(direction, None)
 
-    def positions_shape(self, direction: str) -> Tuple[int, ...]:
-        """The shape of the batch's lexicon positions of `direction`: (B, I, J + 1)."""
+    def cells(self, direction: str) -> torch.Tensor:
+        """(B, I, J + 1) bool: the real cells of `direction` (an observed word of a line by one
+        of its given words, or by the empty word in the last column)."""
         observed, given = self.masks[direction]
-        return (observed.shape[0], observed.shape[1], given.shape[1] + 1)
+        return observed[:, :, None] & torch.cat(
+            [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
 
 
 def batches_of(block: Sequence[Line], n_src: int, n_tgt: int, batch_cells: int,
@@ -206,7 +208,9 @@ def _save_block(path: str, lengths: List[np.ndarray], positions: Dict[str, List[
                 ) -> None:
     """One block's kept batches in one int32 file (no zip, no checksum: a scratch file of
     this run): [number of batches, each batch's line count, the (2, B) source and target
-    lengths of each, fwd's positions, rev's positions]."""
+    lengths of each, fwd's positions, rev's positions], the positions of real cells only
+    (:meth:`_Batch.cells`, in their row-major order: no padding, about half the bytes of
+    whole (B, I, J + 1) batches on the Hansards)."""
     parts = [np.array([len(lengths)], dtype=np.int32),
              np.array([part.shape[1] for part in lengths], dtype=np.int32)]
     parts += [part.ravel() for part in lengths]
@@ -215,8 +219,9 @@ def _save_block(path: str, lengths: List[np.ndarray], positions: Dict[str, List[
     np.save(path, np.concatenate(parts))
 
 
-def _saved_batches(path: str) -> Iterator[_Batch]:
-    """The batches :func:`_save_block` wrote, with their positions kept."""
+def _saved_batches(path: str, padding: Dict[str, int]) -> Iterator[_Batch]:
+    """The batches :func:`_save_block` wrote, with their positions kept: (B, I, J + 1) int64,
+    `padding[direction]` (its table's padding entry) where a cell is not real."""
     stored = np.load(path)
     count = int(stored[0])
     sizes = stored[1:1 + count]
@@ -228,11 +233,12 @@ def _saved_batches(path: str) -> Iterator[_Batch]:
         offset += 2 * size
     for direction in ("fwd", "rev"):
         for batch in batches:
-            shape = batch.positions_shape(direction)
-            cells = int(np.prod(shape))
-            batch.kept[direction] = torch.from_numpy(
-                stored[offset:offset + cells].astype(np.int64)).reshape(shape)
-            offset += cells
+            real = batch.cells(direction)
+            count = int(real.sum())
+            kept = torch.full(real.shape, padding[direction], dtype=torch.long)
+            kept[real] = torch.from_numpy(stored[offset:offset + count].astype(np.int64))
+            batch.kept[direction] = kept
+            offset += count
     yield from batches
 
 
@@ -289,7 +295,7 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
     `keep_batches` in memory with the batches (for a corpus held in memory anyway, the
     teacher's), with `positions_dir` in one file per block there (int32, read back block by
     block: memory stays bounded, the disk holds 8 bytes per source × target word pair of the
-    corpus), else looked up again in every pass."""
+    corpus, its real cells only), else looked up again in every pass."""
     reducer = _Reducer(across_ranks)
     kept: List[_Batch] = []
     cached = keep_batches or positions_dir is not None
@@ -305,8 +311,9 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
             yield from kept
             return
         if saved_blocks:
+            padding = {d: len(tables[d].keys) for d in tables}
             for path in saved_blocks:
-                yield from _saved_batches(path)
+                yield from _saved_batches(path, padding)
             return
         written_blocks = []
         for number, block in enumerate(blocks()):
@@ -322,8 +329,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                     lengths.append(np.stack([batch.src_mask.sum(1).numpy(),
                                              batch.tgt_mask.sum(1).numpy()]).astype(np.int32))
                     for direction in ("fwd", "rev"):
-                        written[direction].append(
-                            batch.kept.pop(direction).numpy().ravel().astype(np.int32))
+                        written[direction].append(batch.kept.pop(direction)[
+                            batch.cells(direction)].numpy().astype(np.int32))
             if positions_dir is not None:
                 path = os.path.join(positions_dir, f"block{number}.npy")
                 _save_block(path, lengths, written)
@@ -335,11 +342,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
         word's in the last column (the padding entry where a cell is not real)."""
         if direction in batch.kept:
             return batch.kept[direction]
-        observed, given = batch.masks[direction]
         keys = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
-        mask = observed[:, :, None] & torch.cat(
-            [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
-        index = table.index(keys, mask)
+        index = table.index(keys, batch.cells(direction))
         if cached:   # the positions stay; the keys, as large, are not needed again
             # kept in memory for every pass: int32, half the memory (index_select takes it;
             # scatter_add_ gets a long copy). From a file, a block at a time: int64
