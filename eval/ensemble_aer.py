@@ -12,7 +12,9 @@ threshold), for comparison. ``--calibration BETA ...`` also scores, for a model 
 with a calibration.json (`align calibrate`, or written by `align run`), the thresholds per line
 length it gives (aligner/links/calibration.py): each length bucket's expected-F_beta threshold
 itself ("expected-F beta B"), and each --threshold scaled by the ratio of the bucket's to the
-shortest lines' ("calibrated beta B": what `align extract` does, at beta 0.7). The matrices
+shortest lines' ("calibrated beta B": what `align extract` does, at beta 0.7). ``--first-weight
+W ...`` also scores each ensemble with the first model's matrices weighted W and the others
+sharing 1 - W (a neural model mixed with a classical one, say). The matrices
 here are the exact float32 ones (`align extract` uses the lexicon shortlist and, on a CPU
 with bf16 instructions, bf16).
 
@@ -59,6 +61,10 @@ def main() -> None:
     parser.add_argument("--calibration", type=float, nargs="+", default=[], metavar="BETA",
                         help="also score each model's calibration.json thresholds at these "
                              "betas (see above)")
+    parser.add_argument("--first-weight", type=float, nargs="+", default=[], metavar="W",
+                        help="also score each ensemble with the first model's matrices at "
+                             "weight W and the others sharing 1 - W (default: equal weights "
+                             "only)")
     args = parser.parse_args()
     gold_sets = load_gold_sets(args.gold)
     text = read_bitext(*args.text)
@@ -111,6 +117,12 @@ def main() -> None:
         mean = {d: [sum(m[d][k] for m in per_model[:n]) / n for k in range(len(bitext))]
                 for d in ("fwd", "rev")}
         report(f"ensemble of the first {n}", mean["fwd"], mean["rev"])
+        for weight in args.first_weight:
+            shares = [weight] + [(1 - weight) / (n - 1)] * (n - 1)
+            mix = {d: [sum(w * m[d][k] for w, m in zip(shares, per_model[:n]))
+                       for k in range(len(bitext))] for d in ("fwd", "rev")}
+            report(f"ensemble of the first {n}, the first at weight {weight}", mix["fwd"],
+                   mix["rev"])
 
 
 if __name__ == "__main__":
