@@ -111,3 +111,57 @@ def test_a_round_on_a_small_bitext_repeats_its_epochs():
     assert job(1000, rounds=1) == (recipe.EPOCHS, recipe.FINE_TUNE_EPOCHS)
     assert job(1000, max_updates=7)[0] == 0
     assert job(1000, epoch_repeats=1) == (1, 1)
+
+
+def test_a_small_bitext_trains_the_recipes_smaller_network():
+    """build_job: where the recipe's kind repeats each round's epochs SMALL_MODEL_REPEATS times
+    or more (under 5,000 lines) it gets SMALL_MODEL_OPTIONS over MODEL_OPTIONS, else
+    MODEL_OPTIONS (fewer repeats, one round, --max-updates, the demo's own epochs); settings
+    given win, and the other kinds keep MODEL_OPTIONS. `align train` passes only the model
+    flags given, so that its defaults do not undo the rule."""
+    from aligner.formats import Bitext
+    from aligner.training.builder import build_job
+
+    def options(n_lines, **given):
+        bitext = Bitext([["a", "b"]] * n_lines, [["c"]] * n_lines, "s", "t")
+        return build_job("m", bitext, device="cpu", **given)[0].model_options
+
+    small = recipe.SMALL_MODEL_OPTIONS
+    recipes = {key: recipe.MODEL_OPTIONS[key] for key in small}
+    assert set(small) < set(recipe.MODEL_OPTIONS)
+    assert all(small[key] != recipe.MODEL_OPTIONS[key] for key in small)
+    assert recipe.round_epoch_repeats(4999) == recipe.SMALL_MODEL_REPEATS
+    assert recipe.round_epoch_repeats(5000) == recipe.SMALL_MODEL_REPEATS - 1
+    below = options(4999)
+    assert {key: below[key] for key in small} == small
+    assert below["max_positions"] == recipe.MODEL_OPTIONS["max_positions"]
+    for n_lines, given in ((5000, {}), (1000, dict(rounds=1)), (1000, dict(max_updates=5)),
+                           (1000, dict(epoch_repeats=1))):
+        found = options(n_lines, **given)
+        assert {key: found[key] for key in small} == recipes, (n_lines, given)
+    given = options(100, model_options=dict(d_model=96, dropout=0.0))
+    assert (given["d_model"], given["dropout"], given["enc_layers"]) == (96, 0.0,
+                                                                          small["enc_layers"])
+    other = options(100, model_kind="hmm0")
+    assert other["d_model"] == recipe.MODEL_OPTIONS["d_model"]
+
+
+def test_align_train_applies_the_small_bitext_rule(tmp_path):
+    """`align train` on a 40-line bitext (two rounds, each epoch repeated 25 times): the
+    config holds the small network, except a size flag given."""
+    import json
+
+    from cli_runner import run
+    from synthetic import monotone_corpus, write_corpus
+
+    sources, targets, _ = monotone_corpus(40, seed=3)
+    src, tgt, _ = write_corpus(tmp_path, "c", sources, targets)
+    for name, flags in (("plain", []), ("given", ["--d-model", "48"])):
+        run("train", "-s", src, "-t", tgt, "-o", tmp_path / name, "--no-teacher",
+            "--max-epochs", "1", "--fine-tune-epochs", "1", "--bpe-merges", "20",
+            "--max-tokens", "400", *flags)
+    plain = json.loads((tmp_path / "plain" / "config.json").read_text())["models"]["fwd"]
+    given = json.loads((tmp_path / "given" / "config.json").read_text())["models"]["fwd"]
+    assert {key: plain[key] for key in recipe.SMALL_MODEL_OPTIONS} == \
+        recipe.SMALL_MODEL_OPTIONS
+    assert given["d_model"] == 48 and given["dropout"] == recipe.SMALL_MODEL_OPTIONS["dropout"]

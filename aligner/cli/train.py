@@ -38,6 +38,14 @@ if TYPE_CHECKING:  # pragma: no cover
 #: help needs no torch import; tests/test_model_contract.py checks that the two agree
 
 
+def _small(key: str) -> str:
+    """A model flag's default for the recipe's kind on a small bitext, for its help."""
+    return (f" ({recipe.SMALL_MODEL_OPTIONS[key]:g} for {recipe.MODEL_KIND} where the "
+            f"self-training rounds repeat their epochs {recipe.SMALL_MODEL_REPEATS}+ times: "
+            f"a bitext of under {recipe.ROUND_MIN_PAIRS // (recipe.SMALL_MODEL_REPEATS - 1):,} "
+            f"lines)")
+
+
 def parse_directions(value: str) -> Tuple[str, ...]:
     """'fwd,rev' -> ('fwd', 'rev'); each direction once, from constants.DIRECTIONS."""
     directions = tuple(part.strip() for part in value.split(",") if part.strip())
@@ -144,19 +152,19 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 # model size
 @click.option("--d-model", default=recipe.MODEL_OPTIONS["d_model"], show_default=True,
               type=click.IntRange(min=1),
-              help="Model (embedding) dimension.")
+              help="Model (embedding) dimension" + _small("d_model") + ".")
 @click.option("--heads", default=recipe.MODEL_OPTIONS["n_heads"], show_default=True,
               type=click.IntRange(min=1),
               help="Attention heads.")
 @click.option("--encoder-layers", default=recipe.MODEL_OPTIONS["enc_layers"], show_default=True,
-              type=click.IntRange(min=1))
+              type=click.IntRange(min=1), help="Encoder layers" + _small("enc_layers") + ".")
 @click.option("--decoder-layers", default=recipe.MODEL_OPTIONS["dec_layers"], show_default=True,
-              type=click.IntRange(min=1))
+              type=click.IntRange(min=1), help="Decoder layers" + _small("dec_layers") + ".")
 @click.option("--ff-dim", default=recipe.MODEL_OPTIONS["d_ff"], show_default=True,
               type=click.IntRange(min=1),
-              help="Hidden size of the feed-forward blocks.")
+              help="Hidden size of the feed-forward blocks" + _small("d_ff") + ".")
 @click.option("--dropout", default=recipe.MODEL_OPTIONS["dropout"], show_default=True,
-              type=FiniteFloat(0, 1))
+              type=FiniteFloat(0, 1), help="Dropout" + _small("dropout") + ".")
 @click.option("--max-positions", default=recipe.MODEL_OPTIONS["max_positions"], show_default=True,
               type=click.IntRange(min=2),
               help="Longest sequence (subwords + EOS) the model accepts.")
@@ -296,14 +304,13 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str], 
                         max_positions=("max_positions", max_positions),
                         tie_embeddings=("tie_embeddings", tie_embeddings),
                         markov_order=("markov_order", markov_order))
-    # a network's settings: those the kind has, and any given (refused for a kind without
-    # them, e.g. --d-model for --model classical); their defaults do not apply to the others
-    fields = model_class(model_kind).config_class.__dataclass_fields__
+    # a network's settings given (refused for a kind without them, e.g. --d-model for
+    # --model classical); the builder fills the others with the recipe's, which on a small
+    # bitext are not the flags' defaults (recipe.SMALL_MODEL_OPTIONS)
     context = click.get_current_context()
     model_options: Dict[str, Any] = {
         name: value for name, (parameter, value) in architecture.items()
-        if name in fields or context.get_parameter_source(parameter)
-        is not click.core.ParameterSource.DEFAULT}
+        if context.get_parameter_source(parameter) is not click.core.ParameterSource.DEFAULT}
     model_options.update(parse_key_values(model_option, "--model-option"))
     layer_kinds = [name for name, cls in MODELS.items()
                    if "layer_keys" in cls.config_class.__dataclass_fields__]

@@ -151,7 +151,9 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     `model_dir`; with no setting given, the recipe's job (what `align run` trains).
 
     model_options: the model settings given (flags, -M), over the recipe's
-    (recipe.MODEL_OPTIONS, those the kind has), then the device's chunk budget; the guided
+    (recipe.MODEL_OPTIONS, those the kind has; for the recipe's kind with rounds that repeat
+    their epochs recipe.SMALL_MODEL_REPEATS times or more, recipe.SMALL_MODEL_OPTIONS over
+    them), then the device's chunk budget; the guided
     alignment layer gets ``layer_query`` "target" unless given. prep_options: PrepConfig's
     fields given (tokenization, languages, ...); bpe_merges None: recipe.bpe_merges of the
     number of pairs. max_len None: the recipe's cap for its kind (DataConfig's for the
@@ -224,6 +226,10 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         self_training = dict(self_training or {})
         self_training["fine_tune_epochs"] = epoch_repeats * self_training.get(
             "fine_tune_epochs", recipe.FINE_TUNE_EPOCHS)
+        if model_kind == recipe.MODEL_KIND and epoch_repeats >= recipe.SMALL_MODEL_REPEATS:
+            # many passes over few lines: the smaller network with dropout, under what is given
+            options.update({key: value for key, value in recipe.SMALL_MODEL_OPTIONS.items()
+                            if key in fields and key not in (model_options or {})})
     # longer pairs are skipped in training; every line is aligned
     max_len = resolve_max_len(
         max_len, recipe.TRAIN_MAX_LEN if model_kind == recipe.MODEL_KIND else DataConfig.max_len,

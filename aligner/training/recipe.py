@@ -20,6 +20,12 @@ MODEL_OPTIONS: Dict[str, Any] = dict(d_model=128, n_heads=4, enc_layers=3, dec_l
                                      d_ff=512, dropout=0.0, max_positions=1024,
                                      tie_embeddings=True, markov_order=0, lexicon_dim=64,
                                      lexicon_sample=0, lexicon_activation="linear")
+#: self-training rounds that repeat their epochs this many times or more (round_epoch_repeats:
+#: a bitext of under 5,000 lines) train a smaller network with dropout, SMALL_MODEL_OPTIONS over
+#: MODEL_OPTIONS: the recipe's network learns so few lines by heart (learning_curve_enfr.md)
+SMALL_MODEL_REPEATS = 6
+SMALL_MODEL_OPTIONS: Dict[str, Any] = dict(d_model=64, enc_layers=2, dec_layers=2, d_ff=256,
+                                           dropout=0.2)
 #: batches, learning rate and schedule of round 1 (and of one plain training): small batches
 #: and a high learning rate, the most progress per CPU second (enfr_hmm1.md)
 TRAINING: Dict[str, Any] = dict(lr=3e-3, warmup=150, lr_schedule="inverse-sqrt",
