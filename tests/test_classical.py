@@ -6,6 +6,7 @@ line: train, align new text with unknown words, stream from a pipe."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -337,6 +338,44 @@ def test_align_run_with_model_classical(tmp_path):
                              capture_output=True, text=True)
     assert refused.returncode != 0
     assert refused.stderr.count("\n") == 1 and "--rounds 2" in refused.stderr
+
+
+def test_model_classical_lowercases_its_words_by_default(tmp_path):
+    """`align run --model classical` lowercases both sides' words by default
+    (recipe.CLASSICAL_LOWERCASE): on a bitext whose words come in two cases it writes the bytes
+    that --no-lowercase writes on the same text lowercased, and its model directory aligns the
+    cased text as the run did; --no-lowercase keeps the cases apart (other links)."""
+    import random
+
+    source, target, _ = _synthetic(300, seed=6)
+    rng = random.Random(7)
+    cased = [" ".join(w.upper() if rng.random() < 0.4 else w for w in line.split())
+             for line in source]
+    assert cased != source and [line.lower() for line in cased] == source
+    paths = {"cased": _write(tmp_path / "cased.src", cased),
+             "lower": _write(tmp_path / "lower.src", source)}
+    tgt = _write(tmp_path / "c.tgt", target)
+
+    def run(name, src, *flags):
+        out = tmp_path / f"{name}.align"
+        done = subprocess.run([*ALIGN, "run", "--model", "classical", "-s", src, "-t", tgt,
+                               "-o", str(out), "--model-dir", str(tmp_path / name), "-q",
+                               *flags], env=ENV, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        prep = json.loads((tmp_path / name / "prep.json").read_text())
+        return out.read_bytes(), prep["lowercase"]
+
+    default, lowercased = run("default", paths["cased"])
+    assert lowercased
+    assert run("lower", paths["lower"], "--no-lowercase") == (default, False)
+    kept, lowercased = run("kept", paths["cased"], "--no-lowercase")
+    assert not lowercased and kept != default
+    again = tmp_path / "again.align"
+    done = subprocess.run([*ALIGN, "extract", str(tmp_path / "default"), "-s", paths["cased"],
+                           "-t", tgt, "-o", str(again), "-q"], env=ENV, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert again.read_bytes() == default
 
 
 def test_network_options_are_refused_for_model_classical(tmp_path):

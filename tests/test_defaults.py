@@ -146,6 +146,24 @@ def test_a_small_bitext_trains_the_recipes_smaller_network():
     assert other["d_model"] == recipe.MODEL_OPTIONS["d_model"]
 
 
+def test_the_classical_aligner_lowercases_and_the_neural_kinds_do_not():
+    """build_job: lowercase None is recipe.CLASSICAL_LOWERCASE for --model classical and off
+    for the neural kinds; a value given wins."""
+    from aligner.formats import Bitext
+    from aligner.training.builder import build_job
+
+    def lowercase(kind, **given):
+        bitext = Bitext([["A", "b"]] * 50, [["c"]] * 50, "s", "t")
+        request = build_job("m", bitext, model_kind=kind, device="cpu",
+                            prep_options=dict(given), rounds=1)[0]
+        return request.prep_config.lowercase
+
+    assert recipe.CLASSICAL_LOWERCASE is True
+    assert lowercase("classical") is True and lowercase("classical", lowercase=None) is True
+    assert lowercase("classical", lowercase=False) is False
+    assert lowercase("hmm1") is False and lowercase("hmm1", lowercase=True) is True
+
+
 def test_align_train_applies_the_small_bitext_rule(tmp_path):
     """`align train` on a 40-line bitext (two rounds, each epoch repeated 25 times): the
     config holds the small network, except a size flag given."""

@@ -133,6 +133,16 @@ def bpe_merges_option(default: Optional[int] = None,
                            default_help if default is None else None))
 
 
+def lowercase_option() -> Decorator:
+    """--lowercase/--no-lowercase: None = the kind's (recipe.CLASSICAL_LOWERCASE for the
+    classical aligner, off for the neural kinds; aligner/training/builder.py)."""
+    return click.option(
+        "--lowercase/--no-lowercase", default=None,
+        help="Lowercase both sides' words (the output's word positions are the input's).  "
+             f"[default: {'on' if recipe.CLASSICAL_LOWERCASE else 'off'} for --model "
+             "classical, off for the neural kinds]")
+
+
 #: the kinds `align run` trains (`align train` takes every kind of aligner.models.MODELS,
 #: named here without importing torch: tests/test_model_contract.py checks the list)
 RUN_KINDS = (recipe.MODEL_KIND, "classical")

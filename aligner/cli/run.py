@@ -24,7 +24,7 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 join_lines_option, shortlist_option,
+                                 join_lines_option, lowercase_option, shortlist_option,
                                  block_lines_option, bpe_merges_option, deterministic_option,
                                  processes_option,
                                  device_option, guide_options, lr_option, max_tokens_option,
@@ -99,6 +99,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
                    f"lines each pass is repeated ceil({recipe.ROUND_MIN_PAIRS:,} / lines) "
                    f"times (at most {recipe.ROUND_MAX_REPEATS}), as are --fine-tune-epochs; --max-updates, if given, replaces it.")
 @max_updates_option
+@lowercase_option()
 @bpe_merges_option()
 @click.option("--max-len", default=None, type=click.IntRange(min=1),
               help=f"Skip training pairs with a side longer than this (subwords).  [default: "
@@ -127,7 +128,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str],
             fine_tune_lr_schedule: str, round_pairs: int,
             fine_tune_share: float, final_agreement_weight: Optional[float], teacher: bool,
             max_updates: int,
-            bpe_merges: Optional[int], max_len: Optional[int], model_option: Tuple[str, ...],
+            lowercase: Optional[bool], bpe_merges: Optional[int], max_len: Optional[int],
+            model_option: Tuple[str, ...],
             max_tokens: Optional[int], block_lines: Optional[int], processes: int,
             lr: Optional[float],
             warmup: Optional[int],
@@ -193,6 +195,7 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str],
     request, plan = build_job(
         model_dir or "", bitext, model_kind=model_kind,
         model_options=parse_key_values(model_option, "--model-option"),
+        prep_options=dict(lowercase=lowercase),
         bpe_merges=bpe_merges, max_len=max_len, guide=guide, guide_weight=guide_weight,
         max_tokens=max_tokens, lr=lr, warmup=warmup,
         # --epochs: a round's length, which --max-updates replaces

@@ -18,7 +18,7 @@ import click
 from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
-                                 join_lines_option,
+                                 join_lines_option, lowercase_option,
                                  bpe_merges_option, deterministic_option, device_option,
                                  guide_options, lr_option, max_epochs_option, max_tokens_option,
                                  max_updates_option, model_dir_option, model_kind_option,
@@ -133,7 +133,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
               help="Source language (tokenizer).")
 @click.option("--tgt-lang", default=PrepConfig.tgt_lang, show_default=True,
               help="Target language (tokenizer).")
-@click.option("--lowercase", is_flag=True, help="Lowercase both sides.")
+@lowercase_option()
 @bpe_merges_option()
 @click.option("--joint-bpe/--separate-bpe", default=PrepConfig.joint_bpe, show_default=True,
               help="Learn one BPE on both languages, or one per language.")
@@ -256,7 +256,7 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
             model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
-            lowercase: bool, bpe_merges: Optional[int], joint_bpe: bool, bpe_min_frequency: int,
+            lowercase: Optional[bool], bpe_merges: Optional[int], joint_bpe: bool, bpe_min_frequency: int,
             bpe_sample: int, max_len: Optional[int], max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,

@@ -155,7 +155,8 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     their epochs recipe.SMALL_MODEL_REPEATS times or more, recipe.SMALL_MODEL_OPTIONS over
     them), then the device's chunk budget; the guided
     alignment layer gets ``layer_query`` "target" unless given. prep_options: PrepConfig's
-    fields given (tokenization, languages, ...); bpe_merges None: recipe.bpe_merges of the
+    fields given (tokenization, languages, ...; lowercase None: recipe.CLASSICAL_LOWERCASE for
+    the classical aligner, off for the others); bpe_merges None: recipe.bpe_merges of the
     number of pairs. max_len None: the recipe's cap for its kind (DataConfig's for the
     others), within what the model takes. guide / guide_weight: round 1's --guide and its
     weight (None: the kind's, when guided). max_tokens / lr / warmup None: the device's
@@ -246,7 +247,10 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
         "agreement_weight": agreement_weight})
     if bpe_merges is None:   # the classical aligner's units are words
         bpe_merges = 0 if cls.TRAINED_BY_EM else recipe.bpe_merges(n_lines)
-    prep_config = PrepConfig(**(prep_options or {}), bpe_merges=bpe_merges)
+    prep_options = dict(prep_options or {})
+    if prep_options.get("lowercase") is None:   # the classical aligner's words: lowercased
+        prep_options["lowercase"] = bool(cls.TRAINED_BY_EM and recipe.CLASSICAL_LOWERCASE)
+    prep_config = PrepConfig(**prep_options, bpe_merges=bpe_merges)
     final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
     check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),
                     "--final-agreement-weight trains the last round's directions in one loop: "
