@@ -3,9 +3,13 @@ whose links are known, and lines it cannot align. Its EM and forward–backward 
 model's, checked against enumerations and hand-computed counts in tests/test_classical.py."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import numpy as np
+
 from aligner.links.combine import combine
+from aligner.training import recipe
 from aligner.training.teacher import TeacherConfig, soft_alignments
 
 
@@ -50,3 +54,21 @@ def test_empty_lines_get_empty_matrices():
     assert [m.shape for m in soft["fwd"]] == [(2, 2), (0, 1), (1, 1)]
     assert [m.shape for m in soft["rev"]] == [(2, 2), (0, 1), (1, 1)]
     assert not soft["fwd"][1].size
+
+
+def test_the_teacher_lowercases_its_words_as_the_classical_aligner_does():
+    """TeacherConfig.lowercase (recipe.CLASSICAL_LOWERCASE, as `--model classical`): a corpus
+    whose source words come in two cases gets the matrices of the same corpus lowercased;
+    with case kept they differ."""
+    source, target, _ = _synthetic_corpus(200, seed=5)
+    rng = random.Random(8)
+    cased = [[w.upper() if rng.random() < 0.4 else w for w in line] for line in source]
+    assert cased != source
+    config = TeacherConfig(ibm1_iterations=3, hmm_iterations=2)
+    assert config.lowercase is recipe.CLASSICAL_LOWERCASE is True
+    lowered = soft_alignments(source, target, config)
+    folded = soft_alignments(cased, target, config)
+    kept = soft_alignments(cased, target, dataclasses.replace(config, lowercase=False))
+    for name in ("fwd", "rev"):
+        assert all(np.array_equal(a, b) for a, b in zip(lowered[name], folded[name]))
+        assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(lowered[name], kept[name]))

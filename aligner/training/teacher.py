@@ -24,6 +24,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from aligner.models.classical import ClassicalConfig, Lexicon
+from aligner.training import recipe
 from aligner.training.classical import posteriors, train_tables
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ class TeacherConfig:
     (× lines) per batch, the unit of memory. agreement: the HMMs of the two directions are
     trained together (Liang et al. 2006): each EM iteration's lexicon counts of both are the
     product of the two directions' link posteriors, not each one's own. max_words: a line
-    with a side longer than this is not aligned (no links), as a line with an empty side."""
+    with a side longer than this is not aligned (no links), as a line with an empty side.
+    lowercase: words are lowercased before they are numbered, as `--model classical` does
+    (recipe.CLASSICAL_LOWERCASE)."""
     ibm1_iterations: int = _CLASSICAL["ibm1_iterations"]
     hmm_iterations: int = _CLASSICAL["hmm_iterations"]
     empty_prob: float = _CLASSICAL["empty_prob"]
@@ -58,13 +61,16 @@ class TeacherConfig:
     batch_cells: int = _CLASSICAL["batch_cells"]
     agreement: bool = _CLASSICAL["agreement"]
     max_words: int = 200
+    lowercase: bool = recipe.CLASSICAL_LOWERCASE
 
 
-def _word_ids(lines: Sequence[Sequence[str]]) -> Tuple[List[np.ndarray], int]:
-    """Each line's words as ids (first seen, first numbered) and the vocabulary size."""
+def _word_ids(lines: Sequence[Sequence[str]], lowercase: bool
+              ) -> Tuple[List[np.ndarray], int]:
+    """Each line's words (lowercased if `lowercase`) as ids (first seen, first numbered) and
+    the vocabulary size."""
     vocabulary: Dict[str, int] = {}
-    ids = [np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for w in words),
-                       dtype=np.int64, count=len(words)) for words in lines]
+    ids = [np.fromiter((vocabulary.setdefault(w.lower() if lowercase else w, len(vocabulary))
+                        for w in words), dtype=np.int64, count=len(words)) for words in lines]
     return ids, len(vocabulary)
 
 
@@ -86,8 +92,8 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
     aligner.links.combine.combine takes them; a line the teacher skips (an empty side, over
     ``config.max_words``) gets an array without elements, whatever its length (as in
     aligner.extract.inference.no_alignment)."""
-    src_ids, n_src = _word_ids(source)
-    tgt_ids, n_tgt = _word_ids(target)
+    src_ids, n_src = _word_ids(source, config.lowercase)
+    tgt_ids, n_tgt = _word_ids(target, config.lowercase)
     lines = list(zip(src_ids, tgt_ids))
     settings = model_config(config, n_src, n_tgt)
     tables = train_tables(lambda: [lines], n_src, n_tgt, settings, config.max_words,
