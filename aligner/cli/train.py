@@ -256,8 +256,8 @@ def check_bitext_args(source: Optional[str], target: Optional[str], joint: Optio
 @click.option("-v", "--verbose", is_flag=True, help="Debug messages (a line per log interval).")
 def command(source: Optional[str], target: Optional[str], joint: Optional[str], model_dir: str,
             model_kind: str, directions: str, tokenize: bool, src_lang: str, tgt_lang: str,
-            lowercase: Optional[bool], bpe_merges: Optional[int], joint_bpe: bool, bpe_min_frequency: int,
-            bpe_sample: int, max_len: Optional[int], max_ratio: float, d_model: int, heads: int,
+            lowercase: Optional[bool], bpe_merges: Optional[int], joint_bpe: bool,
+            bpe_min_frequency: int, bpe_sample: int, max_len: Optional[int], max_ratio: float, d_model: int, heads: int,
             encoder_layers: int, decoder_layers: int, ff_dim: int, dropout: float,
             max_positions: int, tie_embeddings: bool, markov_order: int,
             model_option: Tuple[str, ...], base_dir: Optional[str], init_dir: Optional[str],
