@@ -106,6 +106,15 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Scale the threshold per line length by the model directory's "
                    "calibration (calibration.json, written by align run and a self-training "
                    "align train), or keep one threshold for every line.")
+@click.option("--mix", "mix_dir", type=click.Path(file_okay=False), default=None,
+              metavar="OTHER_MODEL_DIR",
+              help="Mix another model directory's posteriors into this model's before the "
+                   "directions are combined (-H soft-average, both directions): each "
+                   "direction's word-level matrix becomes (1 - W) * this model's + W * "
+                   "OTHER's. OTHER: the classical aligner trained on the same bitext (align "
+                   "train --model classical), or another seed of the recipe.")
+@click.option("--mix-weight", type=FiniteFloat(0.0, 1.0, min_open=True), default=None,
+              help=f"W of --mix  [default: {recipe.MIX_WEIGHT}]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -148,7 +157,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             method: Optional[str], layer: Optional[int], sgd_steps: Optional[int],
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float],
-            calibrated: bool, output: str,
+            calibrated: bool, mix_dir: Optional[str], mix_weight: Optional[float],
+            output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
             stream_wait: float, block_lines: Optional[int], processes: int, resume: bool,
             overwrite: bool,
@@ -182,6 +192,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.extract.blocks import parts_folder
     from aligner.extract.corpus_alignment import PROBS, Extraction, align_bitext
     from aligner.extract.inference import default_options
+    from aligner.extract.mixture import Mixture
     from aligner.extract.link_probs import output_lines
     from aligner.extract.streaming import stream_extract
     from aligner.formats import open_bitext, read_bitext
@@ -204,6 +215,13 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(link_probs != "-", "--link-probs -: give a file name (--inline-probs "
                                        "writes i-j:p links to -o, stdout included)")
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
+    check_condition(mix_weight is None or mix_dir is not None,
+                    "--mix-weight is the weight of --mix OTHER_MODEL_DIR: give both")
+    check_condition(mix_dir is None or direction == "both",
+                    "--mix mixes both directions' posteriors: use it with --direction both")
+    check_condition(mix_dir is None or heuristic is None or needs_soft(heuristic),
+                    f"--mix mixes posteriors, which -H {heuristic} does not read: use -H "
+                    f"soft-average")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_outside_model_dir(model_dir, {"-o": output, "--soft": soft,
@@ -253,8 +271,13 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         f"default heuristic is {heuristic}: give -H soft-average too")
         # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
         options = default_options(model, method, options)
+        check_condition(mix_dir is None or needs_soft(heuristic),
+                        f"--mix mixes posteriors, and this model's default heuristic is "
+                        f"{heuristic}: give -H soft-average too")
+        mixture = (Mixture.load(mix_dir, recipe.MIX_WEIGHT if mix_weight is None
+                                else mix_weight, torch_device) if mix_dir else None)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
-                                torch_device, options, max_tokens)
+                                torch_device, options, max_tokens, mixture)
         with autocast_context(precision, torch_device):
             if stream:   # pairs as they arrive, each batch written and flushed at once
                 n_pairs, n_links = stream_extract(extraction, source, target, joint, output,

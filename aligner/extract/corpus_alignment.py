@@ -31,10 +31,11 @@ import numpy as np
 from aligner import constants as C
 from aligner.data import EncodedPair, filtered_out
 from aligner.links.soft_symmetrize import threshold_record
-from aligner.utils import AlignerError
+from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.config import DataConfig
+    from aligner.extract.mixture import Mixture
     from aligner.model_dir import LoadedModelDir
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class Extraction:
     ``both`` (symmetrized by `heuristic`: a Moses heuristic, or soft-average at
     `threshold`). device: a torch.device. options: the method's options (-O KEY=VALUE,
     ``shortlist``). max_tokens: positions per inference batch (None: the device's).
+    mixture: another model directory whose soft matrices are mixed into these
+    (aligner/extract/mixture.py; ``align extract --mix``), or None.
     """
 
     loaded: "LoadedModelDir"
@@ -67,18 +70,29 @@ class Extraction:
     device: Any
     options: Dict[str, Any] = field(default_factory=dict)
     max_tokens: Optional[int] = None
+    mixture: Optional["Mixture"] = None
 
     @classmethod
     def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
              options: Optional[Dict[str, Any]] = None, direction: str = "both",
-             checkpoint: str = "best", max_tokens: Optional[int] = None) -> "Extraction":
-        """The model directory's `checkpoint` weights of the directions used, on `device`."""
+             checkpoint: str = "best", max_tokens: Optional[int] = None,
+             mix_dir: Optional[str] = None, mix_weight: float = 0.0) -> "Extraction":
+        """The model directory's `checkpoint` weights of the directions used, on `device`
+        (and `mix_dir`'s best weights, mixed in at `mix_weight`: :class:`Mixture`)."""
+        from aligner.extract.mixture import Mixture
         from aligner.model_dir import LoadedModelDir
 
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
+        mixture = Mixture.load(mix_dir, mix_weight, device) if mix_dir else None
         return cls(loaded, method, direction, heuristic, threshold, device, options or {},
-                   max_tokens)
+                   max_tokens, mixture)
+
+    def mix_settings(self) -> Dict[str, Any]:
+        """The arguments of :meth:`load` that load this extraction's mixture again."""
+        if self.mixture is None:
+            return {}
+        return {"mix_dir": self.mixture.loaded.path, "mix_weight": self.mixture.weight}
 
     @property
     def directions(self) -> Tuple[str, ...]:
@@ -98,7 +112,7 @@ def shortlist_options(shortlist: int) -> Dict[str, Any]:
 
 def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: Sequence[str],
                 inline: bool = False, gold_here: Sequence[int] = (), keep_soft: bool = False,
-                workers: Any = False
+                workers: Any = False, mix_pairs: Optional[Sequence[EncodedPair]] = None
                 ) -> Tuple[Dict[str, List[str]], Dict[str, List[Set[Link]]],
                            Dict[str, List[np.ndarray]]]:
     """Align the encoded `pairs` of one block (or one streamed batch) and format its lines.
@@ -109,6 +123,8 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
     (indices into `pairs`) whose links of ``fwd``, ``rev`` and the main output are wanted too.
     keep_soft: the soft matrices are computed (and returned) even where no output needs them.
     workers: the DirectionWorkers of the caller (or True / False), for the soft matrices.
+    mix_pairs: the same lines encoded for ``extraction.mixture`` (:func:`encode_block`), whose
+    soft matrices are then mixed into the extraction's own.
 
     Returns (lines per name in `names`, each ending in a newline; the links per name, with
     every line of an output asked for and the gold lines of the others, the rest empty; the
@@ -146,6 +162,14 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
         soft = inference.soft_alignments_by_direction(
             extraction.loaded.models, pairs, extraction.directions, extraction.method,
             extraction.max_tokens, extraction.device, extraction.options, parallel=workers)
+        if extraction.mixture is not None:
+            from aligner.extract.mixture import mix
+
+            check_condition(mix_pairs is not None and len(mix_pairs) == len(pairs),
+                            "a mixture needs its model's encoding of every line")
+            soft = mix(soft, extraction.mixture.soft(mix_pairs, extraction.max_tokens,
+                                                     extraction.device, workers),
+                       extraction.mixture.weight)
     if both:
         hard[main] = combine(extraction.heuristic, extraction.threshold, hard=hard, soft=soft)
     lines_by_name: Dict[str, List[str]] = {}
@@ -172,6 +196,16 @@ def encode_block(extraction: Extraction, block, trained_by: Optional["DataConfig
     return [pair if filtered_out(len(pair.src_ids), len(pair.tgt_ids), trained_by.max_len,
                                  trained_by.max_ratio) is None else _EMPTY_PAIR
             for pair in pairs]
+
+
+def encode_mix_block(extraction: Extraction, block, pairs: Sequence[EncodedPair]
+                     ) -> Optional[List[EncodedPair]]:
+    """The lines of `block` encoded for ``extraction.mixture`` (None without one); a line
+    that :func:`encode_block` made an empty pair (`pairs`: its result) is one here too."""
+    if extraction.mixture is None:
+        return None
+    return [_EMPTY_PAIR if mine is _EMPTY_PAIR else theirs
+            for mine, theirs in zip(pairs, extraction.mixture.encode(block))]
 
 
 def gold_names(extraction: Extraction) -> List[str]:
@@ -201,7 +235,8 @@ class BlockJob:
         pairs = encode_block(extraction, block, self.trained_by)
         gold_here = [k - first for k in self.gold_lines if first <= k < first + len(pairs)]
         lines, hard, soft = lines_of_block(extraction, pairs, self.names, self.inline,
-                                           gold_here, keep_soft, workers)
+                                           gold_here, keep_soft, workers,
+                                           encode_mix_block(extraction, block, pairs))
         gold = {name: [sorted(hard[name][k]) for k in gold_here]
                 for name in gold_names(extraction)}
         meta = {"links": sum(map(len, hard[extraction.main])), "gold": gold}
@@ -307,7 +342,8 @@ class BlockProcesses:
 
         settings = dict(method=extraction.method, heuristic=extraction.heuristic,
                         threshold=extraction.threshold, options=extraction.options,
-                        direction=extraction.direction, max_tokens=extraction.max_tokens)
+                        direction=extraction.direction, max_tokens=extraction.max_tokens,
+                        **extraction.mix_settings())
         self.processes = processes
         threads = max(1, torch.get_num_threads() // processes)
         self._signals = contextlib.ExitStack()
@@ -451,6 +487,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(device),
               "gold lines": [gold_lines.start, gold_lines.stop]}
+    if extraction.mixture is not None:
+        record["mix"] = extraction.mixture.identity()
     if trained_by is not None:
         record["skipped as training skips"] = [trained_by.max_len, trained_by.max_ratio]
     # (without a parts folder the lines go out as they come, one block after the other)

@@ -259,7 +259,8 @@ def stream_extract(extraction: Any, source: Optional[str], target: Optional[str]
     flushed before the next is read (stdout at once; a regular -o or --link-probs file
     appears, atomically, at the end); `wait`: see :data:`WAIT_SECONDS`. Returns (pairs,
     links)."""
-    from aligner.extract.corpus_alignment import PROBS, encode_block, lines_of_block
+    from aligner.extract.corpus_alignment import (PROBS, encode_block, encode_mix_block,
+                                                  lines_of_block)
     from aligner.extract.inference import DirectionWorkers
 
     n_pairs = n_links = 0
@@ -273,7 +274,9 @@ def stream_extract(extraction: Any, source: Optional[str], target: Optional[str]
             for batch in bitext.batches():
                 pairs = encode_block(extraction, batch)
                 lines, hard, _ = lines_of_block(extraction, pairs, names, inline,
-                                                workers=workers)
+                                                workers=workers,
+                                                mix_pairs=encode_mix_block(extraction, batch,
+                                                                           pairs))
                 out.writelines(lines[extraction.main])
                 out.flush()
                 if probs_out is not None:
