@@ -61,6 +61,19 @@ class Aligner:
         self.loaded = loaded
         self.device = device
         self.precision = precision
+        self._mixtures: Dict[Optional[float], Any] = {}   # by mix_weight, loaded once
+
+    def _mixture(self, mix_weight: Optional[float], heuristic: str) -> Any:
+        """The teacher mixed into the output at `mix_weight` (aligner/extract/mixture.py; None:
+        the recorded weight), or None."""
+        from aligner.extract.mixture import resolve_mixture
+
+        if len(self.loaded.models) < 2:
+            return None
+        if mix_weight not in self._mixtures:
+            self._mixtures[mix_weight] = resolve_mixture(self.loaded, None, mix_weight, "both",
+                                                         heuristic, self.device)
+        return self._mixtures[mix_weight]
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", checkpoint: str = "best",
@@ -112,7 +125,8 @@ class Aligner:
               method: Optional[str] = None, direction: str = "both",
               heuristic: Optional[str] = None, return_probabilities: bool = False,
               max_tokens: Optional[int] = None, threshold: Optional[float] = None,
-              calibrated: bool = True, **method_options: Any
+              calibrated: bool = True, mix_weight: Optional[float] = None,
+              **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -129,6 +143,10 @@ class Aligner:
             lines, scaled per line length unless `calibrated` is False: ``align extract
             --uncalibrated``).
         max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
+        mix_weight: the weight of the recipe's classical teacher in both directions' soft
+            alignments (``align extract --mix-weight``; aligner/extract/mixture.py): default
+            the weight the model directory records (the recipe's), 0 the model alone; only
+            for both directions combined by soft-average.
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
             exact lexicon; default as ``align extract``'s, the recipe's shortlist).
@@ -176,6 +194,15 @@ class Aligner:
                 soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
                                            self.device, method_options) for d in directions}
         if direction == "both":
+            mixture = self._mixture(mix_weight, heuristic) if soft is not None else None
+            if mixture is not None:
+                from aligner.extract.mixture import mix
+
+                with autocast_context(self.precision, self.device):
+                    other = mixture.soft(mixture.encode(Bitext(src_words, tgt_words, "src",
+                                                               "tgt")),
+                                         max_tokens, self.device)
+                soft = mix(soft, other, mixture.weight)
             links = combine(heuristic, threshold, hard=by_direction, soft=soft)
         else:
             links = by_direction[direction]
@@ -189,7 +216,8 @@ class Aligner:
                               heuristic: Optional[str] = None,
                               max_tokens: Optional[int] = None,
                               threshold: Optional[float] = None,
-                              calibrated: bool = True, **method_options: Any
+                              calibrated: bool = True, mix_weight: Optional[float] = None,
+                              **method_options: Any
                               ) -> List[List[Tuple[Link, Tuple[float, ...]]]]:
         """The links of every pair (as :meth:`align`, same arguments), each with its
         probability: per pair a list of ``((i, j), numbers)`` sorted by i then j, the numbers
@@ -203,7 +231,7 @@ class Aligner:
 
         heuristic, threshold = self.loaded.symmetrization(heuristic, threshold, calibrated)
         aligned = self.align(src, tgt, method, direction, heuristic, True, max_tokens,
-                             threshold, **method_options)
+                             threshold, mix_weight=mix_weight, **method_options)
         return [link_numbers(links, probs, direction, heuristic)
                 for links, probs in aligned]  # type: ignore[misc]
 

@@ -628,7 +628,7 @@ class LoadedModelDir:
 def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]:
     """``extra[constants.ALIGN_RUN_SETTINGS]`` of config.json, checked (one error line naming
     config.json and the key): a dict with an optional known ``symmetrize`` heuristic and an
-    optional ``threshold`` in [0, 1)."""
+    optional ``threshold`` in [0, 1) and an optional ``mix_weight`` in [0, 1]."""
     key = f"{config_path(model_dir)}: extra.{C.ALIGN_RUN_SETTINGS}"
     recorded = config.extra.get(C.ALIGN_RUN_SETTINGS, {})
     check_condition(isinstance(recorded, dict),
@@ -648,6 +648,12 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
                         and 0.0 <= threshold < 1.0,
                         f"{key}.threshold: {_json_value(threshold)} is not a probability "
                         f"threshold (a number from 0 up to, not including, 1)")
+    if "mix_weight" in recorded:
+        weight = recorded["mix_weight"]
+        check_condition(isinstance(weight, (int, float)) and not isinstance(weight, bool)
+                        and 0.0 <= weight <= 1.0,
+                        f"{key}.mix_weight: {_json_value(weight)} is not a weight (a number "
+                        f"from 0 to 1)")
     return recorded
 
 

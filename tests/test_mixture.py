@@ -114,8 +114,8 @@ def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):
 def test_misuse_of_mix_gets_one_error_line(models):
     root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
     out = ["-o", root / "x.align"]
-    assert "give both" in error_line(run("extract", models["a"], *text, *out,
-                                         "--mix-weight", "0.2", ok=False))
+    assert "keeps no teacher" in error_line(run("extract", models["a"], *text, *out,
+                                                "--mix-weight", "0.2", ok=False))
     assert "--direction both" in error_line(run("extract", models["a"], *text, *out, "--mix",
                                                 models["b"], "--direction", "fwd", ok=False))
     assert "-H soft-average" in error_line(run("extract", models["a"], *text, *out, "--mix",
@@ -124,5 +124,5 @@ def test_misuse_of_mix_gets_one_error_line(models):
         "extract", models["a"], *text, *out, "--mix", root / "nothing", ok=False))
     assert not (root / "x.align").exists()
     refused = run("extract", models["a"], *text, *out, "--mix", models["b"], "--mix-weight",
-                  "0", ok=False)
+                  "1.5", ok=False)
     assert refused.exit_code == 2 and "--mix-weight" in refused.output

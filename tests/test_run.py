@@ -116,11 +116,28 @@ def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
     assert (tmp / "x.avg").read_text() == aligned["out"].read_text()
     import json                                      # the default run's output threshold
     settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
-    assert settings == {"symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD}
+    assert settings == {"symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD,
+                        "mix_weight": recipe.MIX_WEIGHT}
     ours, theirs = np.load(aligned["soft"]), np.load(tmp / "x.npz")
     assert sorted(ours.files) == sorted(theirs.files) and len(ours.files) == 60
     for name in ours.files:
         assert np.array_equal(ours[name], theirs[name])
+    # the output mixes the teacher's posteriors (rounds/0, a classical model) into the model's
+    run("extract", model, *common, "--mix-weight", "0", "-o", tmp / "own.avg",
+        "--soft", tmp / "own.npz")
+    run("extract", model / "rounds" / "0", "-s", aligned["src"], "-t", aligned["tgt"], "-q",
+        "-o", tmp / "teacher.avg", "--soft", tmp / "teacher.npz")
+    own, teacher = np.load(tmp / "own.npz"), np.load(tmp / "teacher.npz")
+    w = recipe.MIX_WEIGHT
+    mixed = 0
+    for name in ours.files:
+        if own[name].size == 0:   # an empty side, or too long for the model: no links
+            assert ours[name].size == 0
+            continue
+        np.testing.assert_allclose(ours[name], (1 - w) * own[name] + w * teacher[name],
+                                   atol=1e-6)
+        mixed += 1
+    assert mixed >= 40
 
 
 def test_bad_input_is_one_error_line(tmp_path):
@@ -331,7 +348,8 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
                      for k in range(12)]
     import json
     config = json.loads((tmp_path / "m2" / "config.json").read_text())
-    assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.7}
+    assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.7,
+                                            "mix_weight": recipe.MIX_WEIGHT}
     config = json.loads((tmp_path / "m1" / "config.json").read_text())   # --rounds 1: 0.5
     assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.5}
     from aligner.api import Aligner                  # the Python API: the same defaults

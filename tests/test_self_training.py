@@ -76,7 +76,10 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
     config = _config(model)
     assert config["extra"]["self_training"] == {"round": 3}
     assert config["extra"]["align_run"] == {"symmetrize": recipe.HEURISTIC,
-                                            "threshold": recipe.THRESHOLD}
+                                            "threshold": recipe.THRESHOLD,
+                                            "mix_weight": recipe.MIX_WEIGHT}
+    # round 0 is the teacher, a classical model directory, mixed into the output
+    assert _config(model / "rounds" / "0")["model_kind"] == "classical"
     assert config["data"]["guide"] == str(_links(model, 2))
     assert config["training"]["guide_weight"] == recipe.SELF_GUIDE_WEIGHT
     assert config["training"]["lr_schedule"] == recipe.FINE_TUNE_LR_SCHEDULE

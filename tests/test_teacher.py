@@ -72,3 +72,31 @@ def test_the_teacher_lowercases_its_words_as_the_classical_aligner_does():
     for name in ("fwd", "rev"):
         assert all(np.array_equal(a, b) for a, b in zip(lowered[name], folded[name]))
         assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(lowered[name], kept[name]))
+
+
+def test_the_teacher_written_as_a_model_directory_aligns_as_the_teacher(tmp_path):
+    """soft_alignments(..., model_dir=D) writes the teacher as a classical model directory
+    (the recipe's rounds/0, mixed into its output): `align extract D` gives the teacher's own
+    matrices of its lines, cased words lowercased as the teacher read them; a word spelled as a
+    special token (<unk>) is left out of the tables and still gets a matrix of its line."""
+    from aligner.extract.inference import encode_bitext, soft_alignments_by_direction
+    from aligner.formats import Bitext
+    from aligner.model_dir import LoadedModelDir
+
+    source, target, _ = _synthetic_corpus(150, seed=6)
+    source[3] = ["<unk>"] + source[3]
+    target[3] = ["<unk>"] + target[3]
+    cased = [[w.upper() if k % 3 == 0 else w for k, w in enumerate(line)] for line in source]
+    config = TeacherConfig(ibm1_iterations=3, hmm_iterations=2)
+    soft = soft_alignments(cased, target, config, model_dir=str(tmp_path / "teacher"))
+    loaded = LoadedModelDir.load(str(tmp_path / "teacher"))
+    assert loaded.config.model_kind == "classical" and loaded.preprocessor.config.lowercase
+    pairs = encode_bitext(loaded, Bitext(cased, target, "src", "tgt"))
+    again = soft_alignments_by_direction(loaded.models, pairs, ("fwd", "rev"),
+                                         "hmm-posterior")
+    for name in ("fwd", "rev"):
+        for k, (mine, theirs) in enumerate(zip(soft[name], again[name])):
+            assert mine.shape == theirs.shape
+            if k != 3:   # line 3's <unk> pairs take the unseen pair's probability there
+                np.testing.assert_allclose(mine, theirs, atol=1e-5)
+    assert again["fwd"][3].shape == (len(source[3]), len(target[3]))

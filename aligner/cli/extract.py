@@ -111,10 +111,14 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Mix another model directory's posteriors into this model's before the "
                    "directions are combined (-H soft-average, both directions): each "
                    "direction's word-level matrix becomes (1 - W) * this model's + W * "
-                   "OTHER's. OTHER: the classical aligner trained on the same bitext (align "
-                   "train --model classical), or another seed of the recipe.")
-@click.option("--mix-weight", type=FiniteFloat(0.0, 1.0, min_open=True), default=None,
-              help=f"W of --mix  [default: {recipe.MIX_WEIGHT}]")
+                   "OTHER's [default: the recipe's own classical teacher, MODEL_DIR/rounds/0, "
+                   "for a model directory of align run or a self-training align train]. "
+                   "OTHER: e.g. the classical aligner trained on the same bitext (align train "
+                   "--model classical), or another seed of the recipe.")
+@click.option("--mix-weight", type=FiniteFloat(0.0, 1.0), default=None,
+              help=f"W of the mixture; 0: this model's own posteriors alone  [default: the "
+                   f"one the model directory records, {recipe.MIX_WEIGHT} for the recipe; "
+                   f"{recipe.MIX_WEIGHT} with --mix]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -192,7 +196,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     from aligner.extract.blocks import parts_folder
     from aligner.extract.corpus_alignment import PROBS, Extraction, align_bitext
     from aligner.extract.inference import default_options
-    from aligner.extract.mixture import Mixture
+    from aligner.extract.mixture import resolve_mixture
     from aligner.extract.link_probs import output_lines
     from aligner.extract.streaming import stream_extract
     from aligner.formats import open_bitext, read_bitext
@@ -215,13 +219,13 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(link_probs != "-", "--link-probs -: give a file name (--inline-probs "
                                        "writes i-j:p links to -o, stdout included)")
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
-    check_condition(mix_weight is None or mix_dir is not None,
-                    "--mix-weight is the weight of --mix OTHER_MODEL_DIR: give both")
-    check_condition(mix_dir is None or direction == "both",
-                    "--mix mixes both directions' posteriors: use it with --direction both")
-    check_condition(mix_dir is None or heuristic is None or needs_soft(heuristic),
-                    f"--mix mixes posteriors, which -H {heuristic} does not read: use -H "
-                    f"soft-average")
+    mixing = mix_dir is not None or bool(mix_weight)   # asked for (--mix-weight 0: none)
+    check_condition(not mixing or direction == "both",
+                    "--mix and --mix-weight mix both directions' posteriors: use them with "
+                    "--direction both")
+    check_condition(not mixing or heuristic is None or needs_soft(heuristic),
+                    f"--mix and --mix-weight mix posteriors, which -H {heuristic} does not "
+                    f"read: use -H soft-average")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_outside_model_dir(model_dir, {"-o": output, "--soft": soft,
@@ -271,11 +275,11 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         f"default heuristic is {heuristic}: give -H soft-average too")
         # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
         options = default_options(model, method, options)
-        check_condition(mix_dir is None or needs_soft(heuristic),
-                        f"--mix mixes posteriors, and this model's default heuristic is "
-                        f"{heuristic}: give -H soft-average too")
-        mixture = (Mixture.load(mix_dir, recipe.MIX_WEIGHT if mix_weight is None
-                                else mix_weight, torch_device) if mix_dir else None)
+        check_condition(not mixing or needs_soft(heuristic),
+                        f"--mix and --mix-weight mix posteriors, and this model's default "
+                        f"heuristic is {heuristic}: give -H soft-average too")
+        mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
+                                  torch_device)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
                                 torch_device, options, max_tokens, mixture)
         with autocast_context(precision, torch_device):

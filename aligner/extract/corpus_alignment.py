@@ -76,22 +76,24 @@ class Extraction:
     def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
              options: Optional[Dict[str, Any]] = None, direction: str = "both",
              checkpoint: str = "best", max_tokens: Optional[int] = None,
-             mix_dir: Optional[str] = None, mix_weight: float = 0.0) -> "Extraction":
-        """The model directory's `checkpoint` weights of the directions used, on `device`
-        (and `mix_dir`'s best weights, mixed in at `mix_weight`: :class:`Mixture`)."""
-        from aligner.extract.mixture import Mixture
+             mix_dir: Optional[str] = None, mix_weight: Optional[float] = None
+             ) -> "Extraction":
+        """The model directory's `checkpoint` weights of the directions used, on `device`,
+        and the mixture of `mix_dir` / `mix_weight` (:func:`aligner.extract.mixture.
+        resolve_mixture`: by default the teacher the directory records)."""
+        from aligner.extract.mixture import resolve_mixture
         from aligner.model_dir import LoadedModelDir
 
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
-        mixture = Mixture.load(mix_dir, mix_weight, device) if mix_dir else None
+        mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic, device)
         return cls(loaded, method, direction, heuristic, threshold, device, options or {},
                    max_tokens, mixture)
 
     def mix_settings(self) -> Dict[str, Any]:
-        """The arguments of :meth:`load` that load this extraction's mixture again."""
+        """The arguments of :meth:`load` that load this extraction's mixture (or none) again."""
         if self.mixture is None:
-            return {}
+            return {"mix_weight": 0.0}
         return {"mix_dir": self.mixture.loaded.path, "mix_weight": self.mixture.weight}
 
     @property

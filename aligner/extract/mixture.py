@@ -1,5 +1,6 @@
-"""A second model directory's posteriors mixed into a model's own: ``align extract MODEL --mix
-OTHER [--mix-weight W]``.
+"""A second model directory's posteriors mixed into a model's own: the recipe's output mixes
+in its classical teacher's by default, and ``align extract MODEL --mix OTHER [--mix-weight W]``
+any other's.
 
 Each direction's word-level soft alignment of a line becomes
 
@@ -14,12 +15,22 @@ longer than those they trained on, where the classical HMM's jumps hold
 of the recipe: an ensemble); each side reads the input through its own preprocessing (its
 BPE, its lowercasing), and both give one (source words, target words) matrix per line.
 
-A line one of the two cannot align (a side too long for its model: an empty matrix) takes
-the other's matrix alone; a line with an empty side has no links either way. The
-per-direction hard links (``fwd`` / ``rev`` outputs of `align run`) stay MODEL's own.
+The recipe (`align run`, a self-training `align train`) keeps its teacher as a classical
+model directory, ``MODEL/rounds/0`` (:data:`TEACHER_DIR`, the teacher trained on round 1's
+lines, aligner/training/teacher.py), and records W = recipe.MIX_WEIGHT in config.json as
+`align extract`'s default (``mix_weight`` of ``extra[constants.ALIGN_RUN_SETTINGS]``): so
+`align run`, `align extract MODEL` and the Python API give the mixed output, and
+``--mix-weight 0`` the model's own. The calibration of the thresholds per line length stays
+the model's own posteriors' (aligner/extract/calibrate.py), as measured.
+
+A line MODEL cannot align (a side too long for it: an empty matrix) stays without links, as
+without a mixture (its warning says so); a line only OTHER cannot align takes MODEL's matrix
+alone. The per-direction hard links (``fwd`` / ``rev`` outputs of `align run`) stay MODEL's
+own.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
@@ -31,6 +42,10 @@ from aligner.utils import check_condition
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.data import EncodedPair
     from aligner.model_dir import LoadedModelDir
+
+#: the recipe's teacher inside its model directory: round 0's directory
+TEACHER_DIR = os.path.join(C.ROUNDS_DIR, "0")
+
 
 @dataclass
 class Mixture:
@@ -77,20 +92,46 @@ class Mixture:
                                             parallel=workers)
 
 
+def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
+                    mix_weight: Optional[float], direction: str, heuristic: str, device: Any
+                    ) -> Optional[Mixture]:
+    """The mixture of an extraction with `loaded` (both directions combined by `heuristic`):
+    `mix_dir` at `mix_weight` (default recipe.MIX_WEIGHT) where given; else the model
+    directory's teacher (:data:`TEACHER_DIR`) at its recorded weight, or at `mix_weight`,
+    where config.json records one and the teacher is there; none with `mix_weight` 0, for one
+    direction or a heuristic that reads no posteriors. A `mix_weight` for a model with no
+    teacher and no `mix_dir` is refused (one line)."""
+    from aligner.links.combine import needs_soft
+    from aligner.model_dir import config_path, recorded_symmetrization
+    from aligner.training import recipe
+
+    if mix_weight == 0 or direction != "both" or not needs_soft(heuristic):
+        return None
+    if mix_dir:
+        return Mixture.load(mix_dir, recipe.MIX_WEIGHT if mix_weight is None else mix_weight,
+                            device)
+    recorded = recorded_symmetrization(loaded.path, loaded.config).get("mix_weight")
+    teacher = os.path.join(loaded.path, TEACHER_DIR)
+    if not recorded or not os.path.isfile(config_path(teacher)):
+        check_condition(mix_weight is None,
+                        f"--mix-weight {mix_weight}: {loaded.path} keeps no teacher to mix "
+                        f"with ({teacher}): give --mix OTHER_MODEL_DIR")
+        return None
+    return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device)
+
+
 def mix(own: Dict[str, List[np.ndarray]], other: Dict[str, List[np.ndarray]], weight: float
         ) -> Dict[str, List[np.ndarray]]:
-    """Per direction and line, (1 - weight) · own + weight · other (float32); a line whose
-    matrix is empty on one side takes the other side's (see the module docstring)."""
+    """Per direction and line, (1 - weight) · own + weight · other (float32); a line without
+    elements in `own` stays so, one without elements in `other` keeps `own`'s."""
     mixed: Dict[str, List[np.ndarray]] = {}
     for direction, matrices in own.items():
         check_condition(len(matrices) == len(other[direction]),
                         "a mixture needs both models' matrices of every line")
         lines = []
         for mine, theirs in zip(matrices, other[direction]):
-            if np.size(theirs) == 0:
+            if np.size(theirs) == 0 or np.size(mine) == 0:
                 lines.append(mine)
-            elif np.size(mine) == 0:
-                lines.append(np.asarray(theirs, dtype=np.float32))
             else:
                 check_condition(mine.shape == theirs.shape,
                                 f"the mixed models see a line as {mine.shape} and "

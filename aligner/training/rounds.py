@@ -144,6 +144,17 @@ def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> Non
         check_condition(reason is None, f"--rounds {rounds}: {reason}")
 
 
+def output_mix_weight(request: TrainRequest, plan: SelfTraining) -> Optional[float]:
+    """The weight of the teacher's posteriors in the output (recipe.MIX_WEIGHT; recorded as
+    `align extract`'s default, aligner/extract/mixture.py) where the run keeps its teacher
+    (rounds/0, :func:`write_teacher_links`) and the output reads posteriors; else None. Not
+    with --tokenize: the teacher's words are the lines' own, the model's the tokenizer's."""
+    if (teacher_guides(request, plan) and needs_soft(plan.heuristic)
+            and not request.prep_config.tokenize):
+        return recipe.MIX_WEIGHT
+    return None
+
+
 def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
                   ) -> TrainRequest:
     """The training request of round `round_number` (1-based) of `plan` on `request` (round
@@ -156,7 +167,7 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
             extra[C.ALIGN_RUN_SETTINGS] = output_settings(
-                plan.heuristic, plan.output_threshold)
+                plan.heuristic, plan.output_threshold, output_mix_weight(request, plan))
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         if not teacher_guides(request, plan):
@@ -393,15 +404,16 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
 def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
                         path: str, threads: int) -> None:
     """Train the teacher on the lines (source words, target words) with `threads` torch
-    threads and write its soft-average links at recipe.TEACHER_THRESHOLD to `path`, one
-    Pharaoh line per line (the body of :func:`_teacher_guide`'s process)."""
-
-
+    threads, write it as a classical model directory into the folder of `path` (round 0's:
+    the output's mixture, aligner/extract/mixture.py) and its soft-average links at
+    recipe.TEACHER_THRESHOLD to `path`, one Pharaoh line per line, last (the body of
+    :func:`_teacher_guide`'s process)."""
     torch.set_num_threads(threads)
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    remove_stale_temporaries(folder)   # of a teacher killed as it wrote
     links = combine(C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD,
-                    soft=teacher.soft_alignments(source, target))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    remove_stale_temporaries(os.path.dirname(path))   # of a teacher killed as it wrote
+                    soft=teacher.soft_alignments(source, target, model_dir=folder))
     write_pharaoh(path, links)
 
 

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Sequence, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+
+from aligner import constants as C
 
 from aligner.models.classical import ClassicalConfig, Lexicon
 from aligner.training import recipe
@@ -65,13 +69,13 @@ class TeacherConfig:
 
 
 def _word_ids(lines: Sequence[Sequence[str]], lowercase: bool
-              ) -> Tuple[List[np.ndarray], int]:
+              ) -> Tuple[List[np.ndarray], List[str]]:
     """Each line's words (lowercased if `lowercase`) as ids (first seen, first numbered) and
-    the vocabulary size."""
+    the words in id order."""
     vocabulary: Dict[str, int] = {}
     ids = [np.fromiter((vocabulary.setdefault(w.lower() if lowercase else w, len(vocabulary))
                         for w in words), dtype=np.int64, count=len(words)) for words in lines]
-    return ids, len(vocabulary)
+    return ids, list(vocabulary)
 
 
 def model_config(config: TeacherConfig, n_src: int, n_tgt: int) -> ClassicalConfig:
@@ -83,22 +87,49 @@ def model_config(config: TeacherConfig, n_src: int, n_tgt: int) -> ClassicalConf
                            batch_cells=config.batch_cells)
 
 
-def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
-                    config: TeacherConfig = TeacherConfig()
-                    ) -> Dict[str, List[np.ndarray]]:
+@dataclasses.dataclass
+class Teacher:
+    """A trained teacher: its words of each side in id order (``src_words[k]`` has id k; the
+    empty word is id ``len(words)`` of the given side), its model settings, and per direction
+    the tables of aligner.training.classical.train_tables, (lexicon keys (N,) int64 sorted,
+    probabilities (N,), jumps (2·max_jump + 1,)), on those ids."""
+
+    src_words: List[str]
+    tgt_words: List[str]
+    settings: ClassicalConfig
+    tables: Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    lowercase: bool
+
+
+def train(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
+          config: TeacherConfig = TeacherConfig()
+          ) -> Tuple[Teacher, List[Tuple[np.ndarray, np.ndarray]]]:
     """Train both directions on the words of every line (the classical model's EM,
-    aligner/training/classical.py, in this process alone) and return their soft alignments,
+    aligner/training/classical.py, in this process alone): the teacher and its lines as ids."""
+    src_ids, src_words = _word_ids(source, config.lowercase)
+    tgt_ids, tgt_words = _word_ids(target, config.lowercase)
+    lines = list(zip(src_ids, tgt_ids))
+    settings = model_config(config, len(src_words), len(tgt_words))
+    tables = train_tables(lambda: [lines], len(src_words), len(tgt_words), settings,
+                          config.max_words, across_ranks=False, keep_batches=True)
+    return Teacher(src_words, tgt_words, settings, tables, config.lowercase), lines
+
+
+def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
+                    config: TeacherConfig = TeacherConfig(), model_dir: Optional[str] = None
+                    ) -> Dict[str, List[np.ndarray]]:
+    """Train the teacher on the lines (:func:`train`) and return their soft alignments,
     ``{"fwd": [...], "rev": [...]}``: one (source words, target words) array per line, as
     aligner.links.combine.combine takes them; a line the teacher skips (an empty side, over
     ``config.max_words``) gets an array without elements, whatever its length (as in
-    aligner.extract.inference.no_alignment)."""
-    src_ids, n_src = _word_ids(source, config.lowercase)
-    tgt_ids, n_tgt = _word_ids(target, config.lowercase)
-    lines = list(zip(src_ids, tgt_ids))
-    settings = model_config(config, n_src, n_tgt)
-    tables = train_tables(lambda: [lines], n_src, n_tgt, settings, config.max_words,
-                          across_ranks=False, keep_batches=True)
-    sizes = {"fwd": (n_src, n_tgt), "rev": (n_tgt, n_src)}
+    aligner.extract.inference.no_alignment). With `model_dir`, the teacher is also written
+    there as a classical model directory (:func:`save_model_dir`)."""
+    trained, lines = train(source, target, config)
+    if model_dir is not None:
+        save_model_dir(trained, model_dir)
+    settings, tables = trained.settings, trained.tables
+    sizes = {"fwd": (settings.src_vocab_size, settings.tgt_vocab_size),
+             "rev": (settings.tgt_vocab_size, settings.src_vocab_size)}
     lexicons = {d: Lexicon(tables[d][0], tables[d][1], *sizes[d], settings.unseen_prob)
                 for d in tables}
     soft = posteriors(lines, lexicons, {d: tables[d][2] for d in tables}, settings,
@@ -111,3 +142,66 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
                 matrices[n] = np.zeros(shape if 0 in shape else (0, 0), dtype=np.float32)
         result[name] = matrices
     return result
+
+
+def _renumbered(keys: torch.Tensor, n_observed: int, given_ids: np.ndarray,
+                observed_ids: np.ndarray, n_observed_now: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Lexicon keys (given · n_observed + observed) renumbered: given word g becomes
+    given_ids[g] (its last entry: the empty word), observed word o observed_ids[o]; an entry
+    with a word mapped to -1 is dropped. Returns (the new keys sorted, the order that takes the
+    old entries there)."""
+    given = torch.from_numpy(given_ids)[keys // n_observed]
+    observed = torch.from_numpy(observed_ids)[keys % n_observed]
+    kept = torch.nonzero((given >= 0) & (observed >= 0)).flatten()
+    new = given[kept] * n_observed_now + observed[kept]
+    order = torch.argsort(new)
+    return new[order], kept[order]
+
+
+def save_model_dir(teacher: Teacher, model_dir: str) -> None:
+    """Write the teacher as a classical model directory (`align extract` aligns any text with
+    it, as a model of `align train --model classical`): the model directory's vocabularies
+    number its words after the special tokens, in the teacher's order, and its tables are
+    renumbered to match. A word spelled as a special token (``<unk>``) is left out with its
+    word pairs, which then take the unseen pair's probability."""
+    from aligner.config import DataConfig, RunConfig, TrainConfig
+    from aligner.model_dir import (build_direction_model, config_path, params_path,
+                                   save_params, write_version)
+    from aligner.prep import PrepConfig, Preprocessor
+    from aligner.training.request import output_settings
+    from aligner.training.run import direction_model_configs
+    from aligner.vocab import Vocabulary
+
+    os.makedirs(model_dir, exist_ok=True)
+    vocabularies, ids = {}, {}
+    for side, words in (("src", teacher.src_words), ("tgt", teacher.tgt_words)):
+        vocabulary = Vocabulary(list(C.SPECIAL_TOKENS)
+                                + [w for w in words if w not in C.SPECIAL_TOKENS])
+        # the teacher's id k -> the directory's; the extra last entry: the empty word
+        ids[side] = np.array([-1 if w in C.SPECIAL_TOKENS else vocabulary.token_id(w)
+                              for w in words] + [len(vocabulary)], dtype=np.int64)
+        vocabularies[side] = vocabulary
+    n_src, n_tgt = len(vocabularies["src"]), len(vocabularies["tgt"])
+    options = {key: value for key, value in teacher.settings.to_dict().items()
+               if key not in ("src_vocab_size", "tgt_vocab_size")}
+    config = RunConfig(model_kind="classical", directions=list(C.DIRECTIONS),
+                       models=direction_model_configs(options, C.DIRECTIONS, n_src, n_tgt),
+                       prep=PrepConfig(lowercase=teacher.lowercase, bpe_merges=0).to_dict(),
+                       data=DataConfig(), training=TrainConfig(),
+                       extra={C.ALIGN_RUN_SETTINGS: output_settings(
+                           C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD)})
+    write_version(model_dir)
+    Preprocessor(PrepConfig.from_dict(config.prep)).save(model_dir)
+    vocabularies["src"].save(os.path.join(model_dir, C.VOCAB_SRC))
+    vocabularies["tgt"].save(os.path.join(model_dir, C.VOCAB_TGT))
+    sides = {"fwd": ("src", "tgt"), "rev": ("tgt", "src")}   # (given, observed)
+    for direction, (given, observed) in sides.items():
+        keys, probs, jumps = teacher.tables[direction]
+        n_observed = len(ids[observed]) - 1
+        new_keys, order = _renumbered(keys.cpu(), n_observed, ids[given], ids[observed][:-1],
+                                      len(vocabularies[observed]))
+        model = build_direction_model(config, direction)
+        model.set_tables(new_keys, probs.cpu()[order], jumps.cpu())
+        os.makedirs(os.path.dirname(params_path(model_dir, direction)), exist_ok=True)
+        save_params(model, params_path(model_dir, direction))
+    config.save(config_path(model_dir))   # last: a directory cut off before is incomplete
