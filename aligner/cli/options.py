@@ -81,8 +81,12 @@ def recipe_summary(first_round: str = "", flags: bool = True) -> str:
               f"after the first {start} guided by its own alignments of the bitext, with a "
               f"{recipe.FINE_TUNE_LR_SCHEDULE} learning-rate decay" if recipe.ROUNDS > 1
               else f"in one training of {first}")
+    mixed = (f", each direction's mixed with the teacher's at weight {recipe.MIX_WEIGHT:g} "
+             f"(align extract --mix-weight 0: the network's alone)"
+             if recipe.TEACHER and recipe.ROUNDS > 1 else "")
     return (f"{recipe.MODEL_KIND}, both directions, {rounds}; its output: {recipe.METHOD} "
-            f"alignments combined by -H {recipe.HEURISTIC} at threshold {recipe.THRESHOLD:g}")
+            f"alignments{mixed}, combined by -H {recipe.HEURISTIC} at threshold "
+            f"{recipe.THRESHOLD:g}")
 
 
 def _apply(function, decorators):

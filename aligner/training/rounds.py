@@ -7,6 +7,9 @@ aligner/training/recipe.py), above the training of one model directory
     MODEL_DIR/rounds/settings.json   the run's plan (SelfTraining's settings): --resume
                                      refuses other ones
     MODEL_DIR/rounds/0/links.align   the teacher's links of round 1's lines: its guide
+    MODEL_DIR/rounds/0/              the teacher itself, a classical model directory
+                                     (`--model classical`), whose posteriors the output mixes
+                                     in (aligner/extract/mixture.py)
     MODEL_DIR/rounds/N/              round N's model directory, as `align train` writes one
       links.align                    round N's links of round N+1's lines: its guide (written
                                      through links.align.parts, block by block)
@@ -24,7 +27,8 @@ r+1 trains guided by them at ``guide_weight``, fine-tuning round r's weights (``
 --init-from rounds/r``) for ``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new
 weights (``fine_tune`` off). config.json records the round in ``extra["self_training"]`` and,
 for the last round, the output heuristic and threshold as `align extract`'s defaults
-(``extra[constants.ALIGN_RUN_SETTINGS]``).
+(``extra[constants.ALIGN_RUN_SETTINGS]``, with the teacher's weight in the output:
+:func:`output_mix_weight`).
 
 --resume goes on with the first round that is not done (from its checkpoints once its training
 has begun), then with each guide not written (from its last finished block); a finished run
