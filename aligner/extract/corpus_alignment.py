@@ -94,7 +94,7 @@ class Extraction:
         """The arguments of :meth:`load` that load this extraction's mixture (or none) again."""
         if self.mixture is None:
             return {"mix_weight": 0.0}
-        return {"mix_dir": self.mixture.loaded.path, "mix_weight": self.mixture.weight}
+        return {"mix_dir": self.mixture.path, "mix_weight": self.mixture.weight}
 
     @property
     def directions(self) -> Tuple[str, ...]:

@@ -49,31 +49,51 @@ TEACHER_DIR = os.path.join(C.ROUNDS_DIR, "0")
 
 @dataclass
 class Mixture:
-    """The other model directory of a mixture (both directions loaded), its extraction method
-    (its kind's first: posteriors) with that method's default options, and its weight W."""
+    """The other model directory of a mixture (`path`, both directions, loaded on `device` at
+    its first use: a process that hands its blocks to others never loads it), its extraction
+    method (its kind's first: posteriors) with that method's default options, and its weight
+    W."""
 
-    loaded: "LoadedModelDir"
+    path: str
     method: str
     options: Dict[str, Any]
     weight: float
+    device: Any
+    _loaded: Optional["LoadedModelDir"] = None
 
     @classmethod
     def load(cls, model_dir: str, weight: float, device: Any) -> "Mixture":
+        """The mixture of `model_dir` at `weight`: its config.json read and checked now (one
+        error line for what is not a model directory of both directions), its weights later."""
+        from aligner.config import RunConfig
         from aligner.extract.inference import default_options
-        from aligner.model_dir import LoadedModelDir
+        from aligner.model_dir import config_path
+        from aligner.models import model_class
 
         check_condition(0.0 < weight <= 1.0, f"--mix-weight must be in (0, 1]: {weight}")
-        loaded = LoadedModelDir.load(model_dir, C.DIRECTIONS, "best", device)
-        model = loaded.models[C.DIRECTIONS[0]]
-        method = model.METHODS[0]
-        return cls(loaded, method, default_options(model, method, {}), weight)
+        check_condition(os.path.isdir(model_dir), f"{model_dir}: no such model directory")
+        config = RunConfig.load(config_path(model_dir))
+        check_condition(all(d in config.directions for d in C.DIRECTIONS),
+                        f"{model_dir}: a mixture needs both directions; this model was "
+                        f"trained for {', '.join(config.directions)} only")
+        kind = model_class(config.model_kind)
+        method = kind.METHODS[0]
+        return cls(model_dir, method, default_options(kind, method, {}), weight, device)
+
+    @property
+    def loaded(self) -> "LoadedModelDir":
+        from aligner.model_dir import LoadedModelDir
+
+        if self._loaded is None:
+            self._loaded = LoadedModelDir.load(self.path, C.DIRECTIONS, "best", self.device)
+        return self._loaded
 
     def identity(self) -> Dict[str, Any]:
         """What the mixed output depends on, for a parts record: OTHER's files, method,
         options and W."""
         from aligner.model_dir import model_checksums
 
-        return {"model": model_checksums(self.loaded.path, C.DIRECTIONS),
+        return {"model": model_checksums(self.path, C.DIRECTIONS),
                 "method": self.method, "options": self.options, "weight": self.weight}
 
     def encode(self, block) -> List["EncodedPair"]:
