@@ -194,7 +194,8 @@ class Aligner:
                 soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
                                            self.device, method_options) for d in directions}
         if direction == "both":
-            mixture = self._mixture(mix_weight, heuristic) if soft is not None else None
+            mixture = (self._mixture(mix_weight, heuristic)
+                       if soft is not None and needs_soft(heuristic) else None)
             if mixture is not None:
                 from aligner.extract.mixture import mix
 

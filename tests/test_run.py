@@ -353,8 +353,11 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
     config = json.loads((tmp_path / "m1" / "config.json").read_text())   # --rounds 1: 0.5
     assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.5}
     from aligner.api import Aligner                  # the Python API: the same defaults
-    assert Aligner.load(str(tmp_path / "m2")).align(sources, targets) == \
-        read_pharaoh(str(tmp_path / "o2"))
+    aligner = Aligner.load(str(tmp_path / "m2"))
+    assert aligner.align(sources, targets) == read_pharaoh(str(tmp_path / "o2"))
+    run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "own", "-q",
+        "--mix-weight", "0")                       # the network alone, as the API gives it
+    assert aligner.align(sources, targets, mix_weight=0) == read_pharaoh(str(tmp_path / "own"))
     run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "x").read_text() == (tmp_path / "o2").read_text()
     run("extract", tmp_path / "m2", "-s", src, "-t", tgt, "-o", tmp_path / "x5",
