@@ -17,7 +17,7 @@ from aligner.formats import format_links
 from aligner.links.soft_symmetrize import soft_average
 from aligner.training import recipe
 from cli_runner import error_line, run
-from conftest import ROOT
+from conftest import ROOT, restored_aligner_logger
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -52,8 +52,9 @@ def models(tmp_path_factory):
     for name, seed, flags in (("a", 1, []), ("b", 2, ["-M", "ibm1_iterations=2",
                                                       "-M", "hmm_iterations=1"])):
         source, target = _lines(300, seed)
-        run("train", "--model", "classical", "-s", _write(root / f"{name}.src", source),
-            "-t", _write(root / f"{name}.tgt", target), "-o", root / name, "-q", *flags)
+        with restored_aligner_logger():   # (module scope: before the per-test snapshot)
+            run("train", "--model", "classical", "-s", _write(root / f"{name}.src", source),
+                "-t", _write(root / f"{name}.tgt", target), "-o", root / name, "-q", *flags)
     source, target = _lines(60, 3)
     target[7] = ""
     return {"a": str(root / "a"), "b": str(root / "b"), "root": root,
