@@ -113,11 +113,13 @@ CALIBRATION_LINES = 300
 #: guides stay exact (GUIDE_SHORTLIST)
 SHORTLIST = 2000
 GUIDE_SHORTLIST = 0
-#: W of `align extract --mix OTHER` without --mix-weight: each direction's soft matrices
-#: (1 - W) · the model's + W · OTHER's (aligner/extract/mixture.py); with OTHER the classical
-#: aligner trained on the same bitext, the W of 0.1-0.4 that lowers the recipe's AER most on
-#: average over en-fr dev, de-en bicici100 and ja-en dev (two seeds each, relative to each
-#: set's; mix_classical.md)
+#: W of the output's mixture: each direction's soft matrices (1 - W) · the network's + W · the
+#: teacher's (MODEL/rounds/0; `align extract --mix OTHER` without --mix-weight: OTHER's;
+#: aligner/extract/mixture.py). Chosen with the classical aligner of the same bitext as the
+#: W of 0.1-0.4 that lowers the recipe's AER most on average over en-fr dev, de-en bicici100
+#: and ja-en dev (two seeds each, relative to each set's); on the `align run` models' own
+#: teachers 0.15-0.25 are within 0.2 points of each other by that rule, and 0.25 leads
+#: eflomal on ja-en dev where 0.15 does not (mix_classical.md)
 MIX_WEIGHT = 0.25
 
 #: the direct HMM's transition-score budget (DirectHMMConfig.chunk_floats: floats alive at
