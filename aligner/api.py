@@ -155,7 +155,8 @@ class Aligner:
         j = 0-based target word). With ``return_probabilities=True`` each entry is instead a
         tuple ``(links, probabilities)`` where ``probabilities`` maps each direction used
         ("fwd" and/or "rev") to a float32 array of shape (source words, target words): the
-        method's word-level soft alignment (for "fwd" every target column sums to 1 over the
+        method's word-level soft alignment (for both directions combined by soft-average,
+        mixed with the teacher's as the links are: `mix_weight`) (for "fwd" every target column sums to 1 over the
         source words, for "rev" every source row sums to 1 over the target words — to the
         word's probability of being aligned, for a model with the empty word; see
         :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be aligned (empty
@@ -173,6 +174,9 @@ class Aligner:
                         f"direction must be fwd, rev or both, not '{direction}'")
         heuristic, threshold = self.loaded.symmetrization(heuristic, threshold, calibrated)
         check_heuristic(heuristic)
+        check_condition(not mix_weight or (direction == "both" and needs_soft(heuristic)),
+                        f"mix_weight mixes both directions' posteriors for soft-average, not "
+                        f"for direction={direction!r} with heuristic={heuristic!r}")
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         missing = [d for d in directions if d not in self.loaded.models]
         check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "

@@ -29,7 +29,8 @@ Layout (file names from aligner/constants.py)::
                            writes the directory (the file names its pid and host)
       rounds/              a self-training run's rounds (aligner/training/rounds.py): N/, round
                            N's model directory (with links.align, its links of round N+1's
-                           lines, and done); 0/links.align, the teacher's links of round 1's
+                           lines, and done); 0/, the teacher as a classical model directory
+                           (mixed into the output) and links.align, its links of round 1's
                            lines (its guide); settings.json, the rounds' settings (kept by
                            --resume). The top level then holds the last round's model:
                            config.json, the preprocessing and vocabularies, each direction's

@@ -103,6 +103,8 @@ def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):
         "--block-lines", "16")
     one = (root / "one.align").read_bytes()
     assert (root / "two.align").read_bytes() == one
+    run("extract", models["a"], *text, "-o", root / "alone.align")
+    assert (root / "alone.align").read_bytes() != one   # the mixture is there to be kept
     source = open(models["src"], encoding="utf-8").read().splitlines()
     target = open(models["tgt"], encoding="utf-8").read().splitlines()
     joint = "".join(f"{s} ||| {t}\n" for s, t in zip(source, target))
@@ -115,7 +117,7 @@ def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):
 def test_misuse_of_mix_gets_one_error_line(models):
     root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
     out = ["-o", root / "x.align"]
-    assert "keeps no teacher" in error_line(run("extract", models["a"], *text, *out,
+    assert "records no teacher" in error_line(run("extract", models["a"], *text, *out,
                                                 "--mix-weight", "0.2", ok=False))
     assert "--direction both" in error_line(run("extract", models["a"], *text, *out, "--mix",
                                                 models["b"], "--direction", "fwd", ok=False))

@@ -51,12 +51,14 @@ def aer_table(rows: List[List[str]]) -> str:
 #: `align demo --help`: what the demo trains, from the recipe's values
 HELP = f"""Train on the shipped sample, align the trial set and print its AER table.
 
-The recipe's job at the sample's size: {recipe_summary("--max-epochs epochs", flags=False)};
+The recipe's job at the sample's size: {recipe_summary("--max-epochs epochs", flags=False,
+                                                       mixed=False)};
 with a smaller model ({", ".join(f"{key} {value}" for key, value in
 recipe.DEMO_MODEL_OPTIONS.items())}) and batches of {recipe.DEMO_TRAINING["max_tokens"]} tokens
 at lr {recipe.DEMO_TRAINING["lr"]:g}. Equivalent to: align train -s train+trial.en -t train+trial.fr with
-those settings; align extract --method hmm-posterior / hmm-viterbi -H grow-diag / intersect /
-soft-average on trial; align score-aer against trial.talp. With -q it prints only the table.
+those settings; align extract --mix-weight 0 (the network alone) --uncalibrated --method
+hmm-posterior / hmm-viterbi -H grow-diag / intersect / soft-average --threshold 0.5 on trial;
+align score-aer against trial.talp. With -q it prints only the table.
 One thread (--threads 1) is the safe choice for this small model: on a busy machine more
 threads can be slower (two directions side by side still get one each).
 """

@@ -59,11 +59,12 @@ def _count(number: int, thing: str) -> str:
     return f"{number} {thing}" + ("" if number == 1 else "s")
 
 
-def recipe_summary(first_round: str = "", flags: bool = True) -> str:
+def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True) -> str:
     """What the recipe (aligner/training/recipe.py) trains, in the words of the --help of the
     commands that train it, made from its values so that the help says what they do.
     first_round: round 1's length in other words than the recipe's epochs (align demo's);
-    flags: name the options that turn the teacher off."""
+    flags: name the options that turn the teacher off; mixed: say that the output mixes the
+    teacher's posteriors in (not `align demo`'s table, which is the network's)."""
     if recipe.TEACHER:
         teacher = ("round 1 is guided by the links of a classical teacher (IBM-1, then HMMs "
                    "of both directions in agreement, trained by EM on the words of round 1's "
@@ -83,7 +84,7 @@ def recipe_summary(first_round: str = "", flags: bool = True) -> str:
               else f"in one training of {first}")
     mixed = (f", each direction's mixed with the teacher's at weight {recipe.MIX_WEIGHT:g} "
              f"(align extract --mix-weight 0: the network's alone)"
-             if recipe.TEACHER and recipe.ROUNDS > 1 else "")
+             if mixed and recipe.TEACHER and recipe.ROUNDS > 1 else "")
     return (f"{recipe.MODEL_KIND}, both directions, {rounds}; its output: {recipe.METHOD} "
             f"alignments{mixed}, combined by -H {recipe.HEURISTIC} at threshold "
             f"{recipe.THRESHOLD:g}")

@@ -30,6 +30,7 @@ own.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
@@ -42,6 +43,8 @@ from aligner.utils import check_condition
 if TYPE_CHECKING:  # pragma: no cover
     from aligner.data import EncodedPair
     from aligner.model_dir import LoadedModelDir
+
+logger = logging.getLogger(__name__)
 
 #: the recipe's teacher inside its model directory: round 0's directory
 TEACHER_DIR = os.path.join(C.ROUNDS_DIR, "0")
@@ -132,10 +135,14 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
                             device)
     recorded = recorded_symmetrization(loaded.path, loaded.config).get("mix_weight")
     teacher = os.path.join(loaded.path, TEACHER_DIR)
+    if recorded and not os.path.isfile(config_path(teacher)):
+        logger.warning("%s records a mixture with its teacher, but %s is not there (a copy "
+                       "without rounds/?): the network's posteriors alone", loaded.path, teacher)
     if not recorded or not os.path.isfile(config_path(teacher)):
         check_condition(mix_weight is None,
-                        f"--mix-weight {mix_weight}: {loaded.path} keeps no teacher to mix "
-                        f"with ({teacher}): give --mix OTHER_MODEL_DIR")
+                        f"mix weight {mix_weight}: {loaded.path} records no teacher to mix "
+                        f"with (config.json's mix_weight and {teacher}); mix another model "
+                        f"directory (align extract --mix OTHER_MODEL_DIR)")
         return None
     return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device)
 

@@ -8,8 +8,9 @@ Zenkel et al. (2020) train the alignment layer's attention on another aligner's 
 training text. `align train --model alignment-layer` with no --guide (and without
 ``--layer-query prefix``, the unguided layer of 2019) takes the recipe's: it trains the recipe
 (aligner/training/recipe.py: what `align run` trains with no flags) on the same bitext, aligns
-every line with it (hmm-posterior, -H soft-average at the recipe's output threshold), and the
-layer (stage 2, after its base) trains guided by those links::
+every line with it (its output as `align run` writes it: hmm-posterior mixed with its
+teacher's since 2026-11-30, -H soft-average at the recipe's output threshold), and the layer
+(stage 2, after its base) trains guided by those links::
 
     MODEL_DIR/guide/              the recipe's self-training run (aligner/training/rounds.py)
       links.align                 its alignments of the bitext, one line per line: the guide
@@ -162,6 +163,8 @@ def train_guide(request: TrainRequest, context: DistributedContext) -> TrainRequ
     if not os.path.isfile(links):
         device = resolve_device(request.train_config.device, context.local_rank,
                                 context.local_world_size)
+        # the recipe's output, as align run writes it: its posteriors mixed with its
+        # teacher's (aligner/extract/mixture.py), calibrated per line length
         extraction = Extraction.load(folder, device, recipe.METHOD, plan.heuristic,
                                      plan.output_threshold, shortlist_options(plan.shortlist))
         if needs_soft(plan.heuristic):   # calibrated per line length on the bitext
