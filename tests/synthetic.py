@@ -32,6 +32,30 @@ def monotone_corpus(n_pairs: int, vocab: int = 12, min_len: int = 2, max_len: in
     return sources, targets, golds
 
 
+def one_swap_corpus(lines: int, seed: int, vocabulary: int = 40
+                    ) -> Tuple[List[str], List[str], List[Set[Link]]]:
+    """(source lines, target lines, each line's true links): source words sK and target words
+    tK in the same order, an adjacent pair swapped in about half the lines (3-9 words)."""
+    rng = random.Random(seed)
+    source, target, gold = [], [], []
+    for _ in range(lines):
+        words = [rng.randrange(vocabulary) for _ in range(rng.randint(3, 9))]
+        order = list(range(len(words)))
+        if rng.random() < 0.5:
+            k = rng.randrange(len(words) - 1)
+            order[k], order[k + 1] = order[k + 1], order[k]
+        source.append(" ".join(f"s{w}" for w in words))
+        target.append(" ".join(f"t{words[k]}" for k in order))
+        gold.append({(k, j) for j, k in enumerate(order)})
+    return source, target, gold
+
+
+def write_lines(path: Path, lines: List[str]) -> str:
+    """Write `lines` to `path`, one per line (UTF-8); returns the path as a string."""
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
 def write_corpus(directory: Path, name: str, sources: List[List[str]], targets: List[List[str]],
                  golds: List[Set[Link]] = None) -> Tuple[Path, Path, Path]:
     """Write NAME.src / NAME.tgt (and NAME.talp with golds) into `directory`."""

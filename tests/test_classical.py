@@ -19,6 +19,7 @@ from aligner.models.classical import (ClassicalConfig, Lexicon, forward_backward
                                       transitions)
 from aligner.training.classical import posteriors, train_tables
 from conftest import ROOT
+from synthetic import one_swap_corpus as _synthetic, write_lines as _write
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 ALIGN = [sys.executable, "-m", "aligner"]
@@ -119,25 +120,6 @@ def test_one_ibm1_iteration_gives_the_hand_computed_lexicon():
     assert table[e * n_tgt + a] == pytest.approx(5 / 7)
     assert table[y * n_tgt + a] == pytest.approx(1 / 2)
     assert len(table) == 6
-
-
-def _synthetic(lines: int, seed: int, vocabulary: int = 40):
-    """Source words sK and target words tK in the same order, an adjacent pair swapped in
-    about half the lines: (source lines, target lines, each line's true links)."""
-    import random
-
-    rng = random.Random(seed)
-    source, target, gold = [], [], []
-    for _ in range(lines):
-        words = [rng.randrange(vocabulary) for _ in range(rng.randint(3, 9))]
-        order = list(range(len(words)))
-        if rng.random() < 0.5:
-            k = rng.randrange(len(words) - 1)
-            order[k], order[k + 1] = order[k + 1], order[k]
-        source.append(" ".join(f"s{w}" for w in words))
-        target.append(" ".join(f"t{words[k]}" for k in order))
-        gold.append({(k, j) for j, k in enumerate(order)})
-    return source, target, gold
 
 
 def test_agreement_counts_the_product_of_both_directions_posteriors():
@@ -262,11 +244,6 @@ def test_an_unseen_pair_gets_the_floor():
     torch.testing.assert_close(found, torch.tensor([[0.25, 1e-7], [0.125, 1e-7]]))
     assert float(Lexicon(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3, 4,
                          0.5).lookup(torch.tensor([1]))) == 0.5
-
-
-def _write(path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return str(path)
 
 
 def test_align_train_and_extract_with_model_classical(tmp_path):

@@ -6,7 +6,6 @@ recipe and the classical aligner (both give word-level posteriors, in seconds)."
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 
@@ -18,29 +17,9 @@ from aligner.links.soft_symmetrize import soft_average
 from aligner.training import recipe
 from cli_runner import error_line, run
 from conftest import ROOT, restored_aligner_logger
+from synthetic import one_swap_corpus, write_lines
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-
-def _lines(n: int, seed: int):
-    """Source words sK and target words tK, the target in the source's order but for one
-    adjacent swap in about half the lines."""
-    rng = random.Random(seed)
-    source, target = [], []
-    for _ in range(n):
-        words = [rng.randrange(30) for _ in range(rng.randint(3, 9))]
-        order = list(range(len(words)))
-        if rng.random() < 0.5:
-            k = rng.randrange(len(words) - 1)
-            order[k], order[k + 1] = order[k + 1], order[k]
-        source.append(" ".join(f"s{w}" for w in words))
-        target.append(" ".join(f"t{words[k]}" for k in order))
-    return source, target
-
-
-def _write(path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +30,16 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixture")
     for name, seed, flags in (("a", 1, []), ("b", 2, ["-M", "ibm1_iterations=2",
                                                       "-M", "hmm_iterations=1"])):
-        source, target = _lines(300, seed)
+        source, target = one_swap_corpus(300, seed, vocabulary=30)[:2]
         with restored_aligner_logger():   # (module scope: before the per-test snapshot)
-            run("train", "--model", "classical", "-s", _write(root / f"{name}.src", source),
-                "-t", _write(root / f"{name}.tgt", target), "-o", root / name, "-q", *flags)
-    source, target = _lines(60, 3)
+            run("train", "--model", "classical", "-q", *flags, "-o", root / name,
+                "-s", write_lines(root / f"{name}.src", source),
+                "-t", write_lines(root / f"{name}.tgt", target))
+    source, target = one_swap_corpus(60, 3, vocabulary=30)[:2]
     target[7] = ""
     return {"a": str(root / "a"), "b": str(root / "b"), "root": root,
-            "src": _write(root / "new.src", source), "tgt": _write(root / "new.tgt", target)}
+            "src": write_lines(root / "new.src", source),
+            "tgt": write_lines(root / "new.tgt", target)}
 
 
 def _soft(path):

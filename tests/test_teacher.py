@@ -11,24 +11,13 @@ import numpy as np
 from aligner.links.combine import combine
 from aligner.training import recipe
 from aligner.training.teacher import TeacherConfig, soft_alignments
+from synthetic import one_swap_corpus
 
 
 def _synthetic_corpus(lines: int, seed: int):
-    """A source of random words 'sK' and a target of their translations 'tK', in the same
-    order but with one adjacent pair swapped in about half the lines; returns the two sides
-    and each line's true links."""
-    rng = random.Random(seed)
-    source, target, gold = [], [], []
-    for _ in range(lines):
-        words = [rng.randrange(40) for _ in range(rng.randint(3, 9))]
-        order = list(range(len(words)))
-        if rng.random() < 0.5:
-            k = rng.randrange(len(words) - 1)
-            order[k], order[k + 1] = order[k + 1], order[k]
-        source.append([f"s{w}" for w in words])
-        target.append([f"t{words[k]}" for k in order])
-        gold.append({(k, j) for j, k in enumerate(order)})
-    return source, target, gold
+    """synthetic.one_swap_corpus's lines as lists of words."""
+    source, target, gold = one_swap_corpus(lines, seed)
+    return [s.split() for s in source], [t.split() for t in target], gold
 
 
 def test_the_teacher_finds_the_links_of_a_synthetic_corpus():

@@ -135,10 +135,11 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
                             device)
     recorded = recorded_symmetrization(loaded.path, loaded.config).get("mix_weight")
     teacher = os.path.join(loaded.path, TEACHER_DIR)
-    if recorded and not os.path.isfile(config_path(teacher)):
+    present = os.path.isfile(config_path(teacher))
+    if recorded and not present:
         logger.warning("%s records a mixture with its teacher, but %s is not there (a copy "
                        "without rounds/?): the network's posteriors alone", loaded.path, teacher)
-    if not recorded or not os.path.isfile(config_path(teacher)):
+    if not recorded or not present:
         check_condition(mix_weight is None,
                         f"mix weight {mix_weight}: {loaded.path} records no teacher to mix "
                         f"with (config.json's mix_weight and {teacher}); mix another model "

@@ -184,14 +184,15 @@ def save_model_dir(teacher: Teacher, model_dir: str) -> None:
     n_src, n_tgt = len(vocabularies["src"]), len(vocabularies["tgt"])
     options = {key: value for key, value in teacher.settings.to_dict().items()
                if key not in ("src_vocab_size", "tgt_vocab_size")}
+    prep = PrepConfig(lowercase=teacher.lowercase, bpe_merges=0)
     config = RunConfig(model_kind="classical", directions=list(C.DIRECTIONS),
                        models=direction_model_configs(options, C.DIRECTIONS, n_src, n_tgt),
-                       prep=PrepConfig(lowercase=teacher.lowercase, bpe_merges=0).to_dict(),
+                       prep=prep.to_dict(),
                        data=DataConfig(), training=TrainConfig(),
                        extra={C.ALIGN_RUN_SETTINGS: output_settings(
                            C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD)})
     write_version(model_dir)
-    Preprocessor(PrepConfig.from_dict(config.prep)).save(model_dir)
+    Preprocessor(prep).save(model_dir)
     vocabularies["src"].save(os.path.join(model_dir, C.VOCAB_SRC))
     vocabularies["tgt"].save(os.path.join(model_dir, C.VOCAB_TGT))
     sides = {"fwd": ("src", "tgt"), "rev": ("tgt", "src")}   # (given, observed)
