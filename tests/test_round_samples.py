@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from aligner.formats import Bitext, read_pharaoh
-from aligner.training.samples import SampledBitext, round_bitext, sample_lines
+from aligner.training.samples import (SampledBitext, round_bitext, sample_lines,
+                                      teacher_sample)
 from cli_runner import error_line, run
 from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
@@ -89,6 +90,62 @@ def test_sampled_bitext_gives_the_lines_it_holds_in_order():
     sample = round_bitext(bitext, 5, 1, 2)
     assert list(sample.lines) == sample_lines(20, 5, 1, 2).tolist()
     assert sample.description == "round 2's sample of 5 of 20 lines (seed 1)"
+
+
+def test_the_teachers_sample_holds_round_ones_lines():
+    """teacher_sample: the first max(teacher_pairs, round_pairs) lines of round 1's
+    permutation, with round 1's lines' positions among them; all lines where either budget
+    is 0 or covers the bitext."""
+    bitext = Bitext([[f"s{k}"] for k in range(30)], [[f"t{k}"] for k in range(30)], "a", "b")
+    for seed in (1, 2, 9):
+        teacher, positions = teacher_sample(bitext, 8, 20, seed)
+        round1 = sample_lines(30, 8, seed, 1)
+        assert isinstance(teacher, SampledBitext) and len(teacher) == 20
+        assert set(round1.tolist()) < set(teacher.lines.tolist())
+        assert teacher.lines[positions].tolist() == round1.tolist()
+        assert teacher.description == f"the teacher's sample of 20 of 30 lines (seed {seed})"
+        everything, positions = teacher_sample(bitext, 8, 30, seed)   # covers the bitext
+        assert everything is bitext and positions.tolist() == round1.tolist()
+        assert teacher_sample(bitext, 8, 0, seed)[0] is bitext          # no cap
+        smaller, positions = teacher_sample(bitext, 12, 5, seed)      # the cap below round 1's
+        assert smaller.lines.tolist() == sample_lines(30, 12, seed, 1).tolist()
+        assert positions is None
+    assert teacher_sample(bitext, 0, 20, 1) == (bitext, None)          # round 1 on all lines
+
+
+def test_the_teacher_trains_on_more_lines_than_round_one_and_guides_its_lines(
+        tmp_path, corpus, monkeypatch):
+    """align train --rounds 2 --round-pairs 8 on 20 lines with recipe.TEACHER_PAIRS 14: the
+    teacher (rounds/0) trains on 14 lines, round 1's 8 among them; its links.align holds the
+    teacher's soft-average links of round 1's 8 lines, as trained on the 14; its vocabulary
+    holds the words of the 14."""
+    from aligner.formats import format_links
+    from aligner.links.combine import combine
+    from aligner.training import recipe
+    from aligner.training.teacher import TeacherConfig, soft_alignments
+    from aligner.vocab import Vocabulary
+
+    _, _, sources, targets = corpus
+    taught = sample_lines(20, 14, 5, 1).tolist()
+    round1 = sample_lines(20, 8, 5, 1).tolist()
+    extra = [k for k in taught if k not in round1][0]   # a word only the teacher's lines have
+    sources[extra], targets[extra] = sources[extra] + ["onlyteacher"], targets[extra] + ["x9"]
+    src, tgt, _ = write_corpus(tmp_path, "t", sources, targets)
+    monkeypatch.setattr(recipe, "TEACHER_PAIRS", 14)
+    model = tmp_path / "m"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", model, "--rounds", "2", "--round-pairs", "8",
+            "--max-updates", "2", "--seed", "5", *TRAIN_TINY)
+    positions = [taught.index(k) for k in round1]
+    soft = soft_alignments([sources[k] for k in taught], [targets[k] for k in taught],
+                           TeacherConfig(), lines=positions)
+    expected = combine("soft-average", recipe.TEACHER_THRESHOLD, soft=soft)
+    guide = (model / "rounds" / "0" / "links.align").read_text()
+    assert guide == "".join(format_links(links) + "\n" for links in expected)
+    assert len(guide.splitlines()) == 8
+    words = set(Vocabulary.load(str(model / "rounds" / "0" / "vocab.src.json")).tokens)
+    assert {w.lower() for k in taught for w in sources[k]} <= words
+    assert "onlyteacher" in words
 
 
 def _fingerprint(pairs) -> str:

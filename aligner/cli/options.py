@@ -67,8 +67,8 @@ def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True
     teacher's posteriors in (not `align demo`'s table, which is the network's)."""
     if recipe.TEACHER:
         teacher = ("round 1 is guided by the links of a classical teacher (IBM-1, then HMMs "
-                   "of both directions in agreement, trained by EM on the words of round 1's "
-                   "lines" + ("; --no-teacher: unguided)" if flags else ")"))
+                   "of both directions in agreement, trained by EM on the words of all lines up "
+                   f"to {recipe.TEACHER_PAIRS:,}, round 1's among them" + ("; --no-teacher: unguided)" if flags else ")"))
     else:
         teacher = "round 1 trains unguided" + (" (--teacher: a classical teacher's links "
                                                "guide it)" if flags else "")

@@ -17,7 +17,7 @@ BPE, its lowercasing), and both give one (source words, target words) matrix per
 
 The recipe (`align run`, a self-training `align train`) keeps its teacher as a classical
 model directory, ``MODEL/rounds/0`` (:data:`TEACHER_DIR`, the teacher trained on round 1's
-lines, aligner/training/teacher.py), and records W = recipe.MIX_WEIGHT in config.json as
+lines and more, aligner/training/teacher.py), and records W = recipe.MIX_WEIGHT in config.json as
 `align extract`'s default (``mix_weight`` of ``extra[constants.ALIGN_RUN_SETTINGS]``): so
 `align run`, `align extract MODEL` and the Python API give the mixed output, and
 ``--mix-weight 0`` the model's own. The calibration of the thresholds per line length stays

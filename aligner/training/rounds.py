@@ -19,7 +19,8 @@ aligner/training/recipe.py), above the training of one model directory
     MODEL_DIR/run.json               the run record of every round (aligner/training/run_record.py)
 
 Round 1 is the request as given, guided by the user's --guide if any, else (``teacher``) by
-the links of a classical aligner trained by EM on round 1's lines (aligner/training/teacher.py),
+the links of a classical aligner trained by EM on round 1's lines and more, up to
+recipe.TEACHER_PAIRS lines in all (aligner/training/teacher.py),
 which rank 0 writes before round 1 trains: "round 0". After each round but the last,
 the round's model aligns the lines the next round trains on (the kind's first extraction
 method, both directions combined by the plan's heuristic at ``guide_threshold``), and round
@@ -80,7 +81,7 @@ from aligner.training.request import SelfTraining, TrainRequest, output_settings
 from aligner.training.run_record import RunRecord, record_path
 from aligner.training.run import (begin_record, check_request, request_inputs, run_config,
                                   run_inputs, supports_guide, train)
-from aligner.training.samples import round_bitext
+from aligner.training.samples import round_bitext, teacher_sample
 from aligner.utils import AlignerError, atomic_output, check_condition, remove_stale_temporaries
 
 logger = logging.getLogger(__name__)
@@ -379,8 +380,9 @@ def _train_round(model_dir: str, this_round: TrainRequest, plan: SelfTraining,
 
 def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -> float:
     """Rank 0: the classical teacher (aligner/training/teacher.py) trains on round 1's lines and
-    writes its links of them, soft-average at recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/
-    links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
+    up to recipe.TEACHER_PAIRS lines in all (aligner/training/samples.py teacher_sample) and
+    writes its links of round 1's lines, soft-average at recipe.TEACHER_THRESHOLD, to
+    MODEL_DIR/rounds/0/links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
     It runs in a "spawn" process of its own, so that its memory (1.5 GiB at its peak on
     40,000 Hansards lines) goes back to the system when it ends instead of staying in this
     process's heap (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns
@@ -389,14 +391,17 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
     faults.reached("teacher")
     path = guide_path(request.model_dir, 0)
     if context.is_main:
+        lines, round_lines = teacher_sample(request.bitext, plan.round_pairs,
+                                            recipe.TEACHER_PAIRS, request.train_config.seed)
         source, target = [], []
-        for source_words, target_words in training_lines(request, plan, 1):
+        for source_words, target_words in lines:
             source.append(source_words)
             target.append(target_words)
-        logger.info("teacher: IBM-1 and HMM alignment (EM) of round 1's %d lines",
-                    len(source))
+        logger.info("teacher: IBM-1 and HMM alignment (EM) of %d lines, round 1's %d among "
+                    "them", len(source), len(source) if round_lines is None else len(round_lines))
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pool.apply(write_teacher_links, (source, target, path, teacher.THREADS))
+            pool.apply(write_teacher_links, (source, target, path, teacher.THREADS,
+                                             round_lines))
     seconds = time.time() - start
     if record is not None:
         record.add_stage("teacher", seconds)
@@ -406,18 +411,21 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
 
 
 def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
-                        path: str, threads: int) -> None:
+                        path: str, threads: int, guide_lines: Optional[Sequence[int]] = None
+                        ) -> None:
     """Train the teacher on the lines (source words, target words) with `threads` torch
     threads, write it as a classical model directory into the folder of `path` (round 0's:
     the output's mixture, aligner/extract/mixture.py) and its soft-average links at
-    recipe.TEACHER_THRESHOLD to `path`, one Pharaoh line per line, last (the body of
+    recipe.TEACHER_THRESHOLD of the lines `guide_lines` (0-based positions among them, sorted;
+    None: all) to `path`, one Pharaoh line per line, last (the body of
     :func:`_teacher_guide`'s process)."""
     torch.set_num_threads(threads)
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     remove_stale_temporaries(folder)   # of a teacher killed as it wrote
     links = combine(C.SOFT_HEURISTICS[0], recipe.TEACHER_THRESHOLD,
-                    soft=teacher.soft_alignments(source, target, model_dir=folder))
+                    soft=teacher.soft_alignments(source, target, model_dir=folder,
+                                                 lines=guide_lines))
     write_pharaoh(path, links)
 
 

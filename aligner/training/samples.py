@@ -97,3 +97,25 @@ def round_bitext(bitext, round_pairs: int, seed: int, round_number: int,
         return bitext
     return SampledBitext(bitext, lines, f"round {round_number}'s sample of {len(lines)} of "
                                         f"{len(bitext)} lines (seed {seed})")
+
+
+def teacher_sample(bitext, round_pairs: int, teacher_pairs: int, seed: int):
+    """The lines the classical teacher trains on, and where round 1's lines are among them.
+
+    The teacher takes the first max(teacher_pairs, round_pairs) lines of the permutation whose
+    first round_pairs are round 1's sample (0 for either: all lines), so its lines hold round
+    1's. Returns (the teacher's bitext: `bitext` itself or a :class:`SampledBitext`, the 0-based
+    positions of round 1's lines among the teacher's, sorted, int64; None where round 1 trains
+    on all of the teacher's lines)."""
+    n_lines = len(bitext)
+    cap = 0 if round_pairs <= 0 or teacher_pairs <= 0 else max(teacher_pairs, round_pairs)
+    teacher_lines = sample_lines(n_lines, cap, seed, 1)
+    round_lines = sample_lines(n_lines, round_pairs, seed, 1)
+    if teacher_lines is None:
+        return bitext, round_lines
+    positions = None
+    if round_lines is not None and len(round_lines) < len(teacher_lines):
+        positions = np.searchsorted(teacher_lines, round_lines)
+    return (SampledBitext(bitext, teacher_lines, f"the teacher's sample of {len(teacher_lines)} "
+                                                 f"of {n_lines} lines (seed {seed})"),
+            positions)

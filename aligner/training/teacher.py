@@ -1,7 +1,8 @@
 """The recipe's teacher: the classical aligner (``--model classical``,
 aligner/models/classical.py and aligner/training/classical.py: IBM Model 1, then first-order
-HMMs of both directions trained in agreement) trained on the words of round 1's lines, in
-memory, and its soft alignments of those lines. One implementation: what `align train --model
+HMMs of both directions trained in agreement) trained on the words of round 1's lines and more
+(up to recipe.TEACHER_PAIRS lines in all: aligner/training/samples.py teacher_sample), in
+memory, and its soft alignments of round 1's lines. One implementation: what `align train --model
 classical` writes into a model directory is the same EM on the same words, there encoded
 through the model directory's word vocabularies.
 
@@ -116,15 +117,20 @@ def train(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
 
 
 def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
-                    config: TeacherConfig = TeacherConfig(), model_dir: Optional[str] = None
-                    ) -> Dict[str, List[np.ndarray]]:
-    """Train the teacher on the lines (:func:`train`) and return their soft alignments,
+                    config: TeacherConfig = TeacherConfig(), model_dir: Optional[str] = None,
+                    lines: Optional[Sequence[int]] = None) -> Dict[str, List[np.ndarray]]:
+    """Train the teacher on the lines (:func:`train`) and return the soft alignments of those
+    at positions `lines` (0-based; None: every line, in order),
     ``{"fwd": [...], "rev": [...]}``: one (source words, target words) array per line, as
     aligner.links.combine.combine takes them; a line the teacher skips (an empty side, over
     ``config.max_words``) gets an array without elements, whatever its length (as in
     aligner.extract.inference.no_alignment). With `model_dir`, the teacher is also written
     there as a classical model directory (:func:`save_model_dir`)."""
-    trained, lines = train(source, target, config)
+    trained, id_lines = train(source, target, config)
+    if lines is not None:
+        id_lines = [id_lines[k] for k in lines]
+        source = [source[k] for k in lines]
+        target = [target[k] for k in lines]
     if model_dir is not None:
         save_model_dir(trained, model_dir)
     settings, tables = trained.settings, trained.tables
@@ -132,7 +138,7 @@ def soft_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[s
              "rev": (settings.tgt_vocab_size, settings.src_vocab_size)}
     lexicons = {d: Lexicon(tables[d][0], tables[d][1], *sizes[d], settings.unseen_prob)
                 for d in tables}
-    soft = posteriors(lines, lexicons, {d: tables[d][2] for d in tables}, settings,
+    soft = posteriors(id_lines, lexicons, {d: tables[d][2] for d in tables}, settings,
                       config.max_words)
     result = {}
     for name, matrices in soft.items():
