@@ -207,7 +207,7 @@ class Aligner:
                     other = mixture.soft(mixture.encode(Bitext(src_words, tgt_words, "src",
                                                                "tgt")),
                                          max_tokens, self.device)
-                soft = mix(soft, other, mixture.weight)
+                soft = mix(soft, other, mixture.weight, mixture.long_line)
             links = combine(heuristic, threshold, hard=by_direction, soft=soft)
         else:
             links = by_direction[direction]

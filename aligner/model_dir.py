@@ -629,7 +629,8 @@ class LoadedModelDir:
 def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]:
     """``extra[constants.ALIGN_RUN_SETTINGS]`` of config.json, checked (one error line naming
     config.json and the key): a dict with an optional known ``symmetrize`` heuristic and an
-    optional ``threshold`` in [0, 1) and an optional ``mix_weight`` in [0, 1]."""
+    optional ``threshold`` in [0, 1), an optional ``mix_weight`` in [0, 1] and an optional
+    ``mix_length`` (a whole number, 0 or more)."""
     key = f"{config_path(model_dir)}: extra.{C.ALIGN_RUN_SETTINGS}"
     recorded = config.extra.get(C.ALIGN_RUN_SETTINGS, {})
     check_condition(isinstance(recorded, dict),
@@ -655,6 +656,12 @@ def recorded_symmetrization(model_dir: str, config: RunConfig) -> Dict[str, Any]
                         and 0.0 <= weight <= 1.0,
                         f"{key}.mix_weight: {_json_value(weight)} is not a weight (a number "
                         f"from 0 to 1)")
+    if "mix_length" in recorded:
+        length = recorded["mix_length"]
+        check_condition(isinstance(length, int) and not isinstance(length, bool)
+                        and length >= 0,
+                        f"{key}.mix_length: {_json_value(length)} is not a line length (a "
+                        f"whole number of words, 0 or more)")
     return recorded
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from aligner.formats import format_links
+from aligner.extract.mixture import line_weight, long_line_length, mix
 from aligner.links.soft_symmetrize import soft_average
 from aligner.training import recipe
 from cli_runner import error_line, run
@@ -76,9 +77,71 @@ def test_the_mixture_is_the_weighted_mean_of_both_models_matrices(models):
     assert lines != (root / "a.align").read_text().splitlines(keepends=True)
 
 
+def test_the_weight_grows_on_lines_longer_than_the_long_line_length():
+    """line_weight by hand: W up to L words, then linear to 1 at 2L; L = 0: W everywhere."""
+    assert line_weight(0.25, 0, 500) == 0.25
+    assert line_weight(0.25, 10, 10) == 0.25
+    assert line_weight(0.25, 10, 15) == 0.625
+    assert line_weight(0.25, 10, 12) == 0.25 + 0.75 * 0.2
+    assert line_weight(0.25, 10, 20) == line_weight(0.25, 10, 41) == 1.0
+    own = {"fwd": [np.ones((3, 4), np.float32), np.ones((2, 2), np.float32)], "rev": [
+        np.ones((3, 4), np.float32), np.zeros((0, 0), np.float32)]}
+    other = {"fwd": [np.zeros((3, 4), np.float32), np.zeros((2, 2), np.float32)],
+             "rev": [np.zeros((3, 4), np.float32), np.zeros((0, 0), np.float32)]}
+    mixed = mix(own, other, 0.25, long_line=2)   # 4 words: 1 - (0.25 + 0.75) = 0
+    np.testing.assert_allclose(mixed["fwd"][0], 0.0)
+    np.testing.assert_allclose(mixed["fwd"][1], 0.75)   # 2 words: W
+    assert mixed["rev"][1].size == 0
+
+
+def test_the_long_line_length_is_a_quantile_of_the_line_lengths():
+    """The longer side of each line; lines with an empty side left out; rounded up."""
+    bitext = [(["a"] * 2, ["b"]), (["a"] * 4, ["b"] * 3), (["a"], ["b"] * 6), ([], ["b"] * 50),
+              (["a"] * 8, ["b"] * 2), (["a"] * 10, ["b"] * 10)]   # lengths 2 4 6 8 10
+    assert long_line_length(bitext, 0.5) == 6
+    assert long_line_length(bitext, 0.99) == 10   # 9.92 rounded up
+    assert long_line_length(bitext, 0.3) == 5     # 4.4 rounded up
+    assert long_line_length([([], ["b"])], 0.99) == 0
+
+
+def test_longer_lines_take_more_of_the_other_model(models):
+    """--mix-length L: each line's matrices are (1 - w) · MODEL's + w · OTHER's with w =
+    line_weight(W, L, its longer side); a length recorded in MODEL's config.json is the
+    default, --mix-length 0 the same W everywhere."""
+    import json
+    import shutil
+
+    root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
+    mixed = ["--mix", models["b"], "--mix-weight", "0.3"]
+    for name, model in (("a", models["a"]), ("b", models["b"])):
+        run("extract", model, *text, "-o", root / f"{name}.l.align", "--soft",
+            root / f"{name}.l.npz")
+    run("extract", models["a"], *text, *mixed, "--mix-length", "4", "-o", root / "l4.align",
+        "--soft", root / "l4.npz")
+    a, b, l4 = _soft(root / "a.l.npz"), _soft(root / "b.l.npz"), _soft(root / "l4.npz")
+    weights = set()
+    for key in a:
+        if a[key].size:
+            w = line_weight(0.3, 4, max(a[key].shape))
+            np.testing.assert_allclose(l4[key], (1 - w) * a[key] + w * b[key], atol=1e-6)
+            weights.add(round(w, 6))
+    assert {0.3, 1.0} < weights   # lines of at most 4, of 8 and more, and between
+    recorded = root / "a_recorded"
+    shutil.copytree(models["a"], recorded)
+    config = json.loads((recorded / "config.json").read_text())
+    config["extra"]["align_run"] = {"mix_length": 4}
+    (recorded / "config.json").write_text(json.dumps(config))
+    run("extract", recorded, *text, *mixed, "-o", root / "r.align")
+    assert (root / "r.align").read_bytes() == (root / "l4.align").read_bytes()
+    run("extract", recorded, *text, *mixed, "--mix-length", "0", "-o", root / "r0.align")
+    run("extract", models["a"], *text, *mixed, "-o", root / "w.align")
+    assert (root / "r0.align").read_bytes() == (root / "w.align").read_bytes()
+    assert (root / "r0.align").read_bytes() != (root / "r.align").read_bytes()
+
+
 def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):
     root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
-    mixed = ["--mix", models["b"], "--mix-weight", "0.4"]
+    mixed = ["--mix", models["b"], "--mix-weight", "0.4", "--mix-length", "6"]
     run("extract", models["a"], *text, *mixed, "-o", root / "one.align", "--processes", "1")
     run("extract", models["a"], *text, *mixed, "-o", root / "two.align", "--processes", "2",
         "--block-lines", "16")

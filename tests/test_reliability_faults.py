@@ -443,7 +443,9 @@ def test_stale_temporary_files_of_a_killed_run_are_removed_on_resume(tmp_path, t
     ({"symmetrize": ["union"]}, "extra.align_run.symmetrize: ['union'] is not a heuristic"),
     ({"symmetrize": 3}, "extra.align_run.symmetrize: 3 is not a heuristic"),
     ({"mix_weight": 1.5}, "extra.align_run.mix_weight: 1.5 is not a weight"),
-    ({"mix_weight": "0.2"}, "extra.align_run.mix_weight: '0.2' is not a weight")])
+    ({"mix_weight": "0.2"}, "extra.align_run.mix_weight: '0.2' is not a weight"),
+    ({"mix_length": -1}, "extra.align_run.mix_length: -1 is not a line length"),
+    ({"mix_length": 12.5}, "extra.align_run.mix_length: 12.5 is not a line length")])
 def test_bad_recorded_extraction_defaults_are_error_line(tmp_path, trained, recorded,
                                                              message):
     import shutil

@@ -116,8 +116,12 @@ def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
     assert (tmp / "x.avg").read_text() == aligned["out"].read_text()
     import json                                      # the default run's output threshold
     settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
+    lengths = [max(len(s.split()), len(t.split())) for s, t in
+               zip(open(aligned["src"], encoding="utf-8"), open(aligned["tgt"], encoding="utf-8"))
+               if s.split() and t.split()]
+    long_line = int(np.ceil(np.quantile(lengths, recipe.MIX_LENGTH_QUANTILE)))
     assert settings == {"symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD,
-                        "mix_weight": recipe.MIX_WEIGHT}
+                        "mix_weight": recipe.MIX_WEIGHT, "mix_length": long_line}
     ours, theirs = np.load(aligned["soft"]), np.load(tmp / "x.npz")
     assert sorted(ours.files) == sorted(theirs.files) and len(ours.files) == 60
     for name in ours.files:
@@ -128,12 +132,15 @@ def test_outputs_agree_with_align_extract_on_the_kept_model(aligned):
     run("extract", model / "rounds" / "0", "-s", aligned["src"], "-t", aligned["tgt"], "-q",
         "-o", tmp / "teacher.avg", "--soft", tmp / "teacher.npz")
     own, teacher = np.load(tmp / "own.npz"), np.load(tmp / "teacher.npz")
-    w = recipe.MIX_WEIGHT
     mixed = 0
     for name in ours.files:
         if own[name].size == 0:   # an empty side, or too long for the model: no links
             assert ours[name].size == 0
             continue
+        words = max(own[name].shape)   # over the bitext's 99th percentile: more teacher
+        # (none of the bitext's own lines here; tests/test_mixture.py aligns longer ones)
+        w = recipe.MIX_WEIGHT + (1 - recipe.MIX_WEIGHT) * min(1, max(0, words - long_line)
+                                                                / long_line)
         np.testing.assert_allclose(ours[name], (1 - w) * own[name] + w * teacher[name],
                                    atol=1e-6)
         mixed += 1
@@ -348,8 +355,10 @@ def test_guides_use_the_self_guide_threshold_and_extract_defaults_to_the_runs_th
                      for k in range(12)]
     import json
     config = json.loads((tmp_path / "m2" / "config.json").read_text())
-    assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.7,
-                                            "mix_weight": recipe.MIX_WEIGHT}
+    recorded = config["extra"]["align_run"]
+    assert recorded == {"symmetrize": "soft-average", "threshold": 0.7,
+                        "mix_weight": recipe.MIX_WEIGHT,
+                        "mix_length": recorded["mix_length"]} and recorded["mix_length"] > 0
     config = json.loads((tmp_path / "m1" / "config.json").read_text())   # --rounds 1: 0.5
     assert config["extra"]["align_run"] == {"symmetrize": "soft-average", "threshold": 0.5}
     from aligner.api import Aligner                  # the Python API: the same defaults

@@ -119,6 +119,12 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help=f"W of the mixture; 0: this model's own posteriors alone  [default: the "
                    f"one the model directory records, {recipe.MIX_WEIGHT} for the recipe; "
                    f"{recipe.MIX_WEIGHT} with --mix]")
+@click.option("--mix-length", type=click.IntRange(min=0), default=None, metavar="WORDS",
+              help="Lines longer than this many words (their longer side) give OTHER more "
+                   "weight, growing from W to 1 at twice the length: a network aligns lines "
+                   "far longer than its training lines poorly; 0: W on every line  [default: "
+                   "the one the model directory records: for the recipe the 99th percentile "
+                   "of its bitext's line lengths; else 0]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -162,7 +168,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float],
             calibrated: bool, mix_dir: Optional[str], mix_weight: Optional[float],
-            output: str,
+            mix_length: Optional[int], output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
             stream_wait: float, block_lines: Optional[int], processes: int, resume: bool,
             overwrite: bool,
@@ -279,7 +285,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                         f"--mix and --mix-weight mix posteriors, and this model's default "
                         f"heuristic is {heuristic}: give -H soft-average too")
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
-                                  torch_device)
+                                  torch_device, mix_length)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
                                 torch_device, options, max_tokens, mixture)
         with autocast_context(precision, torch_device):

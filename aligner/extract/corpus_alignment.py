@@ -76,17 +76,19 @@ class Extraction:
     def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
              options: Optional[Dict[str, Any]] = None, direction: str = "both",
              checkpoint: str = "best", max_tokens: Optional[int] = None,
-             mix_dir: Optional[str] = None, mix_weight: Optional[float] = None
-             ) -> "Extraction":
+             mix_dir: Optional[str] = None, mix_weight: Optional[float] = None,
+             mix_length: Optional[int] = None) -> "Extraction":
         """The model directory's `checkpoint` weights of the directions used, on `device`,
-        and the mixture of `mix_dir` / `mix_weight` (:func:`aligner.extract.mixture.
-        resolve_mixture`: by default the teacher the directory records)."""
+        and the mixture of `mix_dir` / `mix_weight` / `mix_length`
+        (:func:`aligner.extract.mixture.resolve_mixture`: by default the teacher the
+        directory records)."""
         from aligner.extract.mixture import resolve_mixture
         from aligner.model_dir import LoadedModelDir
 
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
-        mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic, device)
+        mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic, device,
+                                  mix_length)
         return cls(loaded, method, direction, heuristic, threshold, device, options or {},
                    max_tokens, mixture)
 
@@ -94,7 +96,8 @@ class Extraction:
         """The arguments of :meth:`load` that load this extraction's mixture (or none) again."""
         if self.mixture is None:
             return {"mix_weight": 0.0}
-        return {"mix_dir": self.mixture.path, "mix_weight": self.mixture.weight}
+        return {"mix_dir": self.mixture.path, "mix_weight": self.mixture.weight,
+                "mix_length": self.mixture.long_line}
 
     @property
     def directions(self) -> Tuple[str, ...]:
@@ -171,7 +174,7 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
                             "a mixture needs its model's encoding of every line")
             soft = mix(soft, extraction.mixture.soft(mix_pairs, extraction.max_tokens,
                                                      extraction.device, workers),
-                       extraction.mixture.weight)
+                       extraction.mixture.weight, extraction.mixture.long_line)
     if both:
         hard[main] = combine(extraction.heuristic, extraction.threshold, hard=hard, soft=soft)
     lines_by_name: Dict[str, List[str]] = {}

@@ -15,6 +15,16 @@ longer than those they trained on, where the classical HMM's jumps hold
 of the recipe: an ensemble); each side reads the input through its own preprocessing (its
 BPE, its lowercasing), and both give one (source words, target words) matrix per line.
 
+On a line longer than the model's training lines W grows (:func:`line_weight`): with a
+long-line length L (``--mix-length``; the recipe records the 99th percentile of its bitext's
+line lengths, recipe.MIX_LENGTH_QUANTILE), a line of n > L words (its longer side) takes
+
+    W(n) = W + (1 - W) · min(1, (n - L) / L)
+
+so OTHER alone from 2L words on: a neural model trained on lines of at most 16 words aligns
+lines of 40 badly, where the classical HMM's jumps, which do not depend on the line's length,
+hold (join_lines_jaen.md, mix_length.md). L = 0: the same W on every line.
+
 The recipe (`align run`, a self-training `align train`) keeps its teacher as a classical
 model directory, ``MODEL/rounds/0`` (:data:`TEACHER_DIR`, the teacher trained on round 1's
 lines and more, aligner/training/teacher.py), and records W = recipe.MIX_WEIGHT in config.json as
@@ -62,18 +72,22 @@ class Mixture:
     options: Dict[str, Any]
     weight: float
     device: Any
+    long_line: int = 0
     _loaded: Optional["LoadedModelDir"] = None
 
     @classmethod
-    def load(cls, model_dir: str, weight: float, device: Any) -> "Mixture":
-        """The mixture of `model_dir` at `weight`: its config.json read and checked now (one
-        error line for what is not a model directory of both directions), its weights later."""
+    def load(cls, model_dir: str, weight: float, device: Any, long_line: int = 0
+             ) -> "Mixture":
+        """The mixture of `model_dir` at `weight`, growing on lines over `long_line` words
+        (:func:`line_weight`): its config.json read and checked now (one error line for what
+        is not a model directory of both directions), its weights later."""
         from aligner.config import RunConfig
         from aligner.extract.inference import default_options
         from aligner.model_dir import config_path
         from aligner.models import model_class
 
         check_condition(0.0 < weight <= 1.0, f"--mix-weight must be in (0, 1]: {weight}")
+        check_condition(long_line >= 0, f"--mix-length must be 0 or more: {long_line}")
         check_condition(os.path.isdir(model_dir), f"{model_dir}: no such model directory")
         config = RunConfig.load(config_path(model_dir))
         check_condition(all(d in config.directions for d in C.DIRECTIONS),
@@ -81,7 +95,8 @@ class Mixture:
                         f"trained for {', '.join(config.directions)} only")
         kind = model_class(config.model_kind)
         method = kind.METHODS[0]
-        return cls(model_dir, method, default_options(kind, method, {}), weight, device)
+        return cls(model_dir, method, default_options(kind, method, {}), weight, device,
+                   long_line)
 
     @property
     def loaded(self) -> "LoadedModelDir":
@@ -97,7 +112,8 @@ class Mixture:
         from aligner.model_dir import model_checksums
 
         return {"model": model_checksums(self.path, C.DIRECTIONS),
-                "method": self.method, "options": self.options, "weight": self.weight}
+                "method": self.method, "options": self.options, "weight": self.weight,
+                "long_line": self.long_line}
 
     def encode(self, block) -> List["EncodedPair"]:
         """The lines of `block` (a Bitext or a block of one) as OTHER reads them."""
@@ -116,24 +132,27 @@ class Mixture:
 
 
 def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
-                    mix_weight: Optional[float], direction: str, heuristic: str, device: Any
-                    ) -> Optional[Mixture]:
+                    mix_weight: Optional[float], direction: str, heuristic: str, device: Any,
+                    mix_length: Optional[int] = None) -> Optional[Mixture]:
     """The mixture of an extraction with `loaded` (both directions combined by `heuristic`):
     `mix_dir` at `mix_weight` (default recipe.MIX_WEIGHT) where given; else the model
     directory's teacher (:data:`TEACHER_DIR`) at its recorded weight, or at `mix_weight`,
     where config.json records one and the teacher is there; none with `mix_weight` 0, for one
     direction or a heuristic that reads no posteriors. A `mix_weight` for a model with no
-    teacher and no `mix_dir` is refused (one line)."""
+    teacher and no `mix_dir` is refused (one line). Its long-line length: `mix_length`, else
+    what config.json records (``mix_length``), else 0 (the same weight on every line)."""
     from aligner.links.combine import needs_soft
     from aligner.model_dir import config_path, recorded_symmetrization
     from aligner.training import recipe
 
     if mix_weight == 0 or direction != "both" or not needs_soft(heuristic):
         return None
+    settings = recorded_symmetrization(loaded.path, loaded.config)
+    long_line = settings.get("mix_length", 0) if mix_length is None else mix_length
     if mix_dir:
         return Mixture.load(mix_dir, recipe.MIX_WEIGHT if mix_weight is None else mix_weight,
-                            device)
-    recorded = recorded_symmetrization(loaded.path, loaded.config).get("mix_weight")
+                            device, long_line)
+    recorded = settings.get("mix_weight")
     teacher = os.path.join(loaded.path, TEACHER_DIR)
     present = os.path.isfile(config_path(teacher))
     if recorded and not present:
@@ -145,12 +164,33 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
                         f"with (config.json's mix_weight and {teacher}); mix another model "
                         f"directory (align extract --mix OTHER_MODEL_DIR)")
         return None
-    return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device)
+    return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device,
+                        long_line)
 
 
-def mix(own: Dict[str, List[np.ndarray]], other: Dict[str, List[np.ndarray]], weight: float
-        ) -> Dict[str, List[np.ndarray]]:
-    """Per direction and line, (1 - weight) · own + weight · other (float32); a line without
+def long_line_length(bitext, quantile: float) -> int:
+    """The `quantile` of the lines' lengths in words (each line's longer side; lines with an
+    empty side left out), rounded up: the long-line length the recipe records for its
+    mixture (0 for a bitext without a line of two sides)."""
+    lengths = np.fromiter((max(len(s), len(t)) for s, t in bitext if s and t), dtype=np.int64)
+    if not lengths.size:
+        return 0
+    return int(np.ceil(np.quantile(lengths, quantile)))
+
+
+def line_weight(weight: float, long_line: int, words: int) -> float:
+    """OTHER's weight on a line of `words` words (its longer side): `weight` up to
+    `long_line` words (and everywhere with `long_line` 0), then growing linearly to 1 at
+    2 · `long_line` (the module docstring's W(n))."""
+    if long_line <= 0 or words <= long_line:
+        return weight
+    return weight + (1.0 - weight) * min(1.0, (words - long_line) / long_line)
+
+
+def mix(own: Dict[str, List[np.ndarray]], other: Dict[str, List[np.ndarray]], weight: float,
+        long_line: int = 0) -> Dict[str, List[np.ndarray]]:
+    """Per direction and line of (source words, target words) = (S, T), (1 - w) · own + w ·
+    other (float32) with w = line_weight(weight, long_line, max(S, T)); a line without
     elements in `own` stays so, one without elements in `other` keeps `own`'s."""
     mixed: Dict[str, List[np.ndarray]] = {}
     for direction, matrices in own.items():
@@ -164,7 +204,8 @@ def mix(own: Dict[str, List[np.ndarray]], other: Dict[str, List[np.ndarray]], we
                 check_condition(mine.shape == theirs.shape,
                                 f"the mixed models see a line as {mine.shape} and "
                                 f"{theirs.shape} words: they split words differently")
-                lines.append(((1.0 - weight) * np.asarray(mine, dtype=np.float32)
-                              + weight * np.asarray(theirs, dtype=np.float32)))
+                share = line_weight(weight, long_line, max(mine.shape))
+                lines.append(((1.0 - share) * np.asarray(mine, dtype=np.float32)
+                              + share * np.asarray(theirs, dtype=np.float32)))
         mixed[direction] = lines
     return mixed

@@ -130,6 +130,10 @@ GUIDE_SHORTLIST = 0
 #: teachers 0.15-0.25 are within 0.2 points of each other by that rule, and 0.25 leads
 #: eflomal on ja-en dev where 0.15 does not (mix_classical.md)
 MIX_WEIGHT = 0.25
+#: ... on lines up to the long-line length L the recipe records: this quantile of its
+#: bitext's line lengths (longer side, words); longer lines weigh the teacher more, alone from
+#: 2L words on (aligner/extract/mixture.py line_weight; mix_length.md)
+MIX_LENGTH_QUANTILE = 0.99
 
 #: the direct HMM's transition-score budget (DirectHMMConfig.chunk_floats: floats alive at
 #: once before training chunks and recomputes them) on the CPU: the model's own default,

@@ -126,13 +126,15 @@ class SelfTraining:
     teacher: bool = recipe.TEACHER
 
 
-def output_settings(heuristic: str, threshold: float, mix_weight: Optional[float] = None
-                    ) -> Dict[str, Any]:
+def output_settings(heuristic: str, threshold: float, mix_weight: Optional[float] = None,
+                    mix_length: Optional[int] = None) -> Dict[str, Any]:
     """What config.json records as `align extract`'s defaults
     (``extra[constants.ALIGN_RUN_SETTINGS]``): the heuristic and the threshold, and the
     weight of the teacher's posteriors mixed into the model's (aligner/extract/mixture.py)
-    where the run keeps its teacher."""
+    and its long-line length where the run keeps its teacher."""
     settings: Dict[str, Any] = {"symmetrize": heuristic, "threshold": threshold}
     if mix_weight is not None:
         settings["mix_weight"] = mix_weight
+    if mix_length is not None:
+        settings["mix_length"] = mix_length
     return settings

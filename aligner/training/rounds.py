@@ -64,6 +64,7 @@ from aligner.config import RunConfig
 from aligner.distributed import DistributedContext, distributed, resolve_device
 from aligner.extract.calibrate import calibrated_extraction
 from aligner.extract.corpus_alignment import Extraction, align_bitext, shortlist_options
+from aligner.extract.mixture import long_line_length
 from aligner.formats import write_pharaoh
 from aligner.links.combine import combine, needs_soft
 from aligner.log import setup_logging
@@ -151,7 +152,8 @@ def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> Non
 
 def output_mix_weight(request: TrainRequest, plan: SelfTraining) -> Optional[float]:
     """The weight of the teacher's posteriors in the output (recipe.MIX_WEIGHT; recorded as
-    `align extract`'s default, aligner/extract/mixture.py) where the run keeps its teacher
+    `align extract`'s default with its long-line length, the recipe.MIX_LENGTH_QUANTILE of
+    the bitext's line lengths, aligner/extract/mixture.py) where the run keeps its teacher
     (rounds/0, :func:`write_teacher_links`) and the output reads posteriors; else None. Not
     with --tokenize: the teacher's words are the lines' own, the model's the tokenizer's."""
     if (teacher_guides(request, plan) and needs_soft(plan.heuristic)
@@ -171,8 +173,11 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         extra[SELF_TRAINING_KEY] = {"round": round_number}
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
+            mix_weight = output_mix_weight(request, plan)
+            mix_length = None if mix_weight is None else long_line_length(
+                lines_as_given(request.bitext), recipe.MIX_LENGTH_QUANTILE)
             extra[C.ALIGN_RUN_SETTINGS] = output_settings(
-                plan.heuristic, plan.output_threshold, output_mix_weight(request, plan))
+                plan.heuristic, plan.output_threshold, mix_weight, mix_length)
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
     if round_number == 1:
         if not teacher_guides(request, plan):
