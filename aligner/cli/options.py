@@ -67,8 +67,9 @@ def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True
     teacher's posteriors in (not `align demo`'s table, which is the network's)."""
     if recipe.TEACHER:
         teacher = ("round 1 is guided by the links of a classical teacher (IBM-1, then HMMs "
-                   "of both directions in agreement, trained by EM on the words of all lines up "
-                   f"to {recipe.TEACHER_PAIRS:,}, round 1's among them" + ("; --no-teacher: unguided)" if flags else ")"))
+                   "of both directions in agreement, trained by EM on the words of all lines "
+                   f"up to {recipe.TEACHER_PAIRS:,}, round 1's among them"
+                   + ("; --no-teacher: unguided)" if flags else ")"))
     else:
         teacher = "round 1 trains unguided" + (" (--teacher: a classical teacher's links "
                                                "guide it)" if flags else "")
@@ -82,8 +83,9 @@ def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True
               f"after the first {start} guided by its own alignments of the bitext, with a "
               f"{recipe.FINE_TUNE_LR_SCHEDULE} learning-rate decay" if recipe.ROUNDS > 1
               else f"in one training of {first}")
-    mixed = (f", each direction's mixed with the teacher's at weight {recipe.MIX_WEIGHT:g} "
-             f"(align extract --mix-weight 0: the network's alone)"
+    mixed = (f", each direction's mixed with the teacher's at weight {recipe.MIX_WEIGHT:g}, "
+             f"growing to 1 on lines longer than the bitext's (align extract --mix-length; "
+             f"--mix-weight 0: the network's alone)"
              if mixed and recipe.TEACHER and recipe.ROUNDS > 1 else "")
     return (f"{recipe.MODEL_KIND}, both directions, {rounds}; its output: {recipe.METHOD} "
             f"alignments{mixed}, combined by -H {recipe.HEURISTIC} at threshold "
@@ -298,9 +300,11 @@ def self_training_options(function):
                           "next self-training round."),
         click.option("--teacher/--no-teacher", default=recipe.TEACHER, show_default=True,
                      help="Self-training: round 1 is guided by the links of a classical "
-                          "aligner trained by EM on the words of its lines (IBM-1, then HMMs "
+                          "aligner trained by EM on the words of all lines up to "
+                          f"{recipe.TEACHER_PAIRS:,}, its lines among them (IBM-1, then HMMs "
                           "of both directions in agreement; aligner/training/teacher.py), unless "
-                          "--guide is given; --no-teacher: round 1 trains unguided."),
+                          "--guide is given; the output mixes its posteriors in; --no-teacher: "
+                          "round 1 trains unguided."),
         click.option("--fine-tune/--afresh", "fine_tune", default=recipe.FINE_TUNE_ROUNDS,
                      show_default=True,
                      help="Self-training: each round after the first starts from the "
