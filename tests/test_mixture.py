@@ -163,6 +163,11 @@ def test_misuse_of_mix_gets_one_error_line(models):
     out = ["-o", root / "x.align"]
     assert "records no teacher" in error_line(run("extract", models["a"], *text, *out,
                                                 "--mix-weight", "0.2", ok=False))
+    assert "mix length 12: " in error_line(run("extract", models["a"], *text, *out,
+                                             "--mix-length", "12", ok=False))
+    assert "--direction both" in error_line(run("extract", models["a"], *text, *out,
+                                                "--mix-length", "12", "--direction", "rev",
+                                                ok=False))
     assert "--direction both" in error_line(run("extract", models["a"], *text, *out, "--mix",
                                                 models["b"], "--direction", "fwd", ok=False))
     assert "-H soft-average" in error_line(run("extract", models["a"], *text, *out, "--mix",

@@ -225,7 +225,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     check_condition(link_probs != "-", "--link-probs -: give a file name (--inline-probs "
                                        "writes i-j:p links to -o, stdout included)")
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
-    mixing = mix_dir is not None or bool(mix_weight)   # asked for (--mix-weight 0: none)
+    # asked for (--mix-weight 0: none)
+    mixing = mix_dir is not None or bool(mix_weight) or bool(mix_length)
     check_condition(not mixing or direction == "both",
                     "--mix and --mix-weight mix both directions' posteriors: use them with "
                     "--direction both")

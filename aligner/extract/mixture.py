@@ -159,10 +159,11 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
         logger.warning("%s records a mixture with its teacher, but %s is not there (a copy "
                        "without rounds/?): the network's posteriors alone", loaded.path, teacher)
     if not recorded or not present:
-        check_condition(mix_weight is None,
-                        f"mix weight {mix_weight}: {loaded.path} records no teacher to mix "
-                        f"with (config.json's mix_weight and {teacher}); mix another model "
-                        f"directory (align extract --mix OTHER_MODEL_DIR)")
+        asked = ", ".join(f"{name} {value}" for name, value in
+                          (("mix weight", mix_weight), ("mix length", mix_length)) if value)
+        check_condition(not asked, f"{asked}: {loaded.path} records no teacher to mix with "
+                                   f"(config.json's mix_weight and {teacher}); mix another "
+                                   f"model directory (align extract --mix OTHER_MODEL_DIR)")
         return None
     return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device,
                         long_line)
