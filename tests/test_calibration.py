@@ -104,8 +104,11 @@ def test_align_run_calibrates_on_its_bitext_and_extract_aligns_the_same(calibrat
         sum(1 for s, t in zip(calibrated["sources"], calibrated["targets"])
             if bucket_of(len(s), len(t)) == k) for k in range(4)]
     settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
+    lengths = [max(len(s), len(t)) for s, t in zip(calibrated["sources"], calibrated["targets"])
+               if s and t]
     assert settings == {"symmetrize": "soft-average", "threshold": 0.55,
-                        "mix_weight": recipe.MIX_WEIGHT}
+                        "mix_weight": recipe.MIX_WEIGHT,
+                        "mix_length": int(np.ceil(np.quantile(lengths, 0.99)))}
     again = calibrated["tmp"] / "again.align"
     run("extract", model, "-s", calibrated["src"], "-t", calibrated["tgt"], "-o", again, "-q")
     assert again.read_text() == calibrated["out"].read_text()

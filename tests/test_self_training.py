@@ -75,9 +75,13 @@ def test_train_rounds_give_what_align_run_gives(tmp_path, corpus):
             (model / "rounds" / "3" / direction / "params.best.pt").read_bytes()
     config = _config(model)
     assert config["extra"]["self_training"] == {"round": 3}
-    assert config["extra"]["align_run"] == {"symmetrize": recipe.HEURISTIC,
-                                            "threshold": recipe.THRESHOLD,
-                                            "mix_weight": recipe.MIX_WEIGHT}
+    from aligner.extract.mixture import long_line_length
+    from aligner.formats import read_bitext
+    assert config["extra"]["align_run"] == {   # the mixture's long lines: the bitext's 99th %
+        "symmetrize": recipe.HEURISTIC, "threshold": recipe.THRESHOLD,
+        "mix_weight": recipe.MIX_WEIGHT,
+        "mix_length": long_line_length(read_bitext(str(src), str(tgt)),
+                                       recipe.MIX_LENGTH_QUANTILE)}
     # round 0 is the teacher, a classical model directory, mixed into the output
     assert _config(model / "rounds" / "0")["model_kind"] == "classical"
     assert config["data"]["guide"] == str(_links(model, 2))
