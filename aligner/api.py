@@ -146,7 +146,9 @@ class Aligner:
         mix_weight: the weight of the recipe's classical teacher in both directions' soft
             alignments (``align extract --mix-weight``; aligner/extract/mixture.py): default
             the weight the model directory records (the recipe's), 0 the model alone; only
-            for both directions combined by soft-average.
+            for both directions combined by soft-average. The weight grows on lines longer
+            than the model directory's recorded ``mix_length`` (``align extract
+            --mix-length``), as in `align extract`.
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
             exact lexicon; default as ``align extract``'s, the recipe's shortlist).

@@ -228,10 +228,12 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     # asked for (--mix-weight 0: none)
     mixing = mix_dir is not None or bool(mix_weight) or bool(mix_length)
     check_condition(not mixing or direction == "both",
-                    "--mix and --mix-weight mix both directions' posteriors: use them with "
+                    "--mix, --mix-weight and --mix-length mix both directions' posteriors: use "
+                    "them with "
                     "--direction both")
     check_condition(not mixing or heuristic is None or needs_soft(heuristic),
-                    f"--mix and --mix-weight mix posteriors, which -H {heuristic} does not "
+                    f"--mix, --mix-weight and --mix-length mix posteriors, which -H {heuristic} "
+                    f"does not "
                     f"read: use -H soft-average")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
@@ -283,7 +285,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
         options = default_options(model, method, options)
         check_condition(not mixing or needs_soft(heuristic),
-                        f"--mix and --mix-weight mix posteriors, and this model's default "
+                        f"--mix, --mix-weight and --mix-length mix posteriors, and this model's "
+                        f"default "
                         f"heuristic is {heuristic}: give -H soft-average too")
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
                                   torch_device, mix_length)

@@ -67,8 +67,8 @@ def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True
     teacher's posteriors in (not `align demo`'s table, which is the network's)."""
     if recipe.TEACHER:
         teacher = ("round 1 is guided by the links of a classical teacher (IBM-1, then HMMs "
-                   "of both directions in agreement, trained by EM on the words of all lines "
-                   f"up to {recipe.TEACHER_PAIRS:,}, round 1's among them"
+                   "of both directions in agreement, trained by EM on the words of round 1's "
+                   f"lines and more, up to {recipe.TEACHER_PAIRS:,} lines in all"
                    + ("; --no-teacher: unguided)" if flags else ")"))
     else:
         teacher = "round 1 trains unguided" + (" (--teacher: a classical teacher's links "
@@ -300,8 +300,8 @@ def self_training_options(function):
                           "next self-training round."),
         click.option("--teacher/--no-teacher", default=recipe.TEACHER, show_default=True,
                      help="Self-training: round 1 is guided by the links of a classical "
-                          "aligner trained by EM on the words of all lines up to "
-                          f"{recipe.TEACHER_PAIRS:,}, its lines among them (IBM-1, then HMMs "
+                          "aligner trained by EM on the words of its lines and more, up to "
+                          f"{recipe.TEACHER_PAIRS:,} lines in all (IBM-1, then HMMs "
                           "of both directions in agreement; aligner/training/teacher.py), unless "
                           "--guide is given; the output mixes its posteriors in; --no-teacher: "
                           "round 1 trains unguided."),

@@ -153,7 +153,8 @@ def check_rounds(model_kind: str, directions: Sequence[str], rounds: int) -> Non
 def output_mix_weight(request: TrainRequest, plan: SelfTraining) -> Optional[float]:
     """The weight of the teacher's posteriors in the output (recipe.MIX_WEIGHT; recorded as
     `align extract`'s default with its long-line length, the recipe.MIX_LENGTH_QUANTILE of
-    the bitext's line lengths, aligner/extract/mixture.py) where the run keeps its teacher
+    the lengths of the bitext's lines as the rounds train on them, joined with --join-lines;
+    aligner/extract/mixture.py) where the run keeps its teacher
     (rounds/0, :func:`write_teacher_links`) and the output reads posteriors; else None. Not
     with --tokenize: the teacher's words are the lines' own, the model's the tokenizer's."""
     if (teacher_guides(request, plan) and needs_soft(plan.heuristic)
@@ -175,7 +176,7 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         if round_number == plan.rounds:   # the output's defaults, for align extract
             mix_weight = output_mix_weight(request, plan)
             mix_length = None if mix_weight is None else long_line_length(
-                lines_as_given(request.bitext), recipe.MIX_LENGTH_QUANTILE)
+                request.bitext, recipe.MIX_LENGTH_QUANTILE)   # --join-lines: the runs
             extra[C.ALIGN_RUN_SETTINGS] = output_settings(
                 plan.heuristic, plan.output_threshold, mix_weight, mix_length)
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
@@ -388,8 +389,8 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
     up to recipe.TEACHER_PAIRS lines in all (aligner/training/samples.py teacher_sample) and
     writes its links of round 1's lines, soft-average at recipe.TEACHER_THRESHOLD, to
     MODEL_DIR/rounds/0/links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
-    It runs in a "spawn" process of its own, so that its memory (1.5 GiB at its peak on
-    40,000 Hansards lines) goes back to the system when it ends instead of staying in this
+    It runs in a "spawn" process of its own, so that its memory (at its peak 1.5 GiB on
+    40,000 Hansards lines, 1.98 GiB on 60,000) goes back to the system when it ends instead of staying in this
     process's heap (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns
     the seconds."""
     start = time.time()
