@@ -123,9 +123,7 @@ def test_align_train_trains_every_round_on_the_runs_and_extract_aligns_every_lin
     for guide in ("rounds/0/links.align", "rounds/1/links.align"):
         assert len(read_pharaoh(str(model / guide))) == len(sizes)
     # the output mixture's long lines: the 99th percentile of the runs the rounds trained on
-    ends = np.cumsum(sizes)
-    runs = [(sum((sources[k] for k in range(end - size, end)), []),
-             sum((targets[k] for k in range(end - size, end)), [])) for size, end in zip(sizes, ends)]
+    runs = JoinedBitext(Bitext(sources, targets, "c.src", "c.tgt"), sizes)
     settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
     assert settings["mix_length"] == long_line_length(runs, recipe.MIX_LENGTH_QUANTILE)
     assert settings["mix_length"] > long_line_length(zip(sources, targets),

@@ -229,12 +229,10 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
     mixing = mix_dir is not None or bool(mix_weight) or bool(mix_length)
     check_condition(not mixing or direction == "both",
                     "--mix, --mix-weight and --mix-length mix both directions' posteriors: use "
-                    "them with "
-                    "--direction both")
+                    "them with --direction both")
     check_condition(not mixing or heuristic is None or needs_soft(heuristic),
                     f"--mix, --mix-weight and --mix-length mix posteriors, which -H {heuristic} "
-                    f"does not "
-                    f"read: use -H soft-average")
+                    f"does not read: use -H soft-average")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_outside_model_dir(model_dir, {"-o": output, "--soft": soft,
@@ -286,8 +284,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         options = default_options(model, method, options)
         check_condition(not mixing or needs_soft(heuristic),
                         f"--mix, --mix-weight and --mix-length mix posteriors, and this model's "
-                        f"default "
-                        f"heuristic is {heuristic}: give -H soft-average too")
+                        f"default heuristic is {heuristic}: give -H soft-average too")
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
                                   torch_device, mix_length)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,

@@ -386,13 +386,14 @@ def _train_round(model_dir: str, this_round: TrainRequest, plan: SelfTraining,
 
 def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -> float:
     """Rank 0: the classical teacher (aligner/training/teacher.py) trains on round 1's lines and
-    up to recipe.TEACHER_PAIRS lines in all (aligner/training/samples.py teacher_sample) and
-    writes its links of round 1's lines, soft-average at recipe.TEACHER_THRESHOLD, to
-    MODEL_DIR/rounds/0/links.align (atomically: a teacher cut off starts again); the other ranks wait for it.
-    It runs in a "spawn" process of its own, so that its memory (at its peak 1.5 GiB on
-    40,000 Hansards lines, 1.98 GiB on 60,000) goes back to the system when it ends instead of staying in this
-    process's heap (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns
-    the seconds."""
+    more, up to recipe.TEACHER_PAIRS lines in all (aligner/training/samples.py
+    teacher_sample), and writes its links of round 1's lines, soft-average at
+    recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/links.align (atomically: a teacher cut off
+    starts again); the other ranks wait for it. It runs in a "spawn" process of its own, so
+    that its memory (at its peak 1.5 GiB on 40,000 Hansards lines, 1.98 GiB on 60,000) goes
+    back to the system when it ends instead of staying in this process's heap
+    (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns the
+    seconds."""
     start = time.time()
     faults.reached("teacher")
     path = guide_path(request.model_dir, 0)
