@@ -47,7 +47,13 @@ def dataclass_from_dict(cls: Type[T], values: Dict[str, Any], what: str = "") ->
 class ModelConfig:
     """What every model kind's config dataclass shares (aligner/models/): ``to_dict()`` for
     config.json and ``from_dict()``, which refuses unknown keys naming the class (a typo must
-    not pass silently) and values of the wrong type (:func:`dataclass_from_dict`)."""
+    not pass silently) and values of the wrong type (:func:`dataclass_from_dict`).
+
+    ``LEGACY_DEFAULTS``: settings added after model directories were written, with the value
+    they had before: a config.json without the key (it records only the options given) is
+    read with it, and a new run writes the key (:func:`recorded_options`)."""
+
+    LEGACY_DEFAULTS: Dict[str, Any] = {}
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -57,7 +63,15 @@ class ModelConfig:
         known = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(values) - known)
         check_condition(not unknown, f"unknown {cls.__name__} keys: {', '.join(unknown)}")
-        return dataclass_from_dict(cls, values)
+        return dataclass_from_dict(cls, {**cls.LEGACY_DEFAULTS, **values})  # type: ignore
+
+    @classmethod
+    def recorded_options(cls, options: Dict[str, Any]) -> Dict[str, Any]:
+        """A new run's model options for config.json: `options` and, where not given, the
+        current default of every setting in LEGACY_DEFAULTS."""
+        defaults = {field.name: field.default for field in dataclasses.fields(cls)  # type: ignore
+                    if field.name in cls.LEGACY_DEFAULTS}
+        return {**defaults, **options}
 
 
 def check_field_types(cls: type, values: Dict[str, Any], what: str = "") -> None:

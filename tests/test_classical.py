@@ -86,6 +86,81 @@ def test_forward_backward_equals_the_enumeration_of_every_path():
     torch.testing.assert_close(counts, expected_counts, rtol=0, atol=1e-5)
 
 
+def _framed_paths(real, empty, framed, p0, length, size):
+    """Every state path of one line with its start and end (ClassicalConfig.boundaries):
+    `framed` (size + 2, size + 2) holds the line's transitions with the start at position 0,
+    the words at 1..size and the end at size + 1. A path starts at the start, moves through
+    one state per observed word (real j, or the empty word, which stays at the position it
+    came from, the start included) and then to the end. Yields (path, its joint probability,
+    its moves (j', j) between framed positions, those from the start and to the end
+    included)."""
+    for path in itertools.product(range(size + 1), repeat=length):   # size: the empty word
+        p, position, moves = 1.0, 0, []
+        for i, state in enumerate(path):
+            if state < size:
+                p *= float(framed[position, state + 1]) * float(real[i, state])
+                moves.append((position, state + 1))
+                position = state + 1
+            else:
+                p *= p0 * float(empty[i])
+        p *= float(framed[position, size + 1])
+        moves.append((position, size + 1))
+        yield path, p, moves
+
+
+def test_forward_backward_with_boundaries_equals_the_enumeration_of_every_path():
+    """The lines framed by their start and end: posteriors, likelihood and expected jumps
+    (those from the start and into the end included) against every path."""
+    p0, max_jump = 0.3, 2
+    real, empty, observed, given, lengths = _random_batch(1)
+    jumps = torch.tensor([0.1, 0.2, 0.4, 0.2, 0.1])
+    posterior, log_likelihood, counts = forward_backward(real, empty, observed, given, jumps,
+                                                         p0, max_jump, want_jumps=True,
+                                                         boundaries=True)
+    assert posterior.shape == real.shape
+    expected_counts = torch.zeros(5, dtype=torch.float64)
+    for b, (n, m) in enumerate(lengths):
+        framed_mask = torch.ones(1, m + 2, dtype=torch.bool)
+        framed = transitions(jumps, framed_mask, p0, max_jump)[0]
+        total, gamma = 0.0, torch.zeros(n, m, dtype=torch.float64)
+        moves_weight = torch.zeros(m + 2, m + 2, dtype=torch.float64)
+        for path, p, moves in _framed_paths(real[b], empty[b], framed, p0, n, m):
+            total += p
+            for i, state in enumerate(path):
+                if state < m:
+                    gamma[i, state] += p
+            for move in moves:
+                moves_weight[move] += p
+        torch.testing.assert_close(posterior[b, :n, :m].double(), gamma / total,
+                                   rtol=0, atol=1e-6)
+        assert float(posterior[b, n:].abs().sum() + posterior[b, :, m:].abs().sum()) == 0.0
+        assert float(log_likelihood[b]) == pytest.approx(np.log(total), abs=1e-5)
+        for j_from in range(m + 2):
+            for j_to in range(m + 2):
+                distance = max(-max_jump, min(max_jump, j_to - j_from)) + max_jump
+                expected_counts[distance] += moves_weight[j_from, j_to] / total
+    torch.testing.assert_close(counts, expected_counts, rtol=0, atol=1e-5)
+
+
+def test_boundaries_pull_the_last_words_together():
+    """A line whose last observed word could come from either of two given words with the
+    same emission: with boundaries the last given word (next to the end) takes most of it,
+    without them the two share it alike; old config.json files (no key) read as none."""
+    real = torch.tensor([[[0.9, 0.05, 0.05], [0.05, 0.5, 0.5]]])         # (1, I=2, J=3)
+    empty = torch.full((1, 2), 0.01)
+    observed, given = torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool)
+    jumps = torch.tensor([0.05, 0.05, 0.1, 0.6, 0.2])                      # s(-2..2)
+    framed, _, _ = forward_backward(real, empty, observed, given, jumps, 0.2, 2,
+                                    boundaries=True)
+    plain, _, _ = forward_backward(real, empty, observed, given, jumps, 0.2, 2)
+    assert float(framed[0, 1, 2]) > float(framed[0, 1, 1]) + 0.1
+    assert float(plain[0, 1, 2]) < float(plain[0, 1, 1])    # the shorter jump from j' = 0
+    assert ClassicalConfig.from_dict({"src_vocab_size": 3, "tgt_vocab_size": 3}).boundaries \
+        is False
+    assert ClassicalConfig(src_vocab_size=3, tgt_vocab_size=3).boundaries is True
+    assert ClassicalConfig.recorded_options({})["boundaries"] is True
+
+
 def test_transitions_rows_sum_to_one_minus_p0_over_the_real_positions():
     given = torch.tensor([[True, True, False], [True, True, True]])
     trans = transitions(torch.tensor([1.0, 2.0, 3.0, 2.0, 1.0]), given, 0.2, 2)
@@ -302,7 +377,10 @@ def test_align_run_with_model_classical(tmp_path):
              for line in out.read_text().splitlines()]
     assert len(links) == 300
     found = sum(len(a & g) for a, g in zip(links, gold))
-    assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.95
+    # a swap of a line's first or last two words costs a jump from its start or to its end
+    # (ClassicalConfig.boundaries), so some are missed: over corpus seeds 0-5, precision
+    # 0.994-0.998, recall 0.920-0.929 (seed 5: 0.994 / 0.922)
+    assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.88
     # --resume of the finished run: nothing to train (EM keeps no training state), same bytes
     again = tmp_path / "again.align"
     done = subprocess.run([*ALIGN, "run", "--model", "classical", "-s", src, "-t", tgt, "-o",

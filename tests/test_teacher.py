@@ -30,10 +30,11 @@ def test_the_teacher_finds_the_links_of_a_synthetic_corpus():
     found = sum(len(a & g) for a, g in zip(links, gold))
     predicted = sum(len(a) for a in links)
     true = sum(len(g) for g in gold)
-    # a word repeated within a line can be confused with its twin; everything else is found.
-    # Measured over corpus seeds 0-5: precision 0.991-0.998, recall 0.979-0.995 (seed 3:
-    # 0.997 / 0.993), the same with 1 and 2 threads and with ATEN_CPU_CAPABILITY=default
-    assert found / predicted > 0.97 and found / true > 0.97
+    # a word repeated within a line can be confused with its twin, and a swap of a line's
+    # first or last two words costs a jump from its start or to its end (the classical
+    # model's boundaries). Measured over corpus seeds 0-5: precision 0.992-0.998, recall
+    # 0.933-0.954 (seed 3: 0.997 / 0.954); without boundaries recall was 0.979-0.995
+    assert found / predicted > 0.97 and found / true > 0.90
 
 
 def test_empty_lines_get_empty_matrices():

@@ -14,7 +14,12 @@ position:
 
     p(j | j', J) = (1 - p0) · s(j - j') / Σ_{j''<J} s(j'' - j'),   p(empty after j' | j') = p0,
 
-the distance clipped to [-max_jump, max_jump]. A pair of words never seen together in training
+the distance clipped to [-max_jump, max_jump]. With ``boundaries`` (the default) each line
+is framed by its start and its end, two more positions of both sides that only align to each
+other (:func:`with_boundaries`): the first word's position is a jump from the start, and the
+last word's position is followed by a jump to the end, so a line's ends pull its first and
+last words towards the other side's (sentence-final punctuation in particular), where
+without them the first position is uniform and the last is free. A pair of words never seen together in training
 (an unknown word, in particular) has the lexicon probability ``unseen_prob`` instead of 0, as
 fast_align gives an unseen pair a small floor: an unknown word then takes its link from its
 neighbours' positions through the jumps, or none.
@@ -42,11 +47,16 @@ class ClassicalConfig(ModelConfig):
     """The classical HMM's settings (config.json). src_vocab_size / tgt_vocab_size: the word
     vocabularies (given / observed side of fwd). ibm1_iterations, hmm_iterations: EM iterations
     of IBM Model 1 (whose lexicon starts the HMM) and of the HMM. empty_prob: p0, fixed.
-    max_jump: longer jumps share one weight. agreement: the two directions' lexicon counts are
+    max_jump: longer jumps share one weight. boundaries: the lines' start and end are states
+    of the HMM (:func:`with_boundaries`; a config.json written before this key has none).
+    agreement: the two directions' lexicon counts are
     the product of their posteriors (Liang et al. 2006). unseen_prob: t(o | g) of a pair never
     seen together in training. max_positions: words + 1 of the longest side aligned (longer
     lines get no links). batch_cells: given × observed words × lines per batch in training,
     its unit of memory."""
+
+    #: a model directory written before ``boundaries`` existed has none
+    LEGACY_DEFAULTS = {"boundaries": False}
 
     src_vocab_size: int
     tgt_vocab_size: int
@@ -54,6 +64,7 @@ class ClassicalConfig(ModelConfig):
     hmm_iterations: int = 5
     empty_prob: float = 0.2
     max_jump: int = 100
+    boundaries: bool = True
     agreement: bool = True
     unseen_prob: float = 1e-7
     max_positions: int = 1024
@@ -178,11 +189,40 @@ def transitions(jumps: torch.Tensor, given_mask: torch.Tensor, empty_prob: float
     return (1 - empty_prob) * weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
+def with_boundaries(real: torch.Tensor, empty: torch.Tensor, observed_mask: torch.Tensor,
+                    given_mask: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lines of a batch framed by their start and end (ClassicalConfig.boundaries): one
+    more position before and after each side's words (after its last real one, so at a
+    different place per line), the start observed only from the start given, the end only
+    from the end given (emission 1; 0 from anything else, the empty word included), so every
+    path starts at the start and ends at the end. Same arguments as :func:`forward_backward`;
+    returns them framed: real (B, I + 2, J + 2), empty (B, I + 2), the masks (B, I + 2) and
+    (B, J + 2). The words' posteriors of the framed batch are ``[:, 1:I + 1, 1:J + 1]``."""
+    batch, steps, size = real.shape
+    lines = torch.arange(batch, device=real.device)
+    observed_length, given_length = observed_mask.sum(1), given_mask.sum(1)        # (B,)
+    framed = real.new_zeros(batch, steps + 2, size + 2)
+    framed[:, 1:steps + 1, 1:size + 1] = real * (observed_mask[:, :, None]
+                                                 & given_mask[:, None, :])
+    framed[:, 0, 0] = 1.0
+    framed[lines, observed_length + 1, given_length + 1] = 1.0
+    framed_empty = empty.new_zeros(batch, steps + 2)
+    framed_empty[:, 1:steps + 1] = empty * observed_mask
+    positions = torch.arange(steps + 2, device=real.device)
+    framed_observed = positions[None, :] < (observed_length + 2)[:, None]
+    positions = torch.arange(size + 2, device=real.device)
+    framed_given = positions[None, :] < (given_length + 2)[:, None]
+    return framed, framed_empty, framed_observed, framed_given
+
+
 def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: torch.Tensor,
                      given_mask: torch.Tensor, jumps: torch.Tensor, empty_prob: float,
-                     max_jump: int, want_jumps: bool = False
+                     max_jump: int, want_jumps: bool = False, boundaries: bool = False
                      ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """The scaled forward–backward of a batch of lines of any lengths.
+    """The scaled forward–backward of a batch of lines of any lengths; with `boundaries`,
+    of the lines framed by their start and end (:func:`with_boundaries`: the posteriors are
+    the words', the expected jumps count those from the start and to the end too).
 
     real (B, I, J): emissions of the real states; empty (B, I): the empty word's;
     observed_mask (B, I), given_mask (B, J) bool: real positions (a prefix of each row, at
@@ -193,6 +233,17 @@ def forward_backward(real: torch.Tensor, empty: torch.Tensor, observed_mask: tor
     Line b's transitions (:func:`transitions`) are (1 - p0) · W[j', j] · m_b[j] / Z_b[j']
     with W the shared (J, J) jump weights, m_b its real positions and Z_b[j'] = Σ_j W[j', j]
     m_b[j]: so every step is one (B, J) × (J, J) product for the whole batch."""
+    if boundaries:
+        steps, size = real.shape[1:]
+        posterior, log_likelihood, counts = forward_backward(
+            *with_boundaries(real, empty, observed_mask, given_mask), jumps, empty_prob,
+            max_jump, want_jumps)
+        # less the start's own first step (uniform over the J + 2 positions, real: 1 - p0)
+        start = torch.log((1 - empty_prob) / (given_mask.sum(1).double() + 2))
+        # (a shorter line's end lands on a padded cell: masked)
+        words = observed_mask[:, :, None] & given_mask[:, None, :]
+        return (posterior[:, 1:steps + 1, 1:size + 1] * words, log_likelihood - start,
+                counts)
     p0 = empty_prob
     batch, steps, size = real.shape
     given = given_mask.float()                                             # m (B, J)
@@ -314,7 +365,7 @@ class ClassicalHMM(AlignmentModel):
         with torch.autocast(src.device.type, enabled=False):
             posterior, log_likelihood, _ = forward_backward(
                 real, empty, observed_mask, given_mask, self.jumps, self.config.empty_prob,
-                self.config.max_jump)
+                self.config.max_jump, boundaries=self.config.boundaries)
         scores = posterior.new_zeros(src.shape[0], tgt_out.shape[1], src.shape[1])
         scores[:, :-1, :-1] = posterior
         return scores, log_likelihood

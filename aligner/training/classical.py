@@ -397,7 +397,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                 cells = index_of(batch, direction, table)                # (B, I, J + 1)
                 posterior, lines_ll, expected = forward_backward(
                     table.gather(cells[:, :, :-1]), table.gather(cells[:, :, -1]), observed,
-                    given, jumps[direction], config.empty_prob, config.max_jump, want_jumps=True)
+                    given, jumps[direction], config.empty_prob, config.max_jump, want_jumps=True,
+                    boundaries=config.boundaries)
                 posteriors[direction] = posterior
                 indices[direction] = (cells, observed)
                 jump_counts[direction] += expected
@@ -435,7 +436,8 @@ def posteriors(block: Sequence[Line], lexicons: Dict[str, Lexicon],
             real, empty = lexicons[direction].emissions(given_ids.clamp_min(0),
                                                         obs_ids.clamp_min(0))
             posterior, _, _ = forward_backward(real, empty, observed, given, jumps[direction],
-                                               config.empty_prob, config.max_jump)
+                                               config.empty_prob, config.max_jump,
+                                               boundaries=config.boundaries)
             array = posterior.numpy()
             for b, r in enumerate(batch.rows):
                 n_s, n_t = len(block[r][0]), len(block[r][1])

@@ -365,7 +365,9 @@ def run_config(request: TrainRequest, pre: "Preprocessor", n_src: int, n_tgt: in
     """The run's config.json: the model configs per direction (vocabulary sizes from the data;
     in stage 2 the base's configs plus the kind's own options) and every setting."""
     directions = request.directions
-    models = direction_model_configs(request.model_options, directions, n_src, n_tgt)
+    options = model_class(request.model_kind).config_class.recorded_options(
+        request.model_options)
+    models = direction_model_configs(options, directions, n_src, n_tgt)
     prep_config = request.prep_config
     extra = dict(request.extra or {})
     if request.init_dir is not None:  # fine-tuning: the model as it was trained

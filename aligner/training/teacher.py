@@ -52,7 +52,8 @@ _CLASSICAL = {field.name: field.default for field in dataclasses.fields(Classica
 class TeacherConfig:
     """ibm1_iterations, hmm_iterations: EM iterations of each model (IBM-1 first; its
     lexicon starts the HMM). empty_prob: p0, the probability of the empty word, fixed.
-    max_jump: jumps longer than this share one weight. batch_cells: observed × given words
+    max_jump: jumps longer than this share one weight. boundaries: the lines' start and end
+    are states of the HMM (aligner/models/classical.py). batch_cells: observed × given words
     (× lines) per batch, the unit of memory. agreement: the HMMs of the two directions are
     trained together (Liang et al. 2006): each EM iteration's lexicon counts of both are the
     product of the two directions' link posteriors, not each one's own. max_words: a line
@@ -63,6 +64,7 @@ class TeacherConfig:
     hmm_iterations: int = _CLASSICAL["hmm_iterations"]
     empty_prob: float = _CLASSICAL["empty_prob"]
     max_jump: int = _CLASSICAL["max_jump"]
+    boundaries: bool = _CLASSICAL["boundaries"]
     batch_cells: int = _CLASSICAL["batch_cells"]
     agreement: bool = _CLASSICAL["agreement"]
     max_words: int = 200
@@ -84,7 +86,8 @@ def model_config(config: TeacherConfig, n_src: int, n_tgt: int) -> ClassicalConf
     return ClassicalConfig(src_vocab_size=n_src, tgt_vocab_size=n_tgt,
                            ibm1_iterations=config.ibm1_iterations,
                            hmm_iterations=config.hmm_iterations, empty_prob=config.empty_prob,
-                           max_jump=config.max_jump, agreement=config.agreement,
+                           max_jump=config.max_jump, boundaries=config.boundaries,
+                           agreement=config.agreement,
                            batch_cells=config.batch_cells)
 
 
