@@ -376,6 +376,9 @@ def test_align_run_with_model_classical(tmp_path):
     links = [{tuple(map(int, link.split("-"))) for link in line.split()}
              for line in out.read_text().splitlines()]
     assert len(links) == 300
+    # the boundaries are written into config.json (a directory without the key has none)
+    recorded = json.loads((tmp_path / "m" / "config.json").read_text())["models"]
+    assert recorded["fwd"]["boundaries"] is True and recorded["rev"]["boundaries"] is True
     found = sum(len(a & g) for a, g in zip(links, gold))
     # a swap of a line's first or last two words costs a jump from its start or to its end
     # (ClassicalConfig.boundaries), so some are missed: over corpus seeds 0-5, precision

@@ -19,10 +19,11 @@ is framed by its start and its end, two more positions of both sides that only a
 other (:func:`with_boundaries`): the first word's position is a jump from the start, and the
 last word's position is followed by a jump to the end, so a line's ends pull its first and
 last words towards the other side's (sentence-final punctuation in particular), where
-without them the first position is uniform and the last is free. A pair of words never seen together in training
-(an unknown word, in particular) has the lexicon probability ``unseen_prob`` instead of 0, as
-fast_align gives an unseen pair a small floor: an unknown word then takes its link from its
-neighbours' positions through the jumps, or none.
+without them the first position is uniform and the last is free
+(eval/results/boundaries.md). A pair of words never seen together in training (an unknown
+word, in particular) has the lexicon probability ``unseen_prob`` instead of 0, as fast_align
+gives an unseen pair a small floor: an unknown word then takes its link from its neighbours'
+positions through the jumps, or none.
 
 The forward–backward (:func:`forward_backward`) runs in float32, scaled per position, on
 batches of lines of any lengths (padded positions masked), one (J, J) transition matrix per
@@ -49,11 +50,10 @@ class ClassicalConfig(ModelConfig):
     of IBM Model 1 (whose lexicon starts the HMM) and of the HMM. empty_prob: p0, fixed.
     max_jump: longer jumps share one weight. boundaries: the lines' start and end are states
     of the HMM (:func:`with_boundaries`; a config.json written before this key has none).
-    agreement: the two directions' lexicon counts are
-    the product of their posteriors (Liang et al. 2006). unseen_prob: t(o | g) of a pair never
-    seen together in training. max_positions: words + 1 of the longest side aligned (longer
-    lines get no links). batch_cells: given × observed words × lines per batch in training,
-    its unit of memory."""
+    agreement: the two directions' lexicon counts are the product of their posteriors (Liang
+    et al. 2006). unseen_prob: t(o | g) of a pair never seen together in training.
+    max_positions: words + 1 of the longest side aligned (longer lines get no links).
+    batch_cells: given × observed words × lines per batch in training, its unit of memory."""
 
     #: a model directory written before ``boundaries`` existed has none
     LEGACY_DEFAULTS = {"boundaries": False}
