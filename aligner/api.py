@@ -160,10 +160,9 @@ class Aligner:
         method's word-level soft alignment (for both directions combined by soft-average,
         mixed with the teacher's as the links are: `mix_weight`) (for "fwd" every target
         column sums to 1 over the source words, for "rev" every source row sums to 1 over the
-        target words — to the
-        word's probability of being aligned, for a model with the empty word; see
-        :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be aligned (empty
-        side, too long for the model) gets zeros.
+        target words — to the word's probability of being aligned, for a model with the empty
+        word; see :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be
+        aligned (empty side, too long for the model) gets zeros.
         """
         from aligner.extract.inference import (align_pairs, default_options, encode_bitext,
                                                soft_alignments)

@@ -119,12 +119,11 @@ def test_the_teacher_trains_on_more_lines_than_round_one_and_guides_its_lines(
     teacher (rounds/0) trains on 14 lines, round 1's 8 among them; its links.align holds the
     teacher's soft-average links of round 1's 8 lines, as trained on the 14; its vocabulary
     holds the words of the 14."""
-    from aligner.formats import format_links
-    from aligner.links.combine import combine
-    from aligner.training import recipe
     import torch
 
-    from aligner.training import teacher
+    from aligner.formats import format_links
+    from aligner.links.combine import combine
+    from aligner.training import recipe, teacher
     from aligner.training.teacher import TeacherConfig, soft_alignments
     from aligner.vocab import Vocabulary
 
