@@ -381,9 +381,9 @@ def test_align_run_with_model_classical(tmp_path):
     assert recorded["fwd"]["boundaries"] is True and recorded["rev"]["boundaries"] is True
     found = sum(len(a & g) for a, g in zip(links, gold))
     # a swap of a line's first or last two words costs a jump from its start or to its end
-    # (ClassicalConfig.boundaries), so some are missed: over corpus seeds 0-5, precision
-    # 0.994-0.998, recall 0.920-0.929 (seed 5: 0.994 / 0.922)
-    assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.88
+    # (ClassicalConfig.boundaries), so some are missed: over corpus seeds 0-5 (empty_prob
+    # 0.1), precision 0.994-0.998, recall 0.948-0.990 (seed 5: 0.994 / 0.950)
+    assert found / sum(map(len, links)) > 0.95 and found / sum(map(len, gold)) > 0.90
     # --resume of the finished run: nothing to train (EM keeps no training state), same bytes
     again = tmp_path / "again.align"
     done = subprocess.run([*ALIGN, "run", "--model", "classical", "-s", src, "-t", tgt, "-o",

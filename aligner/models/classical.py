@@ -62,7 +62,7 @@ class ClassicalConfig(ModelConfig):
     tgt_vocab_size: int
     ibm1_iterations: int = 5
     hmm_iterations: int = 5
-    empty_prob: float = 0.2
+    empty_prob: float = 0.1
     max_jump: int = 100
     boundaries: bool = True
     agreement: bool = True
