@@ -148,7 +148,8 @@ class Aligner:
             the weight the model directory records (the recipe's), 0 the model alone; only
             for both directions combined by soft-average. The weight grows on lines longer
             than the model directory's recorded ``mix_length`` (``align extract
-            --mix-length``), as in `align extract`.
+            --mix-length``), and the teacher's share of a line is judged at the teacher's own
+            threshold (aligner.extract.mixture.Mixture.thresholds), as in `align extract`.
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
             exact lexicon; default as ``align extract``'s, the recipe's shortlist).
@@ -209,6 +210,7 @@ class Aligner:
                     other = mixture.soft(mixture.encode(Bitext(src_words, tgt_words, "src",
                                                                "tgt")),
                                          max_tokens, self.device)
+                threshold = mixture.thresholds(threshold, soft["fwd"], other["fwd"])
                 soft = mix(soft, other, mixture.weight, mixture.long_line)
             links = combine(heuristic, threshold, hard=by_direction, soft=soft)
         else:

@@ -10,8 +10,9 @@ import pytest
 from aligner.formats import read_pharaoh
 from aligner.links.calibration import (BINS, MIN_LINES, Calibration, Histogram,
                                        LengthThresholds, bucket_of)
-from aligner.links.soft_symmetrize import soft_average, soft_average_corpus
+from aligner.links.soft_symmetrize import line_threshold, soft_average, soft_average_corpus
 from aligner.training import recipe
+from aligner.utils import AlignerError
 from cli_runner import error_line, run
 from conftest import restored_aligner_logger
 from synthetic import monotone_corpus, write_corpus
@@ -80,6 +81,11 @@ def test_soft_average_takes_each_lines_threshold_from_its_length():
     assert soft_average_corpus([short, long], [short, long], thresholds) == \
         [set(), {(i, j) for i in range(4) for j in range(2)}]
     assert soft_average(long, long, 0.5) == set()
+    # one threshold per line (a mixture's): the first line's 0.3 keeps it, the second's 0.5 not
+    assert soft_average_corpus([short, long], [short, long], [0.3, 0.5]) == \
+        [{(i, j) for i in range(2) for j in range(2)}, set()]
+    with pytest.raises(AlignerError, match="2 thresholds for 1 sentence pairs"):
+        soft_average_corpus([short], [short], [0.3, 0.5])
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +121,21 @@ def test_align_run_calibrates_on_its_bitext_and_extract_aligns_the_same(calibrat
 
 
 def test_uncalibrated_is_one_threshold_and_calibrated_scales_the_given_one(calibrated):
-    """--uncalibrated: soft-average of the --soft matrices at 0.55 for every line;
-    --threshold 0.4: the calibration's thresholds for the base 0.4 line by line."""
+    """--uncalibrated: soft-average of the --soft matrices (mixed with the teacher's) at 0.55
+    for the network's share of every line, the teacher's 0.5 for its share; --threshold 0.4:
+    the calibration's thresholds for the base 0.4 line by line, and the teacher's scaled by
+    0.4 / 0.55 (aligner.extract.mixture.MixedThresholds)."""
+    from aligner.extract.mixture import line_weight
+
     model, tmp = calibrated["model"], calibrated["tmp"]
+    settings = json.loads((model / "config.json").read_text())["extra"]["align_run"]
+
+    def mixed(own, base):   # every line is aligned by both models here
+        weights = [line_weight(settings["mix_weight"], settings["mix_length"], max(m.shape))
+                   for m in forward]
+        return [(1 - w) * line_threshold(own, *m.shape) + w * 0.5 * base / 0.55
+                for w, m in zip(weights, forward)]
+
     soft = tmp / "soft.npz"
     plain, scaled = tmp / "plain.align", tmp / "scaled.align"
     bitext = ["-s", calibrated["src"], "-t", calibrated["tgt"]]
@@ -126,10 +144,10 @@ def test_uncalibrated_is_one_threshold_and_calibrated_scales_the_given_one(calib
     matrices = np.load(soft)
     forward = [matrices[f"fwd_{k}"] for k in range(40)]
     reverse = [matrices[f"rev_{k}"] for k in range(40)]
-    assert read_pharaoh(str(plain)) == soft_average_corpus(forward, reverse, 0.55)
+    assert read_pharaoh(str(plain)) == soft_average_corpus(forward, reverse, mixed(0.55, 0.55))
     calibration = Calibration.from_dict(json.loads((model / "calibration.json").read_text()))
     assert read_pharaoh(str(scaled)) == soft_average_corpus(
-        forward, reverse, calibration.thresholds(0.4, recipe.CALIBRATION_BETA))
+        forward, reverse, mixed(calibration.thresholds(0.4, recipe.CALIBRATION_BETA), 0.4))
 
 
 def test_a_damaged_calibration_is_one_error_line(calibrated, tmp_path):

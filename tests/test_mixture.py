@@ -68,7 +68,7 @@ def test_the_mixture_is_the_weighted_mean_of_both_models_matrices(models):
                                    + recipe.MIX_WEIGHT * b[key], atol=1e-6)
         differ += not np.allclose(a[key], b[key], atol=1e-3)
     assert differ > 10   # the two models do disagree, so the mixture is a test of the mean
-    # the output: soft-average of the mixed matrices at the model's threshold (classical: 0.5)
+    # the output: soft-average of the mixed matrices at the models' thresholds (classical: 0.5)
     lines = (root / "m.align").read_text().splitlines(keepends=True)
     assert len(lines) == 60 and lines[7] == "\n"
     expected = [format_links(soft_average(m[f"fwd_{k}"], m[f"rev_{k}"], 0.5)) + "\n"
@@ -137,6 +137,70 @@ def test_longer_lines_take_more_of_the_other_model(models):
     run("extract", models["a"], *text, *mixed, "-o", root / "w.align")
     assert (root / "r0.align").read_bytes() == (root / "w.align").read_bytes()
     assert (root / "r0.align").read_bytes() != (root / "r.align").read_bytes()
+
+
+def test_mixed_thresholds_by_hand():
+    """Each share at its own threshold: (1 - w) · MODEL's (per line length) + w · OTHER's,
+    w growing on long lines, 0 where OTHER has no matrix; a base threshold other than the
+    default scales OTHER's by the same ratio."""
+    from aligner.extract.mixture import Mixture
+    from aligner.links.calibration import LengthThresholds
+
+    own = LengthThresholds((15,), (0.6, 0.3))   # lines of 15 words and more: 0.3
+    mixture = Mixture("other", "hmm-posterior", {}, 0.25, "cpu", 10, threshold=0.5,
+                      model_threshold=0.6)
+    shapes = [(4, 5), (12, 3), (16, 15), (30, 2), (30, 2), (0, 3)]
+    mine = [np.ones(shape) for shape in shapes]
+    theirs = [np.ones(shape) for shape in shapes[:4]] + [np.zeros((0, 0)), np.ones((0, 3))]
+    assert mixture.thresholds(own, mine, theirs) == pytest.approx([
+        0.75 * 0.6 + 0.25 * 0.5,
+        0.6 * 0.6 + 0.4 * 0.5,     # w = 0.25 + 0.75 · 0.2
+        0.3 * 0.3 + 0.7 * 0.5,     # w = 0.25 + 0.75 · 0.6, MODEL's long-line threshold
+        0.5,                       # OTHER alone from 2L words on
+        0.3,                       # OTHER cannot align the line: MODEL's alone, at its own
+        0.6])                      # nobody aligns it (no links either way)
+    halved = mixture.thresholds(0.3, mine[:4], theirs[:4])   # a base of half the default
+    assert halved == pytest.approx([0.75 * 0.3 + 0.25 * 0.25, 0.6 * 0.3 + 0.4 * 0.25,
+                                    0.3 * 0.3 + 0.7 * 0.25, 0.25])
+
+
+def test_each_model_s_share_is_judged_at_its_own_threshold(models):
+    """MODEL records soft-average at 0.7, OTHER (classical) has 0.5: a line's output is the
+    mixed matrices' soft-average at (1 - w) · 0.7 + w · 0.5; --threshold 0.35 halves both."""
+    import json
+    import shutil
+
+    root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
+    recorded = root / "a_at_07"
+    shutil.copytree(models["a"], recorded)
+    config = json.loads((recorded / "config.json").read_text())
+    config["extra"]["align_run"] = {"symmetrize": "soft-average", "threshold": 0.7}
+    (recorded / "config.json").write_text(json.dumps(config))
+    mixed = ["--mix", models["b"], "--mix-weight", "0.3", "--mix-length", "4"]
+    for name, flags in (("t07", []), ("t035", ["--threshold", "0.35"])):
+        run("extract", recorded, *text, *mixed, *flags, "-o", root / f"{name}.align",
+            "--soft", root / f"{name}.npz")
+    soft = _soft(root / "t07.npz")
+    shares = set()
+    for name, own, other in (("t07", 0.7, 0.5), ("t035", 0.35, 0.25)):
+        lines = (root / f"{name}.align").read_text().splitlines(keepends=True)
+        expected = []
+        for k in range(60):
+            forward, reverse = soft[f"fwd_{k}"], soft[f"rev_{k}"]
+            w = line_weight(0.3, 4, max(forward.shape)) if forward.size else 0.0
+            shares.add(round(w, 6))
+            expected.append(format_links(soft_average(forward, reverse,
+                                                      (1 - w) * own + w * other)) + "\n")
+        assert lines == expected
+    assert {0.3, 1.0} < shares
+    assert ((root / "t07.align").read_bytes() != (root / "t035.align").read_bytes())
+    run("extract", recorded, *text, *mixed, "--threshold", "0.35", "-o", root / "t035b.align",
+        "--processes", "2", "--block-lines", "16")   # block processes: the same bytes
+    assert (root / "t035b.align").read_bytes() == (root / "t035.align").read_bytes()
+    # the whole line at MODEL's threshold (as before OTHER kept its own) differs
+    at_own = [format_links(soft_average(soft[f"fwd_{k}"], soft[f"rev_{k}"], 0.7)) + "\n"
+              for k in range(60)]
+    assert (root / "t07.align").read_text().splitlines(keepends=True) != at_own
 
 
 def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):

@@ -101,7 +101,8 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                    "align run or a self-training align train (0.55 for the recipe), for their "
                    "model directories; else 0.5]. For a model calibrated on its bitext (the "
                    "recipe's), the threshold of lines under 15 words: longer lines get it "
-                   "scaled down as the model's posteriors spread with length.")
+                   "scaled down as the model's posteriors spread with length. With a mixture "
+                   "(--mix) it is this model's share's, and scales OTHER's by as much.")
 @click.option("--calibrated/--uncalibrated", default=True, show_default=True,
               help="Scale the threshold per line length by the model directory's "
                    "calibration (calibration.json, written by align run and a self-training "
@@ -111,7 +112,9 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Mix another model directory's posteriors into this model's before the "
                    "directions are combined (-H soft-average, both directions): each "
                    "direction's word-level matrix becomes (1 - W) * this model's + W * "
-                   "OTHER's [default: the recipe's own classical teacher, MODEL_DIR/rounds/0, "
+                   "OTHER's, and a line's threshold (1 - W) * this model's + W * OTHER's "
+                   "(the one OTHER records, else 0.5; scaled as a given --threshold is) "
+                   "[default: the recipe's own classical teacher, MODEL_DIR/rounds/0, "
                    "for a model directory of align run or a self-training align train]. "
                    "OTHER: e.g. the classical aligner trained on the same bitext (align train "
                    "--model classical), or another seed of the recipe.")

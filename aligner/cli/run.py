@@ -74,7 +74,8 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
               help=f"Probability threshold of -H soft-average for the output (recorded in the "
                    f"model directory as align extract's default); after self-training rounds "
                    f"the threshold of lines under 15 words, lower for longer lines as the "
-                   f"model's posteriors spread (calibrated on the bitext)  [default: "
+                   f"model's posteriors spread (calibrated on the bitext); the teacher's "
+                   f"share of the output is judged at its own, scaled by as much  [default: "
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
 @shortlist_option

@@ -125,5 +125,6 @@ def calibrated_extraction(extraction, bitext, seed: int, precision: str, write: 
                     "bucket)", record["lines"], recipe.CALIBRATION_LINES)
     thresholds = Calibration.from_dict(record).thresholds(float(extraction.threshold),
                                                           recipe.CALIBRATION_BETA)
-    logger.info("output thresholds by line length: %s", thresholds.describe())
+    logger.info("output thresholds by line length (the model's share of a line mixed with "
+                "another's): %s", thresholds.describe())
     return dataclasses.replace(extraction, threshold=thresholds)

@@ -163,6 +163,7 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
         for k, line_links in zip(lines, links):
             hard[direction][k] = line_links
     soft: Dict[str, List[np.ndarray]] = {}
+    threshold = extraction.threshold
     if soft_main or scored or keep_soft:   # one pass, used for all
         soft = inference.soft_alignments_by_direction(
             extraction.loaded.models, pairs, extraction.directions, extraction.method,
@@ -172,11 +173,14 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
 
             check_condition(mix_pairs is not None and len(mix_pairs) == len(pairs),
                             "a mixture needs its model's encoding of every line")
-            soft = mix(soft, extraction.mixture.soft(mix_pairs, extraction.max_tokens,
-                                                     extraction.device, workers),
-                       extraction.mixture.weight, extraction.mixture.long_line)
+            other = extraction.mixture.soft(mix_pairs, extraction.max_tokens,
+                                            extraction.device, workers)
+            # each line's threshold: each model's share at its own
+            threshold = extraction.mixture.thresholds(extraction.threshold, soft["fwd"],
+                                                      other["fwd"])
+            soft = mix(soft, other, extraction.mixture.weight, extraction.mixture.long_line)
     if both:
-        hard[main] = combine(extraction.heuristic, extraction.threshold, hard=hard, soft=soft)
+        hard[main] = combine(extraction.heuristic, threshold, hard=hard, soft=soft)
     lines_by_name: Dict[str, List[str]] = {}
     if scored:
         lines_by_name[main], numbers = output_lines(hard[main], soft, extraction.direction,

@@ -7,7 +7,9 @@ subword rows averaged within a word and summed over the other side's subwords):
 * ``--direction fwd``: ``fwd[i, j]`` = p(source word i | target word j) of the model
   p(target | source); ``--direction rev``: ``rev[i, j]`` = p(target word j | source word i).
 * ``--direction both -H soft-average``: ``(fwd[i, j] + rev[i, j]) / 2``, the symmetrized
-  posterior that soft-average compares with ``--threshold`` (every link written is above it).
+  posterior that soft-average compares with the line's threshold (``--threshold``; with a
+  mixture, aligner/extract/mixture.py, the mix of both models' thresholds): every link written
+  is above it.
 * ``--direction both`` with a Moses heuristic (grow-diag, ...): both directions' numbers,
   ``fwd[i, j],rev[i, j]`` (a link the heuristic took from one direction can be improbable in
   the other).

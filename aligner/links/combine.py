@@ -16,7 +16,7 @@ word (a reverse alignment is already flipped to source–target). No torch here.
 """
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ def needs_soft(heuristic: str) -> bool:
     return heuristic in C.SOFT_HEURISTICS
 
 
-def combine(heuristic: str, threshold: float = DEFAULT_THRESHOLD,
+def combine(heuristic: str, threshold: Any = DEFAULT_THRESHOLD,
             hard: Optional[Mapping[str, Sequence[Set[Link]]]] = None,
             soft: Optional[Mapping[str, Sequence[np.ndarray]]] = None) -> List[Set[Link]]:
     """The two directions' alignments of every line combined by `heuristic`: one set of
@@ -57,7 +57,8 @@ def combine(heuristic: str, threshold: float = DEFAULT_THRESHOLD,
         line, one (I, J) array per line for I source and J target words: ``fwd[i, j]`` =
         p(source word i | target word j), ``rev[i, j]`` = p(target word j | source word i)
         (aligner.extract.inference.soft_alignments, what ``align extract --soft`` writes); what
-        soft-average needs (aligner.links.soft_symmetrize), with `threshold` (ignored otherwise).
+        soft-average needs (aligner.links.soft_symmetrize), with `threshold` (a number, per
+        line length, or one per line: soft_average_corpus; ignored otherwise).
 
     Only the input the heuristic needs (:func:`needs_soft`) is read; other keys of the
     mappings are ignored. AlignerError, in one line, for an unknown heuristic, a needed input

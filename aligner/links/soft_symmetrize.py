@@ -84,9 +84,16 @@ def soft_average(forward: np.ndarray, reverse: np.ndarray,
 
 
 def soft_average_corpus(forward: Sequence[np.ndarray], reverse: Sequence[np.ndarray],
-                        threshold: Threshold = DEFAULT_THRESHOLD) -> List[Set[Link]]:
-    """``soft_average`` sentence by sentence; one matrix per sentence pair in each list."""
+                        threshold: Union[Threshold, Sequence[float]] = DEFAULT_THRESHOLD
+                        ) -> List[Set[Link]]:
+    """``soft_average`` sentence by sentence; one matrix per sentence pair in each list.
+    `threshold`: one for every line (a number, or per line length), or a list of one number
+    per line (a mixture's, aligner.extract.mixture.Mixture.thresholds)."""
     if len(forward) != len(reverse):
         raise AlignerError(f"forward and reverse soft alignments differ in length: "
                            f"{len(forward)} and {len(reverse)} sentence pairs")
+    if isinstance(threshold, (list, tuple)):
+        if len(threshold) != len(forward):
+            raise AlignerError(f"{len(threshold)} thresholds for {len(forward)} sentence pairs")
+        return [soft_average(f, r, t) for f, r, t in zip(forward, reverse, threshold)]
     return [soft_average(f, r, threshold) for f, r in zip(forward, reverse)]
