@@ -51,8 +51,8 @@ share: the teacher's posteriors do not spread with the line's length as the netw
 
 A line MODEL cannot align (a side too long for it: an empty matrix) stays without links, as
 without a mixture (its warning says so); a line only OTHER cannot align takes MODEL's matrix
-alone, at MODEL's threshold. The per-direction hard links (``fwd`` / ``rev`` outputs of `align run`) stay MODEL's
-own.
+alone, at MODEL's threshold. The per-direction hard links (``fwd`` / ``rev`` outputs of `align
+run`) stay MODEL's own.
 """
 from __future__ import annotations
 
@@ -151,7 +151,8 @@ class Mixture:
         aligner.links.calibration.LengthThresholds, whose shortest lines' is its base) + w ·
         OTHER's, w being OTHER's share of the line as :func:`mix` takes it from MODEL's and
         OTHER's matrices of the line (`mine`, `theirs`: one direction's). OTHER's threshold is
-        scaled by `own`'s base over ``model_threshold`` (1 unless a threshold was given)."""
+        scaled by `own`'s base over ``model_threshold``, the default that base replaces (1
+        where MODEL keeps its default)."""
         base = float(own.values[0]) if hasattr(own, "values") else float(own)
         scale = base / self.model_threshold if self.model_threshold > 0 else 1.0
         other = min(MAX_THRESHOLD, self.threshold * scale)
