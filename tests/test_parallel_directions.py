@@ -112,6 +112,7 @@ def test_error_in_one_process_is_one_line(tmp_path, corpus):
 def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
     """`kill PID` of `align train --parallel-directions`: one error line, exit 1, and no
     direction process left training on its own."""
+    import os
     import signal
     import subprocess
     import sys
@@ -121,19 +122,31 @@ def test_sigterm_to_the_parent_stops_the_direction_processes(tmp_path, corpus):
                str(tmp_path / "model"), "--model", "hmm1", "--parallel-directions",
                "--max-updates", "100000", "--threads", "2", *TINY]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
     workers = []
-    while len(workers) < 2 and time.time() < deadline and process.poll() is None:
-        time.sleep(0.5)   # the two direction processes (spawn also starts a resource tracker)
-        workers = [pid for pid in processes.children(process.pid)
-                   if "spawn_main" in processes.cmdline(pid)]
-    assert len(workers) >= 2, process.stderr.read() if process.poll() is not None else workers
-    time.sleep(2)         # inside training
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 1
-    assert "align: error: terminated (SIGTERM)" in stderr and "Traceback" not in stderr
-    assert not processes.left_running(workers, wait=1)
+    try:
+        deadline = time.time() + 120
+        while len(workers) < 2 and time.time() < deadline and process.poll() is None:
+            time.sleep(0.5)   # the two direction processes (spawn also starts a resource tracker)
+            workers = [pid for pid in processes.children(process.pid)
+                       if "spawn_main" in processes.cmdline(pid)]
+        assert len(workers) >= 2, (process.stderr.read() if process.poll() is not None
+                                   else workers)
+        time.sleep(2)         # inside training
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 1
+        assert "align: error: terminated (SIGTERM)" in stderr and "Traceback" not in stderr
+        assert not processes.left_running(workers, wait=1)
+    finally:   # a failed assertion must not leave a 100,000-update job training beside the
+        for pid in {*workers, *processes.descendants(process.pid)}:     # next tests
+            if "spawn_main" in processes.cmdline(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_directions_train_side_by_side_by_default_where_it_pays(monkeypatch):
