@@ -142,7 +142,8 @@ class Aligner:
             threshold 0.5 (for a model calibrated on its bitext, the threshold of the shortest
             lines, scaled per line length unless `calibrated` is False: ``align extract
             --uncalibrated``).
-        max_tokens: positions per batch (default: 500 on a CPU, 4000 on a GPU).
+        max_tokens: positions per batch (default: 500 on a CPU, the classical aligner 8000;
+            4000 on a GPU).
         mix_weight: the weight of the recipe's classical teacher in both directions' soft
             alignments (``align extract --mix-weight``; aligner/extract/mixture.py): default
             the weight the model directory records (the recipe's), 0 the model alone; only

@@ -362,6 +362,34 @@ def test_align_train_and_extract_with_model_classical(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == lines
+    # a line's posteriors do not depend on its batch: batches of one line (8 positions) give
+    # the bytes of the default's one batch of every line (ClassicalHMM.CPU_MAX_TOKENS)
+    done = subprocess.run([*ALIGN, "extract", model, "-s", new_src, "-t", new_tgt, "-o",
+                           str(tmp_path / "small.align"), "--link-probs",
+                           str(tmp_path / "small.probs"), "--max-tokens", "8", "-q"],
+                          env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "small.align").read_text() == out.read_text()
+    assert (tmp_path / "small.probs").read_text() == (tmp_path / "probs").read_text()
+
+
+def test_the_classical_aligner_takes_larger_batches_on_a_cpu():
+    """With no --max-tokens a CPU batch holds ClassicalHMM.CPU_MAX_TOKENS positions (a few
+    operations per step on the whole batch: dispatch, not arithmetic) and a network's
+    inference.CPU_MAX_TOKENS (its (B, I, J+1, J) tensors stay in cache); a GPU's are alike."""
+    from aligner.extract import inference
+    from aligner.models.classical import ClassicalHMM
+    from aligner.models.direct_hmm import DirectHMMConfig, FirstOrderHMM
+
+    classical = ClassicalHMM(ClassicalConfig(src_vocab_size=10, tgt_vocab_size=10))
+    network = FirstOrderHMM(DirectHMMConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8,
+                                            n_heads=2, enc_layers=1, dec_layers=1, d_ff=8))
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert inference.default_max_tokens(cpu, classical) == ClassicalHMM.CPU_MAX_TOKENS == 8000
+    assert inference.default_max_tokens(cpu, network) == inference.CPU_MAX_TOKENS == 500
+    assert inference.default_max_tokens(cpu) == inference.CPU_MAX_TOKENS
+    assert (inference.default_max_tokens(gpu, classical)
+            == inference.default_max_tokens(gpu, network) == inference.DEFAULT_MAX_TOKENS)
 
 
 def test_align_run_with_model_classical(tmp_path):

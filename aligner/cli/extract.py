@@ -161,7 +161,8 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
 @checkpoint_option
 @click.option("--max-tokens", default=None, type=click.IntRange(min=1),
               help="Padded tokens per batch (pairs are batched by length, order restored) "
-                   "[default: 500 on a CPU, where small batches are faster; 4000 on a GPU].")
+                   "[default: 500 on a CPU, where small batches are faster (the classical "
+                   "aligner: 8000); 4000 on a GPU].")
 @device_option
 @inference_precision_option
 @threads_option()

@@ -494,7 +494,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "threshold": threshold_record(extraction.threshold),
               "precision": resolve_precision(precision, device),
               "inline_probs": inline_probs,
-              "max_tokens": extraction.max_tokens or inference.default_max_tokens(device),
+              "max_tokens": extraction.max_tokens or inference.default_max_tokens(
+                  device, extraction.loaded.models[extraction.directions[0]]),
               "gold lines": [gold_lines.start, gold_lines.stop]}
     if extraction.mixture is not None:
         record["mix"] = extraction.mixture.identity()

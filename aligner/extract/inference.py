@@ -137,10 +137,13 @@ def batched(items: Sequence[Item], indices: Sequence[int], widths: Sequence[int]
             bar.update(len(chosen))
 
 
-def default_max_tokens(device: torch.device) -> int:
-    """Positions per batch when the caller gives none: :data:`CPU_MAX_TOKENS` on a CPU,
+def default_max_tokens(device: torch.device, model: Optional[AlignmentModel] = None) -> int:
+    """Positions per batch when the caller gives none: on a CPU the model kind's
+    ``CPU_MAX_TOKENS`` (the classical aligner's) or else :data:`CPU_MAX_TOKENS`,
     :data:`DEFAULT_MAX_TOKENS` elsewhere."""
-    return CPU_MAX_TOKENS if device.type == "cpu" else DEFAULT_MAX_TOKENS
+    if device.type != "cpu":
+        return DEFAULT_MAX_TOKENS
+    return getattr(model, "CPU_MAX_TOKENS", None) or CPU_MAX_TOKENS
 
 
 def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: str,
@@ -152,7 +155,7 @@ def pair_batches(model: AlignmentModel, pairs: Sequence[EncodedPair], direction:
     batches of at most `max_tokens` positions (see :func:`batched`; None: by the device,
     :func:`default_max_tokens`). `device`: the model's by default."""
     device = device or model_device(model)
-    max_tokens = max_tokens or default_max_tokens(device)
+    max_tokens = max_tokens or default_max_tokens(device, model)
     limit = model_max_positions(model)
     ok = [k for k, pair in enumerate(pairs) if usable(pair, limit)]
 

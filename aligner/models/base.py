@@ -114,6 +114,9 @@ class AlignmentModel(nn.Module, abc.ABC):
     TRAINED_BY_EM: bool = False
     #: whether :meth:`init_decode_state` / :meth:`decode_step` translate (`align translate`)
     TRANSLATES: bool = True
+    #: positions per inference batch on a CPU when the caller gives none (None: the
+    #: extraction's own default, aligner.extract.inference.CPU_MAX_TOKENS)
+    CPU_MAX_TOKENS: Optional[int] = None
 
     @property
     @abc.abstractmethod
