@@ -126,3 +126,47 @@ def test_the_align_group_limits_onednns_kernel_cache_unless_the_user_set_it(monk
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out[-2:] == [malloc.ONEDNN_CACHE_KERNELS, "False"]   # set before torch loads
+
+
+# prints {"applied": ..., "held": resident kB that a freed 64 MiB tensor below a live small
+# array leaves, "released": how many of them release_free_memory() gives back}
+RELEASE_PROBE = r"""
+import json
+import numpy as np
+import torch
+from aligner.malloc import keep_freed_memory, release_free_memory
+
+def resident_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+keep_freed_memory()
+before = resident_kb()
+tensor = torch.ones(16 << 20)               # 64 MiB on the heap, every page touched
+small = np.ones(1000)                       # a live array above it: the heap cannot shrink
+del tensor
+held = resident_kb() - before
+applied = release_free_memory()
+print(json.dumps({"applied": applied, "held": held, "released": held + before - resident_kb()}))
+"""
+
+
+def test_release_free_memory_gives_back_a_freed_tensor_below_a_live_array():
+    """What an extraction's block leaves: a large freed tensor under a small live array stays
+    resident with keep_freed_memory(); release_free_memory() gives its pages back."""
+    env = {k: v for k, v in os.environ.items() if k != "ALIGNER_MALLOC"}
+    done = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True,
+                          text=True, env=env, check=True)
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    assert probe["applied"] is True
+    assert probe["held"] >= 60 << 10                   # kB: the freed tensor still resident
+    assert probe["released"] >= 60 << 10
+
+
+def test_release_free_memory_does_nothing_without_keep_freed_memory():
+    code = ("from aligner.malloc import release_free_memory; "
+            "print(release_free_memory())")
+    env = {**os.environ, "ALIGNER_MALLOC": "system"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out[-1] == "False"

@@ -31,6 +31,7 @@ import numpy as np
 from aligner import constants as C
 from aligner.data import EncodedPair, filtered_out
 from aligner.links.soft_symmetrize import threshold_record
+from aligner.malloc import release_free_memory
 from aligner.utils import AlignerError, check_condition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -507,6 +508,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
     with contextlib.ExitStack() as stack:
         stack.enter_context(autocast_context(precision, device))
         if processes > 1:   # whole blocks in processes of their own, every core at work
+            # what this process freed (the training of `align run`) goes back to the kernel
+            release_free_memory()
             logger.info("%s: %d blocks of %d lines in %d processes", description, n_blocks,
                         size, processes)
             workers, pool = False, stack.enter_context(

@@ -37,7 +37,7 @@ from aligner.data import (Batch, EncodedPair, encode_pair, inference_batches, ma
                           subword_to_word_links)
 from aligner.formats import Bitext
 from aligner.links.soft_symmetrize import DEFAULT_THRESHOLD
-from aligner.malloc import keep_freed_memory
+from aligner.malloc import RELEASE_BATCHES, keep_freed_memory, release_free_memory
 from aligner.model_dir import LoadedModelDir
 from aligner.models.base import AlignmentModel, model_device
 from aligner.precision import active_autocast_dtype
@@ -187,12 +187,14 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
     options = options or {}
     model.eval()
     results: List[Set[Link]] = [set() for _ in pairs]
-    for indices, batch in pair_batches(model, pairs, direction, max_tokens, device,
-                                       f"align {direction}", progress):
+    for b, (indices, batch) in enumerate(pair_batches(model, pairs, direction, max_tokens,
+                                                      device, f"align {direction}", progress)):
         path = hard_alignment(model, batch.src, batch.tgt_in, batch.tgt_out, method,
                               **options).cpu().numpy()
         for row, k in enumerate(indices):
             results[k] = _pair_links(path[row], pairs[k], direction)
+        if (b + 1) % RELEASE_BATCHES == 0:
+            release_free_memory()
     return results
 
 
@@ -251,12 +253,14 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
     model.eval()
     renormalize = not model.leaves_unaligned_mass(method)
     results = [no_alignment(p) for p in pairs]
-    for indices, batch in pair_batches(model, pairs, direction, max_tokens, device,
-                                       f"soft {direction}", progress):
+    for b, (indices, batch) in enumerate(pair_batches(model, pairs, direction, max_tokens,
+                                                      device, f"soft {direction}", progress)):
         scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
                                         **options).float().cpu().numpy()
         for row, k in enumerate(indices):
             results[k] = _word_matrix(scores[row], pairs[k], direction, renormalize)
+        if (b + 1) % RELEASE_BATCHES == 0:   # the heap's free pages back (aligner/malloc.py)
+            release_free_memory()
     return results
 
 
