@@ -203,6 +203,52 @@ def test_each_model_s_share_is_judged_at_its_own_threshold(models):
     assert (root / "t07.align").read_text().splitlines(keepends=True) != at_own
 
 
+def test_the_recipe_s_teacher_is_judged_at_the_teacher_mix_threshold(models):
+    """A model directory with its teacher in rounds/0 (as `align run` leaves it) mixes it in
+    by default at the weight it records, and judges the teacher's share at
+    recipe.TEACHER_MIX_THRESHOLD, not at the 0.5 the teacher's directory records: a line's
+    output is the mixed matrices' soft-average at (1 - w) · 0.55 + w · 0.45."""
+    import json
+    import shutil
+
+    root = models["root"]
+    recipe_like = root / "recipe_like"
+    shutil.copytree(models["a"], recipe_like)
+    shutil.copytree(models["b"], recipe_like / "rounds" / "0")
+    config = json.loads((recipe_like / "config.json").read_text())
+    config["extra"]["align_run"] = {"symmetrize": "soft-average", "threshold": recipe.THRESHOLD,
+                                    "mix_weight": 0.3, "mix_length": 4}
+    (recipe_like / "config.json").write_text(json.dumps(config))
+    run("extract", recipe_like, "-s", models["src"], "-t", models["tgt"], "-q",
+        "-o", root / "recipe_like.align", "--soft", root / "recipe_like.npz")
+    soft = _soft(root / "recipe_like.npz")
+
+    def judged_at(teacher_threshold):
+        """Each line's soft-average at (1 - w) · MODEL's threshold + w · `teacher_threshold`."""
+        out = []
+        for k in range(60):
+            forward, reverse = soft[f"fwd_{k}"], soft[f"rev_{k}"]
+            w = line_weight(0.3, 4, max(forward.shape)) if forward.size else 0.0
+            threshold = (1 - w) * recipe.THRESHOLD + w * teacher_threshold
+            out.append(format_links(soft_average(forward, reverse, threshold)) + "\n")
+        return out
+
+    lines = (root / "recipe_like.align").read_text().splitlines(keepends=True)
+    assert lines == judged_at(recipe.TEACHER_MIX_THRESHOLD)
+    assert lines != judged_at(0.5)   # the teacher directory's own recorded threshold
+    # block processes judge it as this process does
+    run("extract", recipe_like, "-s", models["src"], "-t", models["tgt"], "-q",
+        "-o", root / "recipe_like_blocks.align", "--processes", "2", "--block-lines", "16")
+    assert (root / "recipe_like_blocks.align").read_bytes() == \
+        (root / "recipe_like.align").read_bytes()
+    # --mix-threshold sets it, in block processes too
+    for name, flags in (("one", []), ("blocks", ["--processes", "2", "--block-lines", "16"])):
+        run("extract", recipe_like, "-s", models["src"], "-t", models["tgt"], "-q",
+            "--mix-threshold", "0.3", "-o", root / f"mt03_{name}.align", *flags)
+        assert (root / f"mt03_{name}.align").read_text().splitlines(keepends=True) == \
+            judged_at(0.3)
+
+
 def test_block_processes_and_a_pipe_give_the_bytes_of_one_process(models):
     root, text = models["root"], ["-s", models["src"], "-t", models["tgt"], "-q"]
     mixed = ["--mix", models["b"], "--mix-weight", "0.4", "--mix-length", "6"]

@@ -128,6 +128,10 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
                    "far longer than its training lines poorly; 0: W on every line  [default: "
                    "the one the model directory records: for the recipe the 99th percentile "
                    "of its bitext's line lengths; else 0]")
+@click.option("--mix-threshold", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
+              help=f"The threshold OTHER's share of a line is judged at (scaled as a given "
+                   f"--threshold is)  [default: the one OTHER records, else 0.5; the recipe's "
+                   f"teacher: {recipe.TEACHER_MIX_THRESHOLD}]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Pharaoh output (written atomically); '-' = stdout.")
 @click.option("--soft", type=click.Path(dir_okay=False), default=None,
@@ -172,7 +176,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             sgd_lr: Optional[float], sgd_init: Optional[str], method_option: Tuple[str, ...],
             direction: str, heuristic: Optional[str], threshold: Optional[float],
             calibrated: bool, mix_dir: Optional[str], mix_weight: Optional[float],
-            mix_length: Optional[int], output: str,
+            mix_length: Optional[int], mix_threshold: Optional[float], output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
             stream_wait: float, block_lines: Optional[int], processes: int, resume: bool,
             overwrite: bool,
@@ -230,13 +234,14 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
                                        "writes i-j:p links to -o, stdout included)")
     check_condition(not (resume and overwrite), "--resume and --overwrite exclude each other")
     # asked for (--mix-weight 0: none)
-    mixing = mix_dir is not None or bool(mix_weight) or bool(mix_length)
+    mixing = (mix_dir is not None or bool(mix_weight) or bool(mix_length)
+              or mix_threshold is not None)
     check_condition(not mixing or direction == "both",
-                    "--mix, --mix-weight and --mix-length mix both directions' posteriors: use "
-                    "them with --direction both")
+                    "--mix, --mix-weight, --mix-length and --mix-threshold mix both directions' "
+                    "posteriors: use them with --direction both")
     check_condition(not mixing or heuristic is None or needs_soft(heuristic),
-                    f"--mix, --mix-weight and --mix-length mix posteriors, which -H {heuristic} "
-                    f"does not read: use -H soft-average")
+                    f"--mix, --mix-weight, --mix-length and --mix-threshold mix posteriors, "
+                    f"which -H {heuristic} does not read: use -H soft-average")
     check_distinct_files({"-s": source, "-t": target, "-i": joint},
                          {"-o": output, "--soft": soft, "--link-probs": link_probs})
     check_outside_model_dir(model_dir, {"-o": output, "--soft": soft,
@@ -287,10 +292,11 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         # the recipe's shortlist where the method takes one (-O shortlist=0: exact)
         options = default_options(model, method, options)
         check_condition(not mixing or needs_soft(heuristic),
-                        f"--mix, --mix-weight and --mix-length mix posteriors, and this model's "
+                        f"--mix, --mix-weight, --mix-length and --mix-threshold mix posteriors, "
+                        f"and this model's "
                         f"default heuristic is {heuristic}: give -H soft-average too")
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
-                                  torch_device, mix_length)
+                                  torch_device, mix_length, mix_threshold)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
                                 torch_device, options, max_tokens, mixture)
         with autocast_context(precision, torch_device):

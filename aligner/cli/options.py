@@ -85,8 +85,8 @@ def recipe_summary(first_round: str = "", flags: bool = True, mixed: bool = True
               else f"in one training of {first}")
     mixed = (f", each direction's mixed with the teacher's at weight {recipe.MIX_WEIGHT:g}, "
              f"growing to 1 on lines longer than the bitext's (align extract --mix-length; "
-             f"--mix-weight 0: the network's alone), the teacher's share judged at its own "
-             f"threshold {recipe.TEACHER_THRESHOLD:g}"
+             f"--mix-weight 0: the network's alone), the teacher's share judged at "
+             f"threshold {recipe.TEACHER_MIX_THRESHOLD:g}"
              if mixed and recipe.TEACHER and recipe.ROUNDS > 1 else "")
     return (f"{recipe.MODEL_KIND}, both directions, {rounds}; its output: {recipe.METHOD} "
             f"alignments{mixed}, combined by -H {recipe.HEURISTIC} at threshold "

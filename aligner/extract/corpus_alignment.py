@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -78,9 +79,10 @@ class Extraction:
              options: Optional[Dict[str, Any]] = None, direction: str = "both",
              checkpoint: str = "best", max_tokens: Optional[int] = None,
              mix_dir: Optional[str] = None, mix_weight: Optional[float] = None,
-             mix_length: Optional[int] = None) -> "Extraction":
+             mix_length: Optional[int] = None,
+             mix_threshold: Optional[float] = None) -> "Extraction":
         """The model directory's `checkpoint` weights of the directions used, on `device`,
-        and the mixture of `mix_dir` / `mix_weight` / `mix_length`
+        and the mixture of `mix_dir` / `mix_weight` / `mix_length` / `mix_threshold`
         (:func:`aligner.extract.mixture.resolve_mixture`: by default the teacher the
         directory records)."""
         from aligner.extract.mixture import resolve_mixture
@@ -89,16 +91,9 @@ class Extraction:
         directions = C.DIRECTIONS if direction == "both" else (direction,)
         loaded = LoadedModelDir.load(model_dir, directions, checkpoint, device)
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic, device,
-                                  mix_length)
+                                  mix_length, mix_threshold)
         return cls(loaded, method, direction, heuristic, threshold, device, options or {},
                    max_tokens, mixture)
-
-    def mix_settings(self) -> Dict[str, Any]:
-        """The arguments of :meth:`load` that load this extraction's mixture (or none) again."""
-        if self.mixture is None:
-            return {"mix_weight": 0.0}
-        return {"mix_dir": self.mixture.path, "mix_weight": self.mixture.weight,
-                "mix_length": self.mixture.long_line}
 
     @property
     def directions(self) -> Tuple[str, ...]:
@@ -280,10 +275,13 @@ _BLOCK_WORKER: Dict[str, Any] = {}
 
 
 def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any],
-                        job: BlockJob, threads: int, autocast: Any, quiet: bool) -> None:
+                        mixture: Any, job: BlockJob, threads: int, autocast: Any,
+                        quiet: bool) -> None:
     """Initializer of a block process: the parent's allocator settings, the console logging,
     `threads` torch threads, the model directory loaded on the CPU (the same weights as the
-    parent's: its checksums are in the parts record), then SIGTERM ends the process
+    parent's: its checksums are in the parts record) with the parent's `mixture` (its
+    aligner.extract.mixture.Mixture, not loaded there, or None) as it is, so that its weight,
+    long-line length and thresholds are the parent's, then SIGTERM ends the process
     (:func:`_end_block_worker`). A SIGTERM while the model loads ends the process on the spot,
     as it holds nothing then: raised as SystemExit inside this initializer, concurrent.futures
     would print its traceback."""
@@ -296,7 +294,10 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
     setup_logging(quiet=quiet)
     torch.set_num_threads(threads)
     extraction = Extraction.load(model_dir, torch.device("cpu"), checkpoint=checkpoint,
-                                 **settings)
+                                 mix_weight=0.0, **settings)
+    if mixture is not None:
+        extraction.mixture = dataclasses.replace(mixture, device=torch.device("cpu"),
+                                                 _loaded=None)
     _BLOCK_WORKER.update(extraction=extraction, job=job, autocast=autocast)
     signal.signal(signal.SIGTERM, _end_block_worker)
 
@@ -352,8 +353,10 @@ class BlockProcesses:
 
         settings = dict(method=extraction.method, heuristic=extraction.heuristic,
                         threshold=extraction.threshold, options=extraction.options,
-                        direction=extraction.direction, max_tokens=extraction.max_tokens,
-                        **extraction.mix_settings())
+                        direction=extraction.direction, max_tokens=extraction.max_tokens)
+        # the mixture's settings, without the models it may have loaded here
+        mixture = (None if extraction.mixture is None
+                   else dataclasses.replace(extraction.mixture, _loaded=None))
         self.processes = processes
         threads = max(1, torch.get_num_threads() // processes)
         self._signals = contextlib.ExitStack()
@@ -361,7 +364,7 @@ class BlockProcesses:
         self._executor = concurrent.futures.ProcessPoolExecutor(
             processes, mp_context=multiprocessing.get_context("spawn"),
             initializer=_block_worker_start,
-            initargs=(extraction.loaded.path, checkpoint, settings, job, threads,
+            initargs=(extraction.loaded.path, checkpoint, settings, mixture, job, threads,
                       active_autocast_dtype("cpu"), quiet))
 
     def map(self, blocks):

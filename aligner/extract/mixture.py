@@ -14,8 +14,9 @@ soft-average threshold is
 
 (:meth:`Mixture.thresholds`), with t_MODEL MODEL's threshold for the line (its calibration per
 line length included, aligner/extract/calibrate.py) and t_OTHER OTHER's base threshold,
-uncalibrated: the one it records, else 0.5 (the recipe's teacher: recipe.TEACHER_THRESHOLD,
-0.5, the threshold of its links that guide round 1). MODEL's base threshold, where it is not
+uncalibrated: the one it records, else 0.5 (the recipe's teacher: recipe.TEACHER_MIX_THRESHOLD,
+0.45, below the 0.5 of its links that guide round 1, as its posteriors keep the empty word's
+mass; eval/results/mix_threshold.md). MODEL's base threshold, where it is not
 the default it replaces, scales t_OTHER by the same ratio, so that ``--threshold`` moves every
 line's decision, those OTHER decides alone included. The default it replaces: for the recipe's
 own teacher recipe.THRESHOLD, what a self-training run records unless given another (so `align
@@ -114,6 +115,8 @@ class Mixture:
 
         check_condition(0.0 < weight <= 1.0, f"--mix-weight must be in (0, 1]: {weight}")
         check_condition(long_line >= 0, f"--mix-length must be 0 or more: {long_line}")
+        check_condition(threshold is None or 0.0 <= threshold < 1.0,
+                        f"--mix-threshold must be in [0, 1): {threshold}")
         check_condition(os.path.isdir(model_dir), f"{model_dir}: no such model directory")
         config = RunConfig.load(config_path(model_dir))
         check_condition(all(d in config.directions for d in C.DIRECTIONS),
@@ -181,14 +184,17 @@ class Mixture:
 
 def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
                     mix_weight: Optional[float], direction: str, heuristic: str, device: Any,
-                    mix_length: Optional[int] = None) -> Optional[Mixture]:
+                    mix_length: Optional[int] = None,
+                    mix_threshold: Optional[float] = None) -> Optional[Mixture]:
     """The mixture of an extraction with `loaded` (both directions combined by `heuristic`):
     `mix_dir` at `mix_weight` (default recipe.MIX_WEIGHT) where given; else the model
     directory's teacher (:data:`TEACHER_DIR`) at its recorded weight, or at `mix_weight`,
     where config.json records one and the teacher is there; none with `mix_weight` 0, for one
     direction or a heuristic that reads no posteriors. A `mix_weight` for a model with no
     teacher and no `mix_dir` is refused (one line). Its long-line length: `mix_length`, else
-    what config.json records (``mix_length``), else 0 (the same weight on every line)."""
+    what config.json records (``mix_length``), else 0 (the same weight on every line). Its
+    threshold: `mix_threshold`, else OTHER's recorded one (else 0.5), for the teacher
+    recipe.TEACHER_MIX_THRESHOLD."""
     from aligner.links.combine import needs_soft
     from aligner.model_dir import config_path, recorded_symmetrization
     from aligner.training import recipe
@@ -200,7 +206,7 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
     if mix_dir:
         _, model_threshold = loaded.symmetrization(heuristic, None, calibrated=False)
         return Mixture.load(mix_dir, recipe.MIX_WEIGHT if mix_weight is None else mix_weight,
-                            device, long_line, model_threshold)
+                            device, long_line, model_threshold, mix_threshold)
     recorded = settings.get("mix_weight")
     teacher = os.path.join(loaded.path, TEACHER_DIR)
     present = os.path.isfile(config_path(teacher))
@@ -209,14 +215,16 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
                        "without rounds/?): the network's posteriors alone", loaded.path, teacher)
     if not recorded or not present:
         asked = ", ".join(f"{name} {value}" for name, value in
-                          (("mix weight", mix_weight), ("mix length", mix_length)) if value)
+                          (("mix weight", mix_weight), ("mix length", mix_length),
+                           ("mix threshold", mix_threshold)) if value is not None and value)
         check_condition(not asked, f"{asked}: {loaded.path} records no teacher to mix with "
                                    f"(config.json's mix_weight and {teacher}); mix another "
                                    f"model directory (align extract --mix OTHER_MODEL_DIR)")
         return None
-    # the teacher at its own threshold (its guide's), against the recipe's output default
+    # the teacher at a threshold of its own, against the recipe's output default
     return Mixture.load(teacher, recorded if mix_weight is None else mix_weight, device,
-                        long_line, recipe.THRESHOLD, recipe.TEACHER_THRESHOLD)
+                        long_line, recipe.THRESHOLD,
+                        recipe.TEACHER_MIX_THRESHOLD if mix_threshold is None else mix_threshold)
 
 
 def long_line_length(bitext, quantile: float) -> int:

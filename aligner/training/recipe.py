@@ -135,6 +135,13 @@ MIX_WEIGHT = 0.25
 #: bitext's line lengths (longer side, words); longer lines weigh the teacher more, alone from
 #: 2L words on (aligner/extract/mixture.py line_weight; mix_length.md)
 MIX_LENGTH_QUANTILE = 0.99
+#: ... and the teacher's share of a line judged at this threshold (aligner/extract/mixture.py
+#: Mixture.thresholds), below its guide's TEACHER_THRESHOLD: its rows keep the empty word's
+#: mass, so its posteriors run lower than the network's renormalized ones (0.45 = 0.5 · (1 -
+#: p0)). Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each, among 0.5, 0.45,
+#: 0.4 and 0.35: the one that is better on bicici100 and ja-en dev and within 0.1 on en-fr
+#: dev on both seeds (mix_threshold.md)
+TEACHER_MIX_THRESHOLD = 0.45
 
 #: the direct HMM's transition-score budget (DirectHMMConfig.chunk_floats: floats alive at
 #: once before training chunks and recomputes them) on the CPU: the model's own default,
