@@ -275,6 +275,12 @@ def test_misuse_of_mix_gets_one_error_line(models):
                                                 "--mix-weight", "0.2", ok=False))
     assert "mix length 12: " in error_line(run("extract", models["a"], *text, *out,
                                              "--mix-length", "12", ok=False))
+    for value in ("0.3", "0"):   # a threshold of 0 is asked for too
+        assert f"mix threshold {float(value)}: " in error_line(run(
+            "extract", models["a"], *text, *out, "--mix-threshold", value, ok=False))
+    assert "--direction both" in error_line(run("extract", models["a"], *text, *out,
+                                                "--mix-threshold", "0.3", "--direction", "rev",
+                                                ok=False))
     assert "--direction both" in error_line(run("extract", models["a"], *text, *out,
                                                 "--mix-length", "12", "--direction", "rev",
                                                 ok=False))

@@ -293,8 +293,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         options = default_options(model, method, options)
         check_condition(not mixing or needs_soft(heuristic),
                         f"--mix, --mix-weight, --mix-length and --mix-threshold mix posteriors, "
-                        f"and this model's "
-                        f"default heuristic is {heuristic}: give -H soft-average too")
+                        f"and this model's default heuristic is {heuristic}: give -H "
+                        f"soft-average too")
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
                                   torch_device, mix_length, mix_threshold)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,

@@ -214,9 +214,11 @@ def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],
         logger.warning("%s records a mixture with its teacher, but %s is not there (a copy "
                        "without rounds/?): the network's posteriors alone", loaded.path, teacher)
     if not recorded or not present:
-        asked = ", ".join(f"{name} {value}" for name, value in
-                          (("mix weight", mix_weight), ("mix length", mix_length),
-                           ("mix threshold", mix_threshold)) if value is not None and value)
+        asked = ", ".join(f"{name} {value}" for name, value, given in
+                          (("mix weight", mix_weight, bool(mix_weight)),
+                           ("mix length", mix_length, bool(mix_length)),
+                           ("mix threshold", mix_threshold, mix_threshold is not None))
+                          if given)
         check_condition(not asked, f"{asked}: {loaded.path} records no teacher to mix with "
                                    f"(config.json's mix_weight and {teacher}); mix another "
                                    f"model directory (align extract --mix OTHER_MODEL_DIR)")
