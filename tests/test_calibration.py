@@ -123,9 +123,8 @@ def test_align_run_calibrates_on_its_bitext_and_extract_aligns_the_same(calibrat
 def test_uncalibrated_is_one_threshold_and_calibrated_scales_the_given_one(calibrated):
     """--uncalibrated: soft-average of the --soft matrices (mixed with the teacher's) at 0.55
     for the network's share of every line, recipe.TEACHER_MIX_THRESHOLD for the teacher's
-    share; --threshold 0.4:
-    the calibration's thresholds for the base 0.4 line by line, and the teacher's scaled by
-    0.4 / 0.55 (aligner.extract.mixture.MixedThresholds)."""
+    share; --threshold 0.4: the calibration's thresholds for the base 0.4 line by line, and the
+    teacher's scaled by 0.4 / 0.55 (aligner.extract.mixture.MixedThresholds)."""
     from aligner.extract.mixture import line_weight
 
     model, tmp = calibrated["model"], calibrated["tmp"]

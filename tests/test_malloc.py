@@ -143,7 +143,7 @@ def resident_kb():
 keep_freed_memory()
 before = resident_kb()
 tensor = torch.ones(16 << 20)               # 64 MiB on the heap, every page touched
-small = np.ones(1000)                       # a live array above it: the heap cannot shrink
+small = np.ones(1000)                       # a live array, as a line's soft matrix
 del tensor
 held = resident_kb() - before
 applied = release_free_memory()
@@ -152,8 +152,9 @@ print(json.dumps({"applied": applied, "held": held, "released": held + before - 
 
 
 def test_release_free_memory_gives_back_a_freed_tensor_below_a_live_array():
-    """What an extraction's block leaves: a large freed tensor under a small live array stays
-    resident with keep_freed_memory(); release_free_memory() gives its pages back."""
+    """What an extraction's block leaves: a large freed tensor beside a small live array stays
+    resident with keep_freed_memory() (on the heap, under its 1 GiB trim threshold);
+    release_free_memory() gives its pages back."""
     env = {k: v for k, v in os.environ.items() if k != "ALIGNER_MALLOC"}
     done = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True,
                           text=True, env=env, check=True)
