@@ -90,7 +90,7 @@ def release_free_memory() -> bool:
     With every allocation on the heap, an extraction's small long-lived arrays (each line's
     soft matrix, kept until its block is written) land between the large freed tensors of its
     batches, so the heap cannot shrink from its top and grows with the block: a block process
-    of the 407k en-fr recipe held 0.3 GiB of free heap on 10,000 lines
+    of the 407k en-fr recipe peaked 0.2 GB higher on 10,000 lines without this
     (eval/results/extract_memory.md). The extraction calls this every :data:`RELEASE_BATCHES`
     batches and before its block processes start; the freed tensors' memory is faulted in
     again at the next batch, a cost not measurable at that spacing."""
