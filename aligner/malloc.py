@@ -46,6 +46,8 @@ ENVIRONMENT = "ALIGNER_MALLOC"
 VALUES = ("system",)
 
 _applied = False
+#: the C library, once keep_freed_memory() has applied its settings (release_free_memory uses it)
+_libc = None
 
 #: batches of an extraction between two calls of :func:`release_free_memory`
 #: (aligner/extract/inference.py)
@@ -59,7 +61,7 @@ def keep_freed_memory() -> bool:
     False where they do not apply (not glibc, ``ALIGNER_MALLOC=system``, mallopt refused).
     An unknown ``ALIGNER_MALLOC`` value raises AlignerError (one line listing the values).
     """
-    global _applied
+    global _applied, _libc
     if _applied:
         return True
     value = os.environ.get(ENVIRONMENT, "").strip().lower()
@@ -80,6 +82,9 @@ def keep_freed_memory() -> bool:
     # mallopt returns 1 on success, 0 on error
     _applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD,
                                                                TRIM_THRESHOLD_BYTES))
+    if _applied:
+        _libc = libc
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     return _applied
 
 
@@ -96,9 +101,7 @@ def release_free_memory() -> bool:
     again at the next batch, a cost not measurable at that spacing."""
     if not _applied:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-    libc.malloc_trim(0)
+    _libc.malloc_trim(0)
     return True
 
 

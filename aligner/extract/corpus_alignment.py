@@ -280,7 +280,7 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
     """Initializer of a block process: the parent's allocator settings, the console logging,
     `threads` torch threads, the model directory loaded on the CPU (the same weights as the
     parent's: its checksums are in the parts record) with the parent's `mixture` (its
-    aligner.extract.mixture.Mixture, not loaded there, or None) as it is, so that its weight,
+    aligner.extract.mixture.Mixture, its models not loaded, or None) as it is, so that its weight,
     long-line length and thresholds are the parent's, then SIGTERM ends the process
     (:func:`_end_block_worker`). A SIGTERM while the model loads ends the process on the spot,
     as it holds nothing then: raised as SystemExit inside this initializer, concurrent.futures
@@ -296,8 +296,7 @@ def _block_worker_start(model_dir: str, checkpoint: str, settings: Dict[str, Any
     extraction = Extraction.load(model_dir, torch.device("cpu"), checkpoint=checkpoint,
                                  mix_weight=0.0, **settings)
     if mixture is not None:
-        extraction.mixture = dataclasses.replace(mixture, device=torch.device("cpu"),
-                                                 _loaded=None)
+        extraction.mixture = dataclasses.replace(mixture, device=torch.device("cpu"))
     _BLOCK_WORKER.update(extraction=extraction, job=job, autocast=autocast)
     signal.signal(signal.SIGTERM, _end_block_worker)
 
