@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from aligner.models.classical import (ClassicalConfig, Lexicon, forward_backward,
+from aligner.models.classical import (ClassicalConfig, KeyIndex, Lexicon, forward_backward,
                                       transitions)
 from aligner.training.classical import posteriors, train_tables
 from conftest import ROOT
@@ -237,7 +237,8 @@ def test_agreement_counts_the_product_of_both_directions_posteriors():
 
 def test_blocks_give_the_tables_of_one_block(tmp_path):
     """Blocks, with the lexicon positions looked up anew in every pass, kept in memory or
-    kept in a file per block: the tables of the whole corpus in one block."""
+    kept in a file per block: the tables of the whole corpus in one block (and those kept in
+    memory, the tables of positions looked up anew, exactly)."""
     source, target, _ = _synthetic(120, seed=2)
     src, n_src = _ids(source)
     tgt, n_tgt = _ids(target)
@@ -271,6 +272,11 @@ def test_blocks_give_the_tables_of_one_block(tmp_path):
             assert torch.equal(whole[direction][0], parts[direction][0])
             for a, b in zip(whole[direction][1:], parts[direction][1:]):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the same blocks, positions looked up in every pass or kept (the real cells' only, put
+    # back in place in every pass): the same tables, bit for bit
+    for direction in whole:
+        for anew, kept in zip(variants[0][direction], variants[1][direction]):
+            assert torch.equal(anew, kept)
 
 
 def _train_in_a_group(rank: int, world: int, init_file: str, out_dir: str) -> None:
@@ -319,6 +325,24 @@ def test_an_unseen_pair_gets_the_floor():
     torch.testing.assert_close(found, torch.tensor([[0.25, 1e-7], [0.125, 1e-7]]))
     assert float(Lexicon(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3, 4,
                          0.5).lookup(torch.tensor([1]))) == 0.5
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7, 1000])
+def test_the_key_index_finds_every_key_and_nothing_else(chunk):
+    """KeyIndex against a dictionary: 1,000 random keys placed `chunk` at a time (0: the
+    default) in a table of 2,048 slots, with keys made to share their home slots; every key is
+    found at its position, whatever the chunks, and keys not there are -1."""
+    generator = torch.Generator().manual_seed(3)
+    keys = torch.randperm(50_000, generator=generator)[:1000].long().sort().values
+    keys[::10] = keys[::10] // 4096 * 4096 + 4096 * torch.arange(100)   # crowded homes
+    keys = keys.unique()
+    index = KeyIndex(keys, chunk=chunk)
+    assert index.mask + 1 == 2048 and int((index.slots >= 0).sum()) == len(keys)
+    position = {int(key): k for k, key in enumerate(keys)}
+    queries = torch.cat([keys.flip(0), torch.arange(-5, 60_000, 7)])
+    queries = queries[:len(queries) // 2 * 2].reshape(2, -1)   # any shape
+    expected = torch.tensor([position.get(int(q), -1) for q in queries.reshape(-1)])
+    assert torch.equal(index.find(queries), expected.reshape(queries.shape))
 
 
 def test_align_train_and_extract_with_model_classical(tmp_path):

@@ -84,6 +84,8 @@ class ClassicalConfig(ModelConfig):
 
 #: Knuth's multiplicative hashing constant (2^64 / golden ratio), as a signed int64
 _HASH_MULTIPLIER = -7046029254386353131
+#: keys a :class:`KeyIndex` places at a time (its build's temporaries: some 60 bytes a key)
+BUILD_CHUNK = 1 << 20
 
 
 class KeyIndex:
@@ -92,24 +94,39 @@ class KeyIndex:
     binary search over millions of keys reads about twenty, scattered (2x torch.searchsorted's
     speed on 5M random lookups among 4M keys). Slots are int32 below 2^31 keys.
 
-    keys (N,) int64 unique. :meth:`find` gives each query's position in `keys`, or -1."""
+    keys (N,) int64 unique. :meth:`find` gives each query's position in `keys`, or -1.
 
-    def __init__(self, keys: torch.Tensor):
+    The table is filled `chunk` keys at a time (:data:`BUILD_CHUNK`), so that the build's
+    temporaries (each key's home slot, the keys still to place, ...) stay the size of a chunk:
+    built in one go on the 5.9M keys of a 407k-line teacher, they held about 0.5 GB more than
+    the table, a peak that a process whose freed memory stays with it keeps
+    (aligner/malloc.py; eval/results/extract_memory.md). `chunk` 0: BUILD_CHUNK. Which slot a
+    key gets can depend on the chunks; what :meth:`find` returns cannot."""
+
+    def __init__(self, keys: torch.Tensor, chunk: int = 0):
         self.keys = keys
         bits = max(10, int(2 * max(1, len(keys)) - 1).bit_length())
         self.mask = (1 << bits) - 1
-        index_type = torch.int32 if len(keys) < 2 ** 31 else torch.long   # half the memory
-        self.slots = torch.full((self.mask + 1,), -1, dtype=index_type, device=keys.device)
+        self.index_type = torch.int32 if len(keys) < 2 ** 31 else torch.long   # half the memory
+        self.slots = torch.full((self.mask + 1,), -1, dtype=self.index_type, device=keys.device)
+        chunk = chunk or BUILD_CHUNK
+        for start in range(0, len(keys), chunk):
+            self._place(start, keys[start:start + chunk])
+
+    def _place(self, start: int, keys: torch.Tensor) -> None:
+        """Put `keys` (positions start, start + 1, ... of the index's keys) into free slots:
+        round k places, in the k-th slot after its home, what it can (one claim per slot
+        wins; the others go on to the next slot)."""
         pending = torch.arange(len(keys), device=keys.device)
         home = self._hash(keys)
         probe = 0
-        while len(pending):   # round k places, in the k-th slot after its home, what it can
+        while len(pending):
             slot = (home[pending] + probe) & self.mask
             free = self.slots[slot] == -1
             claim, at = pending[free], slot[free]
-            self.slots[at] = claim.to(index_type)     # one claim per slot wins
+            self.slots[at] = (claim + start).to(self.index_type)
             won = torch.zeros(len(keys), dtype=torch.bool, device=keys.device)
-            won[claim[self.slots[at].long() == claim]] = True
+            won[claim[self.slots[at].long() - start == claim]] = True
             pending = pending[~won[pending]]
             probe += 1
 
