@@ -25,6 +25,7 @@ SAMPLE = ROOT / "data" / "sample"
 def test_block_processes_one_per_core_at_most_one_per_block(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(corpus_alignment, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(corpus_alignment, "available_memory", lambda: None)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     assert corpus_alignment.block_processes(0, cpu, 41) == 16     # every core
     assert corpus_alignment.block_processes(0, cpu, 5) == 5       # at most one per block
@@ -33,6 +34,64 @@ def test_block_processes_one_per_core_at_most_one_per_block(monkeypatch):
     assert corpus_alignment.block_processes(0, gpu, 41) == 1      # a GPU: this process
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)     # --threads 4
     assert corpus_alignment.block_processes(0, cpu, 41) == 4
+
+
+def test_block_processes_no_more_than_the_available_memory_holds(monkeypatch):
+    """By default one process per core, but no more than fit into the available memory at
+    the expected bytes of each; at least one; --processes N as asked; memory unknown: a
+    process per core."""
+    cpu, gib = torch.device("cpu"), 1 << 30
+    monkeypatch.setattr(corpus_alignment, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(corpus_alignment, "available_memory", lambda: 7 * gib + 5)
+    assert corpus_alignment.block_processes(0, cpu, 41, 2 * gib) == 3
+    assert corpus_alignment.block_processes(0, cpu, 41, gib // 2) == 14
+    assert corpus_alignment.block_processes(0, cpu, 41, gib // 4) == 16     # every core fits
+    assert corpus_alignment.block_processes(0, cpu, 41, 8 * gib) == 1       # at least one
+    assert corpus_alignment.block_processes(12, cpu, 41, 2 * gib) == 12     # as asked
+    monkeypatch.setattr(corpus_alignment, "available_memory", lambda: None)
+    assert corpus_alignment.block_processes(0, cpu, 41, 2 * gib) == 16
+
+
+def test_available_memory_reads_the_kernel_and_the_cgroup(monkeypatch, tmp_path):
+    """MemAvailable of /proc/meminfo, or the cgroup's limit less its usage where lower; a
+    cgroup without a limit ("max") does not count."""
+    import builtins
+
+    files = {"/proc/meminfo": "MemTotal: 9000 kB\nMemAvailable:    4000 kB\n",
+             "/sys/fs/cgroup/memory.max": "3000000\n",
+             "/sys/fs/cgroup/memory.current": "1000000\n"}
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path) in files:
+            target = tmp_path / str(path).replace("/", "_")
+            target.write_text(files[str(path)])
+            return real_open(target, *args, **kwargs)
+        if str(path).startswith(("/sys/fs/cgroup", "/proc/meminfo")):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert corpus_alignment.available_memory() == 2_000_000        # the cgroup leaves less
+    files["/sys/fs/cgroup/memory.max"] = "max\n"
+    assert corpus_alignment.available_memory() == 4000 * 1024      # no limit: the kernel's
+    del files["/proc/meminfo"], files["/sys/fs/cgroup/memory.max"]
+    assert corpus_alignment.available_memory() is None
+
+
+def test_a_block_process_is_expected_to_hold_its_teacher_twice(tmp_path):
+    """block_process_bytes: the base, and twice the mixture's weight files."""
+    from types import SimpleNamespace
+
+    for direction, size in (("fwd", 1000), ("rev", 3000)):
+        (tmp_path / direction).mkdir()
+        (tmp_path / direction / "params.best.pt").write_bytes(bytes(size))
+    with_teacher = SimpleNamespace(mixture=SimpleNamespace(path=str(tmp_path)))
+    assert corpus_alignment.block_process_bytes(with_teacher) == \
+        corpus_alignment.BLOCK_PROCESS_BYTES + 8000
+    assert corpus_alignment.block_process_bytes(SimpleNamespace(mixture=None)) == \
+        corpus_alignment.BLOCK_PROCESS_BYTES
 
 
 def _extract_in_two_block_processes(tmp_path):

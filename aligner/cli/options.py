@@ -406,8 +406,9 @@ def processes_option(function):
     return click.option(
         "--processes", type=click.IntRange(min=0), default=0, show_default=True,
         help="Processes that align the blocks of the bitext on a CPU, each with its share of "
-             "the threads (0 = one per core, no more than --threads; at most one per block; "
-             "the same output with any number).")(function)
+             "the threads (0 = one per core, no more than --threads, nor than the available "
+             "memory holds at about 1 GB each; at most one per block; the same output with "
+             "any number).")(function)
 
 
 def device_option(function):

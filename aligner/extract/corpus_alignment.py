@@ -256,18 +256,77 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def block_processes(asked: int, device: Any, n_blocks: int) -> int:
+#: what one block process holds at its peak besides its teacher's tables, with a margin: about
+#: 0.85 GB measured on 10,000-line blocks of the 25k and 407k en-fr models
+#: (eval/results/extract_memory.md)
+BLOCK_PROCESS_BYTES = 1 << 30
+
+
+def available_memory() -> Optional[int]:
+    """The bytes this process can still take: the kernel's MemAvailable, or less where the
+    process's cgroup (a container's memory limit: v2 memory.max, v1 memory.limit_in_bytes)
+    leaves less; None where neither is known (not Linux)."""
+    known = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    known.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit, encoding="ascii") as file:
+                value = file.read().strip()
+            with open(usage, encoding="ascii") as file:
+                used = int(file.read().strip())
+        except (OSError, ValueError):
+            continue
+        if value.isdigit() and int(value) < 1 << 60:   # "max" / a huge number: no limit
+            known.append(max(0, int(value) - used))
+    return min(known) if known else None
+
+
+def block_process_bytes(extraction: "Extraction") -> int:
+    """The memory one block process of `extraction` is expected to hold at its peak:
+    :data:`BLOCK_PROCESS_BYTES`, and twice its mixture's weight files (the teacher's lexicon
+    tables and their hash index) where it has one."""
+    extra = 0
+    if extraction.mixture is not None:
+        for direction in C.DIRECTIONS:
+            folder = os.path.join(extraction.mixture.path, direction)
+            if os.path.isdir(folder):
+                extra += sum(entry.stat().st_size for entry in os.scandir(folder)
+                             if entry.is_file())
+    return BLOCK_PROCESS_BYTES + 2 * extra
+
+
+def block_processes(asked: int, device: Any, n_blocks: int, process_bytes: int = 0) -> int:
     """How many processes align the blocks of one bitext: `asked` (--processes; 0 = every
-    core this process has threads for: min(cores, torch threads)), at most one per block; 1 (this process, with a pair of direction workers) on a GPU,
-    under torch.distributed (the ranks share the blocks out already) and for one block."""
+    core this process has threads for: min(cores, torch threads), and no more than the
+    available memory holds at `process_bytes` each: :func:`available_memory`), at most one
+    per block; 1 (this process, with a pair of direction workers) on a GPU, under
+    torch.distributed (the ranks share the blocks out already) and for one block."""
     from aligner.extract.blocks import process_group
 
     import torch
 
     if device.type != "cpu" or process_group()[2] or n_blocks < 2:
         return 1
+    if asked:
+        return max(1, min(asked, n_blocks))
     # by default no more processes than this process's threads (--threads 4 on 64 cores: 4)
-    return max(1, min(asked or min(cpu_cores(), torch.get_num_threads()), n_blocks))
+    cores = max(1, min(cpu_cores(), torch.get_num_threads(), n_blocks))
+    memory = available_memory() if process_bytes > 0 else None
+    if memory is None or memory >= cores * process_bytes:
+        return cores
+    fitting = max(1, memory // process_bytes)
+    logger.info("%d processes instead of one per core (%d): %.1f GB of memory available, "
+                "about %.1f GB each (--processes N to choose)", fitting, cores, memory / 1e9,
+                process_bytes / 1e9)
+    return fitting
 
 
 #: the extraction and job of a block process (:class:`BlockProcesses`), set at its start
@@ -506,7 +565,7 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
         record["skipped as training skips"] = [trained_by.max_len, trained_by.max_ratio]
     # (without a parts folder the lines go out as they come, one block after the other)
     n_blocks = 1 if keep_soft or parts is None else -(-len(bitext) // size)
-    processes = block_processes(processes, device, n_blocks)
+    processes = block_processes(processes, device, n_blocks, block_process_bytes(extraction))
     with contextlib.ExitStack() as stack:
         stack.enter_context(autocast_context(precision, device))
         if processes > 1:   # whole blocks in processes of their own, every core at work
