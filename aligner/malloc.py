@@ -111,10 +111,19 @@ def release_free_memory() -> bool:
 #: with at most 16 kernels, the same speed; eval/results/profile_extract.md)
 ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_KERNELS = "16"
+#: ideep's cache (the oneDNN wrapper of torch's bfloat16 products on the CPU) of the
+#: primitives it made, 1,024 by default, each holding its buffers: live memory that stayed
+#: after an extraction in bfloat16 (0.27 GB after the calibration of `align run`, 0.3 GB per
+#: block process; at most 16, the same speed and bytes: eval/results/extract_memory.md)
+IDEEP_CACHE = "LRU_CACHE_CAPACITY"
+IDEEP_CACHE_PRIMITIVES = "16"
 
 
 def limit_kernel_cache() -> None:
-    """Keep at most :data:`ONEDNN_CACHE_KERNELS` oneDNN kernels (unless the user set
-    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``). Read by oneDNN when torch first uses it: call this
-    before torch is imported (the ``align`` group does; the processes it spawns inherit it)."""
+    """Keep at most :data:`ONEDNN_CACHE_KERNELS` oneDNN kernels and
+    :data:`IDEEP_CACHE_PRIMITIVES` ideep primitives (unless the user set
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` / ``LRU_CACHE_CAPACITY``). Read when torch first uses
+    them: call this before its first bfloat16 product (the ``align`` group does; the
+    processes it spawns inherit it)."""
     os.environ.setdefault(ONEDNN_CACHE, ONEDNN_CACHE_KERNELS)
+    os.environ.setdefault(IDEEP_CACHE, IDEEP_CACHE_PRIMITIVES)

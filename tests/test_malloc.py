@@ -106,26 +106,32 @@ def test_aligner_malloc_system_in_any_case_is_accepted():
     assert _probe("function", env_extra={"ALIGNER_MALLOC": " System "})["applied"] is False
 
 
-def test_the_align_group_limits_onednns_kernel_cache_unless_the_user_set_it(monkeypatch):
-    """oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY when torch first uses it: the group sets
-    the project's cap before any command imports torch (and its spawned workers inherit it);
-    a value the user set is kept."""
+def test_the_align_group_limits_the_kernel_caches_unless_the_user_set_them(monkeypatch):
+    """oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY, ideep LRU_CACHE_CAPACITY, when torch
+    first uses them: the group sets the project's caps before any command imports torch (and
+    its spawned workers inherit them); a value the user set is kept."""
     from aligner import malloc
 
-    monkeypatch.delenv(malloc.ONEDNN_CACHE, raising=False)
+    caps = {malloc.ONEDNN_CACHE: malloc.ONEDNN_CACHE_KERNELS,
+            malloc.IDEEP_CACHE: malloc.IDEEP_CACHE_PRIMITIVES}
+    for name in caps:
+        monkeypatch.delenv(name, raising=False)
     malloc.limit_kernel_cache()
-    assert os.environ[malloc.ONEDNN_CACHE] == malloc.ONEDNN_CACHE_KERNELS
-    monkeypatch.setenv(malloc.ONEDNN_CACHE, "512")
+    assert {name: os.environ[name] for name in caps} == caps
+    for name in caps:
+        monkeypatch.setenv(name, "512")
     malloc.limit_kernel_cache()
-    assert os.environ[malloc.ONEDNN_CACHE] == "512"
+    assert all(os.environ[name] == "512" for name in caps)
     code = ("import os, sys; from aligner.cli import main; "
             "sys.argv = ['align', 'score-aer', '--help']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), 'torch' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if k != malloc.ONEDNN_CACHE}
+            "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), "
+            "os.environ.get('LRU_CACHE_CAPACITY'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in caps}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out[-2:] == [malloc.ONEDNN_CACHE_KERNELS, "False"]   # set before torch loads
+    assert out[-3:] == [malloc.ONEDNN_CACHE_KERNELS, malloc.IDEEP_CACHE_PRIMITIVES,
+                        "False"]   # set before torch loads
 
 
 # prints {"applied": ..., "held": resident kB that a freed 64 MiB tensor below a live small

@@ -41,7 +41,7 @@ class _AlignGroup(click.Group):
 def main() -> None:
     """Neural word alignment: train, extract, symmetrize, score."""
     keep_freed_memory()   # large tensors reuse freed memory (aligner/malloc.py)
-    limit_kernel_cache()  # and oneDNN keeps a few compiled kernels, not 1,024
+    limit_kernel_cache()  # and oneDNN / ideep keep a few compiled kernels, not 1,024
 
 
 def _register() -> None:
