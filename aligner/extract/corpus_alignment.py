@@ -257,8 +257,8 @@ def cpu_cores() -> int:
 
 
 #: what one block process holds at its peak besides its teacher's tables, with a margin: about
-#: 0.85 GB measured on 10,000-line blocks of the 25k and 407k en-fr models
-#: (eval/results/extract_memory.md)
+#: 0.9 GB measured on 10,000-line blocks of the 25k and 407k en-fr models, 0.6 GB since ideep's
+#: cache is capped (eval/results/block_processes.md, extract_memory.md)
 BLOCK_PROCESS_BYTES = 1 << 30
 
 
