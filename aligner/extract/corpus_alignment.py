@@ -291,16 +291,15 @@ def available_memory() -> Optional[int]:
 
 def block_process_bytes(extraction: "Extraction") -> int:
     """The memory one block process of `extraction` is expected to hold at its peak:
-    :data:`BLOCK_PROCESS_BYTES`, and twice its mixture's weight files (the teacher's lexicon
-    tables and their hash index) where it has one."""
-    extra = 0
-    if extraction.mixture is not None:
-        for direction in C.DIRECTIONS:
-            folder = os.path.join(extraction.mixture.path, direction)
-            if os.path.isdir(folder):
-                extra += sum(entry.stat().st_size for entry in os.scandir(folder)
-                             if entry.is_file())
-    return BLOCK_PROCESS_BYTES + 2 * extra
+    :data:`BLOCK_PROCESS_BYTES`, and twice the weight files its mixture loads (the teacher's
+    lexicon tables and their hash index) where it has one."""
+    from aligner.model_dir import params_path
+
+    if extraction.mixture is None:
+        return BLOCK_PROCESS_BYTES
+    weights = (params_path(extraction.mixture.path, direction) for direction in C.DIRECTIONS)
+    return BLOCK_PROCESS_BYTES + 2 * sum(os.path.getsize(path) for path in weights
+                                         if os.path.isfile(path))
 
 
 def block_processes(asked: int, device: Any, n_blocks: int, process_bytes: int = 0) -> int:

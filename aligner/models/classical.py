@@ -107,8 +107,8 @@ class KeyIndex:
         self.keys = keys
         bits = max(10, int(2 * max(1, len(keys)) - 1).bit_length())
         self.mask = (1 << bits) - 1
-        self.index_type = torch.int32 if len(keys) < 2 ** 31 else torch.long   # half the memory
-        self.slots = torch.full((self.mask + 1,), -1, dtype=self.index_type, device=keys.device)
+        index_type = torch.int32 if len(keys) < 2 ** 31 else torch.long   # half the memory
+        self.slots = torch.full((self.mask + 1,), -1, dtype=index_type, device=keys.device)
         chunk = chunk or BUILD_CHUNK
         for start in range(0, len(keys), chunk):
             self._place(start, keys[start:start + chunk])
@@ -124,7 +124,7 @@ class KeyIndex:
             slot = (home[pending] + probe) & self.mask
             free = self.slots[slot] == -1
             claim, at = pending[free], slot[free]
-            self.slots[at] = (claim + start).to(self.index_type)
+            self.slots[at] = (claim + start).to(self.slots.dtype)
             won = torch.zeros(len(keys), dtype=torch.bool, device=keys.device)
             won[claim[self.slots[at].long() - start == claim]] = True
             pending = pending[~won[pending]]
