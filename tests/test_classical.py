@@ -279,6 +279,31 @@ def test_blocks_give_the_tables_of_one_block(tmp_path):
             assert torch.equal(anew, kept)
 
 
+def test_a_batch_keeps_the_positions_of_its_real_cells_only():
+    """A batch of lines of different lengths keeps each direction's lexicon positions of its
+    real cells only (one per observed word by each given word and the empty word), and gives
+    back the whole (B, I, J + 1) positions: those looked up, the padding entry elsewhere."""
+    from aligner.training.classical import _Table, batches_of, lexicon_keys
+
+    lines = [(np.array([0, 1, 2]), np.array([0])), (np.array([3]), np.array([1, 2, 3, 4])),
+             (np.array([1, 4]), np.array([2, 0]))]
+    config = ClassicalConfig(5, 5)
+    keys = lexicon_keys(lambda: [lines], 5, 5, config, 1023)
+    [batch] = list(batches_of(lines, 5, 5, 10 ** 6, 1023))
+    for direction, (given, observed) in {"fwd": (5, 5), "rev": (5, 5)}.items():
+        table = _Table(keys[direction], given, observed)
+        real = batch.cells(direction)
+        whole = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
+        index = table.index(whole, real)
+        assert int(real.sum()) == sum(len(t) * (len(s) + 1) if direction == "fwd"
+                                      else len(s) * (len(t) + 1) for s, t in lines) < real.numel()
+        batch.kept[direction] = torch.masked_select(index, real).int()
+        back = batch.positions(direction, len(table.keys))
+        assert back.dtype == torch.long and torch.equal(back, index)
+        assert bool((back[~real] == len(table.keys)).all())
+        assert bool((back[real] < len(table.keys)).all())   # every real cell's key is there
+
+
 def _train_in_a_group(rank: int, world: int, init_file: str, out_dir: str) -> None:
     """One rank of the gloo test: train on the synthetic corpus in 5 blocks, rank 0 saves
     the tables."""

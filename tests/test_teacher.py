@@ -90,3 +90,38 @@ def test_the_teacher_written_as_a_model_directory_aligns_as_the_teacher(tmp_path
             if k != 3:   # line 3's <unk> pairs take the unseen pair's probability there
                 np.testing.assert_allclose(mine, theirs, atol=1e-5)
     assert again["fwd"][3].shape == (len(source[3]), len(target[3]))
+
+
+def test_the_teacher_benchmark_runs_the_stage_as_the_job_does(tmp_path):
+    """eval/bench_teacher.py: the teacher's lines of a bitext (here all 40, --teacher-pairs 0,
+    round 1's 20 among them) trained in a process of its own, written as a classical model
+    directory with the links of round 1's lines; a line saying what it measured, and the
+    count of its batches' real cells."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    source, target, _ = one_swap_corpus(40, seed=4)
+    (tmp_path / "s.txt").write_text("\n".join(source) + "\n")
+    (tmp_path / "t.txt").write_text("\n".join(target) + "\n")
+    done = subprocess.run([sys.executable, str(ROOT / "eval" / "bench_teacher.py"),
+                           "-s", str(tmp_path / "s.txt"), "-t", str(tmp_path / "t.txt"),
+                           "-o", str(tmp_path / "out"), "--round-pairs", "20",
+                           "--teacher-pairs", "0", "--cells"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("teacher: 40 lines (round 1's 20), ")
+    assert "peak RSS" in done.stdout
+    # the cells of its batches: both directions' I·(J + 1) + J·(I + 1) per line, real
+    lines = [(len(s.split()), len(t.split())) for s, t in zip(source, target)]
+    real = int(done.stdout.split(" real")[0].rsplit("), ", 1)[1].replace(",", ""))
+    assert real == sum(t * (s + 1) + s * (t + 1) for s, t in lines)
+    links = (tmp_path / "out" / "0" / "links.align").read_text().splitlines()
+    assert len(links) == 20 and sum(bool(line) for line in links) >= 15
+    assert (tmp_path / "out" / "0" / "config.json").is_file()
+    again = subprocess.run([sys.executable, str(ROOT / "eval" / "bench_teacher.py"),
+                            "-s", str(tmp_path / "s.txt"), "-t", str(tmp_path / "t.txt"),
+                            "-o", str(tmp_path / "out")], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 1 and "exists; give a new folder" in again.stderr

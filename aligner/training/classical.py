@@ -79,7 +79,8 @@ class _Batch:
         self.src_mask, self.tgt_mask = src_mask, tgt_mask
         # real positions: fwd observes the target (rows) given the source (columns)
         self.masks = {"fwd": (tgt_mask, src_mask), "rev": (src_mask, tgt_mask)}
-        self.kept: Dict[str, torch.Tensor] = {}     # positions in the lexicon, when kept
+        # positions in the lexicon of the real cells (:meth:`cells`, row-major), when kept
+        self.kept: Dict[str, torch.Tensor] = {}
 
     def _make_keys(self) -> None:
         s, t = self.src.clamp_min(0), self.tgt.clamp_min(0)
@@ -112,6 +113,14 @@ class _Batch:
         observed, given = self.masks[direction]
         return observed[:, :, None] & torch.cat(
             [given, given.new_ones(given.shape[0], 1)], -1)[:, None, :]
+
+    def positions(self, direction: str, padding: int) -> torch.Tensor:
+        """(B, I, J + 1) int64 lexicon positions of `direction`'s cells from the kept ones of
+        its real cells, `padding` (the table's padding entry) where a cell is not real."""
+        real = self.cells(direction)
+        full = torch.full(real.shape, padding, dtype=torch.long)
+        # masked_scatter_: 4-5x the speed of indexing with the mask (full[real] = ...)
+        return full.masked_scatter_(real, self.kept[direction].long())
 
 
 def batches_of(block: Sequence[Line], n_src: int, n_tgt: int, batch_cells: int,
@@ -219,9 +228,9 @@ def _save_block(path: str, lengths: List[np.ndarray], positions: Dict[str, List[
     np.save(path, np.concatenate(parts))
 
 
-def _saved_batches(path: str, padding: Dict[str, int]) -> Iterator[_Batch]:
-    """The batches :func:`_save_block` wrote, with their positions kept: (B, I, J + 1) int64,
-    `padding[direction]` (its table's padding entry) where a cell is not real."""
+def _saved_batches(path: str) -> Iterator[_Batch]:
+    """The batches :func:`_save_block` wrote, with their real cells' positions kept (int32,
+    views of the file's array)."""
     stored = np.load(path)
     count = int(stored[0])
     sizes = stored[1:1 + count]
@@ -233,11 +242,8 @@ def _saved_batches(path: str, padding: Dict[str, int]) -> Iterator[_Batch]:
         offset += 2 * size
     for direction in ("fwd", "rev"):
         for batch in batches:
-            real = batch.cells(direction)
-            count = int(real.sum())
-            kept = torch.full(real.shape, padding[direction], dtype=torch.long)
-            kept[real] = torch.from_numpy(stored[offset:offset + count].astype(np.int64))
-            batch.kept[direction] = kept
+            count = int(batch.cells(direction).sum())
+            batch.kept[direction] = torch.from_numpy(stored[offset:offset + count])
             offset += count
     yield from batches
 
@@ -311,9 +317,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
             yield from kept
             return
         if saved_blocks:
-            padding = {d: len(tables[d].keys) for d in tables}
             for path in saved_blocks:
-                yield from _saved_batches(path, padding)
+                yield from _saved_batches(path)
             return
         written_blocks = []
         for number, block in enumerate(blocks()):
@@ -329,8 +334,8 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
                     lengths.append(np.stack([batch.src_mask.sum(1).numpy(),
                                              batch.tgt_mask.sum(1).numpy()]).astype(np.int32))
                     for direction in ("fwd", "rev"):
-                        written[direction].append(batch.kept.pop(direction)[
-                            batch.cells(direction)].numpy().astype(np.int32))
+                        written[direction].append(
+                            batch.kept.pop(direction).numpy().astype(np.int32))
             if positions_dir is not None:
                 path = os.path.join(positions_dir, f"block{number}.npy")
                 _save_block(path, lengths, written)
@@ -341,14 +346,16 @@ def train_tables(blocks: Blocks, n_src: int, n_tgt: int, config: ClassicalConfig
         """(B, I, J + 1) positions in `table` of the batch's cells of `direction`, the empty
         word's in the last column (the padding entry where a cell is not real)."""
         if direction in batch.kept:
-            return batch.kept[direction]
+            return batch.positions(direction, len(table.keys))
         keys = torch.cat([batch.keys[direction], batch.empty_keys[direction][:, :, None]], -1)
-        index = table.index(keys, batch.cells(direction))
+        real = batch.cells(direction)
+        index = table.index(keys, real)
         if cached:   # the positions stay; the keys, as large, are not needed again
-            # kept in memory for every pass: int32, half the memory (index_select takes it;
-            # scatter_add_ gets a long copy). From a file, a block at a time: int64
-            small = keep_batches and len(table.keys) < 2 ** 31
-            batch.kept[direction] = index.int() if small else index
+            # the real cells' only (the teacher's Hansards batches are 41 % padding), int32
+            # where the table allows: 354 MB instead of 598 MB for the 407k job's teacher
+            positions = torch.masked_select(index, real)
+            small = len(table.keys) < 2 ** 31
+            batch.kept[direction] = positions.int() if small else positions
             batch.forget_keys(direction)
         return index
 

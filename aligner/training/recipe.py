@@ -82,9 +82,11 @@ ROUND_PAIRS = 40000
 #: every line (MIX_WEIGHT), so it should have seen the words of the lines it aligns: ja-en
 #: (50,291 lines), whose dev lines' words a teacher of round 1's 40,000 lines partly misses,
 #: 61.1 -> 59.6 on dev (seed 1; mix_length.md). The cap is the teacher's memory: its EM keeps
-#: every line's lexicon positions, 1.98 GiB at its peak on 60,000 Hansards lines, 2.73 GiB on
-#: 100,000 (1.5 GiB on 40,000). With --join-lines it counts joined runs, as ROUND_PAIRS does;
-#: with --round-pairs 0 (every round on all lines) the teacher too takes every line
+#: every line's lexicon positions: its process peaked at 1.98 GiB on 60,000 Hansards lines,
+#: 2.73 GiB on 100,000 (1.5 GiB on 40,000); 1.5 GiB on 60,000 since its positions are kept for
+#: the real cells only (teacher_memory.md). With --join-lines it counts joined runs, as
+#: ROUND_PAIRS does; with --round-pairs 0 (every round on all lines) the teacher too takes
+#: every line
 TEACHER_PAIRS = 60000
 #: the share of the bitext each fine-tuned round trains on, at most ROUND_PAIRS lines
 #: (fine_tune_share_enfr.md)

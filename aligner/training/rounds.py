@@ -390,7 +390,7 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
     teacher_sample), and writes its links of round 1's lines, soft-average at
     recipe.TEACHER_THRESHOLD, to MODEL_DIR/rounds/0/links.align (atomically: a teacher cut off
     starts again); the other ranks wait for it. It runs in a "spawn" process of its own, so
-    that its memory (at its peak 1.5 GiB on 40,000 Hansards lines, 1.98 GiB on 60,000) goes
+    that its memory (at its peak 1.5 GiB on the 407k job's 60,000 lines: teacher_memory.md) goes
     back to the system when it ends instead of staying in this process's heap
     (aligner/malloc.py), with aligner.training.teacher.THREADS torch threads. Returns the
     seconds."""

@@ -159,10 +159,18 @@ def _renumbered(keys: torch.Tensor, n_observed: int, given_ids: np.ndarray,
     given_ids[g] (its last entry: the empty word), observed word o observed_ids[o]; an entry
     with a word mapped to -1 is dropped. Returns (the new keys sorted, the order that takes the
     old entries there)."""
-    given = torch.from_numpy(given_ids)[keys // n_observed]
+    # in place where it can: the 407k job's teacher has 5.9M keys per direction, 47 MB each
+    # int64 array, and this ran beside its tables and posteriors
+    new = torch.from_numpy(given_ids)[keys // n_observed]
     observed = torch.from_numpy(observed_ids)[keys % n_observed]
-    kept = torch.nonzero((given >= 0) & (observed >= 0)).flatten()
-    new = given[kept] * n_observed_now + observed[kept]
+    known = (new >= 0) & (observed >= 0)
+    new.mul_(n_observed_now).add_(observed)
+    del observed
+    if bool(known.all()):     # every word kept (a word spelled as a special token is not)
+        order = torch.argsort(new)
+        return new[order], order
+    kept = torch.nonzero(known).flatten()
+    new = new[kept]
     order = torch.argsort(new)
     return new[order], kept[order]
 
