@@ -16,6 +16,11 @@ bitext, stage by stage, in this one process with --threads threads:
 * ``transitions``     hmm1's log α(j | i, j') tensors, asked for by the forward–backward
 * ``forward-backward`` the posteriors γ given emissions and transitions (minus ``transitions``)
 * ``word-matrices``   subword posteriors to word-level soft matrices (inference._word_matrix)
+* ``teacher``         the recipe's teacher mixed into the output, where the model directory has
+                      one (aligner/extract/mixture.py; --no-teacher: left out): its reading
+                      of the lines, its posteriors of both directions and the mix (the
+                      symmetrization below then takes the one threshold, not the mixture's
+                      per-line ones)
 * ``symmetrize``      soft-average of the two directions and its links (aligner.combine)
 * ``write``           formatting the Pharaoh lines and writing them
 
@@ -51,11 +56,12 @@ from aligner import constants as C  # noqa: E402
 from aligner.links.combine import combine  # noqa: E402
 from aligner.formats import format_links, read_bitext  # noqa: E402
 from aligner.extract import inference  # noqa: E402
+from aligner.extract.mixture import mix, resolve_mixture  # noqa: E402
 from aligner.model_dir import LoadedModelDir  # noqa: E402
 from aligner.models import hmm_algorithms  # noqa: E402
 
 STAGES = ("read", "bpe", "batches", "encoder", "decoder", "output", "lexicon", "transitions",
-          "forward-backward", "word-matrices", "symmetrize", "write")
+          "forward-backward", "word-matrices", "teacher", "symmetrize", "write")
 
 
 class Clock:
@@ -116,8 +122,10 @@ def staged_posteriors(model, batch, clock: Clock, options) -> torch.Tensor:
 
 
 @torch.no_grad()
-def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float, out):
-    """The extraction of `bitext` with `loaded`, stage by stage; returns (pairs, links)."""
+def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float, out,
+            mixture=None):
+    """The extraction of `bitext` with `loaded` (and its `mixture`, if any), stage by stage;
+    returns (pairs, links)."""
     with clock.stage("bpe"):
         pairs = inference.encode_bitext(loaded, bitext)
     soft = {}
@@ -147,6 +155,10 @@ def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float,
                     matrices[k] = inference._word_matrix(scores[row], pairs[k], direction,
                                                          renormalize)
         soft[direction] = matrices
+    if mixture is not None:
+        with clock.stage("teacher"):
+            other = mixture.soft(mixture.encode(bitext), max_tokens, torch.device("cpu"))
+            soft = mix(soft, other, mixture.weight, mixture.long_line)
     with clock.stage("symmetrize"):
         links = combine("soft-average", threshold, hard={}, soft=soft)
     with clock.stage("write"):
@@ -189,14 +201,23 @@ def gemm_rate(threads: int, shapes, dtype=torch.float32, seconds: float = 1.0) -
 @click.option("-o", "--output", default="-", type=click.File("w"), help="Markdown report.")
 @click.option("--links", default=None, type=click.Path(dir_okay=False),
               help="Also keep the links written (default: discarded).")
+@click.option("--teacher/--no-teacher", default=True, show_default=True,
+              help="Mix the model directory's teacher into the output, as align extract "
+              "does by default (where it has one).")
 def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, threshold,
-         precision, output, links):
+         precision, output, links, teacher):
     """Profile the final alignment of MODEL stage by stage and write the table."""
     torch.set_num_threads(threads)
     options = {"shortlist": shortlist} if shortlist else {}
     loaded = LoadedModelDir.load(model_dir, C.DIRECTIONS, "best", torch.device("cpu"))
     if threshold is None:
         _, threshold = loaded.symmetrization("soft-average")
+    mixture = (resolve_mixture(loaded, None, None, "both", "soft-average", torch.device("cpu"))
+               if teacher else None)
+    loading = time.perf_counter()
+    if mixture is not None:   # loaded once per process: not a cost per pair, not timed below
+        mixture.loaded.models["fwd"].lexicon(), mixture.loaded.models["rev"].lexicon()
+    loading = time.perf_counter() - loading
     clock = Clock(count=False)
     with clock.stage("read"):
         bitext = read_bitext(source, target)
@@ -207,14 +228,15 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
                 else contextlib.nullcontext())
     start = time.perf_counter()
     with sink, autocast():
-        encoded, _ = profile(loaded, bitext, clock, max_tokens, options, threshold, sink)
+        encoded, _ = profile(loaded, bitext, clock, max_tokens, options, threshold, sink,
+                             mixture)
     wall = time.perf_counter() - start + clock.seconds["read"]
     # flops: a second pass with the counter on, over a 1,000-line share, scaled
     share = min(len(bitext), 1000)
     counted = Clock(count=True)
     bitext.source, bitext.target = bitext.source[:share], bitext.target[:share]
     with open("/dev/null", "w") as sink, autocast():
-        profile(loaded, bitext, counted, max_tokens, options, threshold, sink)
+        profile(loaded, bitext, counted, max_tokens, options, threshold, sink, mixture)
     scale = len(encoded) / share
     shapes = [(1024, 1024, 1024), (500, 64, 5000), (500, 128, 128), (512, 128, 512)]
     # the bound at the products' rate in the precision the model runs in (bfloat16 products
@@ -234,7 +256,8 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
       f"vocabularies {loaded.models['fwd'].config.src_vocab_size:,} / "
       f"{loaded.models['fwd'].config.tgt_vocab_size:,}); {src_subwords:.1f} source and "
       f"{tgt_subwords:.1f} target subwords per pair; threshold {threshold}; "
-      f"shortlist {shortlist or 'none (exact)'}; {precision}; batches of "
+      f"shortlist {shortlist or 'none (exact)'}; {precision}; "
+      f"{f'teacher mixed in at {mixture.weight} (loaded in {loading:.1f} s, not counted)' if mixture else 'no teacher'}; batches of "
       f"{max_tokens or inference.CPU_MAX_TOKENS} positions.\n\n")
     w(f"Wall time {wall:.1f} s: **{len(encoded) / wall:.0f} pairs/s** (both directions in this "
       f"one process, {threads} thread(s)).\n\n")
