@@ -247,6 +247,8 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
     src_subwords = sum(len(p.src_ids) for p in encoded) / len(encoded)
     tgt_subwords = sum(len(p.tgt_ids) for p in encoded) / len(encoded)
     config = loaded.models["fwd"].config
+    teacher_note = (f"teacher mixed in at {mixture.weight} (loaded in {loading:.1f} s, not "
+                    f"counted)" if mixture else "no teacher")
     w = output.write
     w(f"# Profile of the final alignment: {len(encoded):,} pairs, {threads} thread(s)\n\n")
     w(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
@@ -257,7 +259,7 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
       f"{loaded.models['fwd'].config.tgt_vocab_size:,}); {src_subwords:.1f} source and "
       f"{tgt_subwords:.1f} target subwords per pair; threshold {threshold}; "
       f"shortlist {shortlist or 'none (exact)'}; {precision}; "
-      f"{f'teacher mixed in at {mixture.weight} (loaded in {loading:.1f} s, not counted)' if mixture else 'no teacher'}; batches of "
+      f"{teacher_note}; batches of "
       f"{max_tokens or inference.CPU_MAX_TOKENS} positions.\n\n")
     w(f"Wall time {wall:.1f} s: **{len(encoded) / wall:.0f} pairs/s** (both directions in this "
       f"one process, {threads} thread(s)).\n\n")
