@@ -4,9 +4,10 @@ changes, eval/results/teacher_memory.md).
 
 Reads the bitext, takes the teacher's sample of it (recipe.TEACHER_PAIRS lines, holding round
 1's recipe.ROUND_PAIRS, chosen with --seed as `align run --seed` chooses them:
-aligner/training/samples.py teacher_sample), and runs aligner.training.rounds.write_teacher_links
-in a "spawn" process of its own, as the job does: the teacher trained, written as a classical
-model directory to OUT/0 and its links of round 1's lines to OUT/0/links.align. Prints one line:
+aligner/training/rounds.py teacher_lines), and runs the teacher in a "spawn" process of its
+own with the job's own function (rounds.write_teacher_links_apart): the teacher trained,
+written as a classical model directory to OUT/0 and its links of round 1's lines to
+OUT/0/links.align. Prints one line:
 
     teacher: N lines (round 1's M), W s wall, C s CPU, peak RSS P kB (the teacher's process)
 
@@ -21,7 +22,6 @@ reports for a job whose largest process it is.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import resource
 import sys
@@ -32,11 +32,10 @@ import numpy as np
 
 from aligner.formats import open_bitext
 from aligner.malloc import limit_kernel_cache
-from aligner.training import recipe, teacher
+from aligner.training import recipe
 from aligner.training.classical import batches_of
-from aligner.training.rounds import write_teacher_links
+from aligner.training.rounds import teacher_lines, write_teacher_links_apart
 from aligner.training.teacher import TeacherConfig
-from aligner.training.samples import teacher_sample
 from aligner.utils import AlignerError
 
 
@@ -58,20 +57,14 @@ def main(argv=None) -> int:
         if os.path.exists(args.out):
             raise AlignerError(f"{args.out}: exists; give a new folder")
         bitext = open_bitext(args.source, args.target)
-        lines, round_lines = teacher_sample(bitext, args.round_pairs, args.teacher_pairs,
-                                            args.seed)
-        source, target = [], []
-        for source_words, target_words in lines:
-            source.append(source_words)
-            target.append(target_words)
+        source, target, round_lines = teacher_lines(bitext, args.round_pairs, args.seed,
+                                                    args.teacher_pairs)
     except AlignerError as error:
         print(f"bench_teacher: error: {error}", file=sys.stderr)
         return 1
     started = time.time()
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        pool.apply(write_teacher_links, (source, target,
-                                         os.path.join(args.out, "0", "links.align"),
-                                         teacher.THREADS, round_lines))
+    write_teacher_links_apart(source, target, os.path.join(args.out, "0", "links.align"),
+                              round_lines)
     wall = time.time() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     in_round = len(source) if round_lines is None else len(round_lines)

@@ -216,7 +216,8 @@ def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, thres
                if teacher else None)
     loading = time.perf_counter()
     if mixture is not None:   # loaded once per process: not a cost per pair, not timed below
-        mixture.loaded.models["fwd"].lexicon(), mixture.loaded.models["rev"].lexicon()
+        for direction in C.DIRECTIONS:   # each lexicon's hash index built
+            mixture.loaded.models[direction].lexicon()
     loading = time.perf_counter() - loading
     clock = Clock(count=False)
     with clock.stage("read"):

@@ -54,7 +54,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -398,23 +398,39 @@ def _teacher_guide(request: TrainRequest, plan: SelfTraining, record, context) -
     faults.reached("teacher")
     path = guide_path(request.model_dir, 0)
     if context.is_main:
-        lines, round_lines = teacher_sample(request.bitext, plan.round_pairs,
-                                            recipe.TEACHER_PAIRS, request.train_config.seed)
-        source, target = [], []
-        for source_words, target_words in lines:
-            source.append(source_words)
-            target.append(target_words)
+        source, target, round_lines = teacher_lines(request.bitext, plan.round_pairs,
+                                                    request.train_config.seed)
         logger.info("teacher: IBM-1 and HMM alignment (EM) of %d lines, round 1's %d among "
                     "them", len(source), len(source) if round_lines is None else len(round_lines))
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pool.apply(write_teacher_links, (source, target, path, teacher.THREADS,
-                                             round_lines))
+        write_teacher_links_apart(source, target, path, round_lines)
     seconds = time.time() - start
     if record is not None:
         record.add_stage("teacher", seconds)
     logger.info("teacher: %s (round 1's guide) took %.1fs", path, seconds)
     context.barrier()
     return seconds
+
+
+def teacher_lines(bitext, round_pairs: int, seed: int,
+                  teacher_pairs: int = recipe.TEACHER_PAIRS
+                  ) -> Tuple[List[List[str]], List[List[str]], Optional[Sequence[int]]]:
+    """The lines the teacher trains on (aligner/training/samples.py teacher_sample: up to
+    `teacher_pairs`, holding round 1's `round_pairs` drawn with `seed`) as source and target
+    word lists, and the 0-based positions of round 1's lines among them (None: all)."""
+    lines, round_lines = teacher_sample(bitext, round_pairs, teacher_pairs, seed)
+    source, target = [], []
+    for source_words, target_words in lines:
+        source.append(source_words)
+        target.append(target_words)
+    return source, target, round_lines
+
+
+def write_teacher_links_apart(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
+                              path: str, guide_lines: Optional[Sequence[int]] = None) -> None:
+    """:func:`write_teacher_links` with aligner.training.teacher.THREADS torch threads, in a
+    "spawn" process of its own (its memory goes back to the system when it ends)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(write_teacher_links, (source, target, path, teacher.THREADS, guide_lines))
 
 
 def write_teacher_links(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
