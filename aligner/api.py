@@ -126,7 +126,7 @@ class Aligner:
               heuristic: Optional[str] = None, return_probabilities: bool = False,
               max_tokens: Optional[int] = None, threshold: Optional[float] = None,
               calibrated: bool = True, mix_weight: Optional[float] = None,
-              **method_options: Any
+              subword_pooling: Optional[str] = None, **method_options: Any
               ) -> Union[List[Set[Link]], List[LinksAndProbabilities]]:
         """Word links of every sentence pair ``(src[k], tgt[k])``, in input order.
 
@@ -151,6 +151,9 @@ class Aligner:
             than the model directory's recorded ``mix_length`` (``align extract
             --mix-length``), and the teacher's share of a line is judged at the teacher's own
             threshold (aligner.extract.mixture.Mixture.thresholds), as in `align extract`.
+        subword_pooling: how a word's soft alignment combines its subwords' (``align extract
+            --subword-pooling``): "max" or "mean" (default: ``align extract``'s, the recipe's;
+            aligner.extract.inference.word_matrix).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
             exact lexicon; default as ``align extract``'s, the recipe's shortlist).
@@ -160,10 +163,11 @@ class Aligner:
         tuple ``(links, probabilities)`` where ``probabilities`` maps each direction used
         ("fwd" and/or "rev") to a float32 array of shape (source words, target words): the
         method's word-level soft alignment (for both directions combined by soft-average,
-        mixed with the teacher's as the links are: `mix_weight`) (for "fwd" every target
-        column sums to 1 over the source words, for "rev" every source row sums to 1 over the
-        target words — to the word's probability of being aligned, for a model with the empty
-        word; see :func:`aligner.extract.inference.soft_alignments`). A pair that cannot be
+        mixed with the teacher's as the links are: `mix_weight`) (with ``subword_pooling=
+        "mean"`` for "fwd" every target column sums to 1 over the source words, for "rev"
+        every source row sums to 1 over the target words — to the word's probability of
+        being aligned, for a model with the empty word; with "max" a word of several subwords
+        may sum to more; see :func:`aligner.extract.inference.word_matrix`). A pair that cannot be
         aligned (empty side, too long for the model) gets zeros.
         """
         from aligner.extract.inference import (align_pairs, default_options, encode_bitext,
@@ -171,6 +175,7 @@ class Aligner:
         from aligner.formats import Bitext, check_same_length
         from aligner.links.combine import check_heuristic, combine, needs_soft
         from aligner.precision import autocast_context
+        from aligner.training import recipe
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
         check_same_length("src", len(src_words), "tgt", len(tgt_words))
@@ -185,6 +190,10 @@ class Aligner:
         missing = [d for d in directions if d not in self.loaded.models]
         check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "
                                      f"Aligner.load(..., directions={tuple(directions)}))")
+        pooling = recipe.SUBWORD_POOLING if subword_pooling is None else subword_pooling
+        check_condition(pooling in C.SUBWORD_POOLINGS,
+                        f"subword_pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
+                        f"not {pooling!r}")
         method = method or self.methods[0]
         check_condition(method in self.methods,
                         f"unknown method '{method}' for model kind '{self.model_kind}' "
@@ -200,7 +209,8 @@ class Aligner:
         if return_probabilities or (direction == "both" and needs_soft(heuristic)):
             with autocast_context(self.precision, self.device):
                 soft = {d: soft_alignments(self.loaded.models[d], pairs, d, method, max_tokens,
-                                           self.device, method_options) for d in directions}
+                                           self.device, method_options, pooling=pooling)
+                        for d in directions}
         if direction == "both":
             mixture = (self._mixture(mix_weight, heuristic)
                        if soft is not None and needs_soft(heuristic) else None)
@@ -210,7 +220,7 @@ class Aligner:
                 with autocast_context(self.precision, self.device):
                     other = mixture.soft(mixture.encode(Bitext(src_words, tgt_words, "src",
                                                                "tgt")),
-                                         max_tokens, self.device)
+                                         max_tokens, self.device, pooling=pooling)
                 threshold = mixture.thresholds(threshold, soft["fwd"], other["fwd"])
                 soft = mix(soft, other, mixture.weight, mixture.long_line)
             links = combine(heuristic, threshold, hard=by_direction, soft=soft)
@@ -227,7 +237,7 @@ class Aligner:
                               max_tokens: Optional[int] = None,
                               threshold: Optional[float] = None,
                               calibrated: bool = True, mix_weight: Optional[float] = None,
-                              **method_options: Any
+                              subword_pooling: Optional[str] = None, **method_options: Any
                               ) -> List[List[Tuple[Link, Tuple[float, ...]]]]:
         """The links of every pair (as :meth:`align`, same arguments), each with its
         probability: per pair a list of ``((i, j), numbers)`` sorted by i then j, the numbers
@@ -241,7 +251,8 @@ class Aligner:
 
         heuristic, threshold = self.loaded.symmetrization(heuristic, threshold, calibrated)
         aligned = self.align(src, tgt, method, direction, heuristic, True, max_tokens,
-                             threshold, mix_weight=mix_weight, **method_options)
+                             threshold, mix_weight=mix_weight,
+                             subword_pooling=subword_pooling, **method_options)
         return [link_numbers(links, probs, direction, heuristic)
                 for links, probs in aligned]  # type: ignore[misc]
 

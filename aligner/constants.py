@@ -50,6 +50,9 @@ DEFAULT_HEURISTIC = "grow-diag"
 # Combine the two directions' soft alignments instead of their links
 # (aligner.links.soft_symmetrize).
 SOFT_HEURISTICS = ("soft-average",)
+#: how a word's row of a soft matrix combines the rows of its subwords on the model's
+#: decoder side (aligner.extract.inference.word_matrix): their mean, or their maximum
+SUBWORD_POOLINGS = ("mean", "max")
 #: config.json ``extra`` key where `align run` (and a self-training `align train`,
 #: aligner/training/rounds.py) records the -H and --threshold of its output
 #: ({"symmetrize": ..., "threshold": ...}): `align extract` takes them as its defaults for that

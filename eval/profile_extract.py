@@ -15,7 +15,7 @@ bitext, stage by stage, in this one process with --threads threads:
                       every (target position, source position)
 * ``transitions``     hmm1's log α(j | i, j') tensors, asked for by the forward–backward
 * ``forward-backward`` the posteriors γ given emissions and transitions (minus ``transitions``)
-* ``word-matrices``   subword posteriors to word-level soft matrices (inference._word_matrix)
+* ``word-matrices``   subword posteriors to word-level soft matrices (inference.word_matrix)
 * ``teacher``         the recipe's teacher mixed into the output, where the model directory has
                       one (aligner/extract/mixture.py; --no-teacher: left out): its reading
                       of the lines, its posteriors of both directions and the mix (the
@@ -59,6 +59,7 @@ from aligner.extract import inference  # noqa: E402
 from aligner.extract.mixture import mix, resolve_mixture  # noqa: E402
 from aligner.model_dir import LoadedModelDir  # noqa: E402
 from aligner.models import hmm_algorithms  # noqa: E402
+from aligner.training import recipe  # noqa: E402
 
 STAGES = ("read", "bpe", "batches", "encoder", "decoder", "output", "lexicon", "transitions",
           "forward-backward", "word-matrices", "teacher", "symmetrize", "write")
@@ -152,12 +153,13 @@ def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float,
             with clock.stage("word-matrices"):
                 scores = gamma.float().numpy()
                 for row, k in enumerate(indices):
-                    matrices[k] = inference._word_matrix(scores[row], pairs[k], direction,
-                                                         renormalize)
+                    matrices[k] = inference.word_matrix(scores[row], pairs[k], direction,
+                                                        renormalize, recipe.SUBWORD_POOLING)
         soft[direction] = matrices
     if mixture is not None:
         with clock.stage("teacher"):
-            other = mixture.soft(mixture.encode(bitext), max_tokens, torch.device("cpu"))
+            other = mixture.soft(mixture.encode(bitext), max_tokens, torch.device("cpu"),
+                                 pooling=recipe.SUBWORD_POOLING)
             soft = mix(soft, other, mixture.weight, mixture.long_line)
     with clock.stage("symmetrize"):
         links = combine("soft-average", threshold, hard={}, soft=soft)

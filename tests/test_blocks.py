@@ -103,6 +103,8 @@ def test_extract_refuses_parts_of_another_run_in_one_line(killed, tmp_path):
     assert "cannot resume" in line and "method" in line
     line = error_line(run("extract", *common, "--resume", "--block-lines", BLOCK + 1, ok=False))
     assert "block_lines" in line
+    line = error_line(run("extract", *common, "--resume", "--subword-pooling", "mean", ok=False))
+    assert "subword pooling" in line
     other_tgt = tmp_path / "other.tgt"
     other_tgt.write_text(killed["tgt"].read_text().replace("t1", "t2"))
     changed = [a if a != killed["tgt"] else other_tgt for a in common]

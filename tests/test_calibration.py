@@ -106,6 +106,7 @@ def test_align_run_calibrates_on_its_bitext_and_extract_aligns_the_same(calibrat
     model = calibrated["model"]
     record = json.loads((model / "calibration.json").read_text())
     assert record["lines"] == 40 and record["options"] == {"shortlist": 2000}
+    assert record["subword pooling"] == recipe.SUBWORD_POOLING == "max"
     assert [h["lines"] for h in record["histograms"]] == [
         sum(1 for s, t in zip(calibrated["sources"], calibrated["targets"])
             if bucket_of(len(s), len(t)) == k) for k in range(4)]
@@ -149,6 +150,42 @@ def test_uncalibrated_is_one_threshold_and_calibrated_scales_the_given_one(calib
     calibration = Calibration.from_dict(json.loads((model / "calibration.json").read_text()))
     assert read_pharaoh(str(scaled)) == soft_average_corpus(
         forward, reverse, mixed(calibration.thresholds(0.4, recipe.CALIBRATION_BETA), 0.4))
+
+
+def test_a_calibration_is_kept_only_for_its_own_subword_pooling(calibrated, monkeypatch):
+    """calibrated_extraction (align run's) measures anew when the record was made with another
+    pooling: a record without the key counts as the mean's, as every record before it."""
+    import torch
+
+    from aligner.extract import calibrate as calibrate_module
+    from aligner.extract.corpus_alignment import Extraction, shortlist_options
+    from aligner.formats import read_bitext
+
+    model = str(calibrated["model"])
+    record = json.loads((calibrated["model"] / "calibration.json").read_text())
+    bitext = read_bitext(str(calibrated["src"]), str(calibrated["tgt"]))
+    measured = []
+    real = calibrate_module.calibrate
+    monkeypatch.setattr(calibrate_module, "calibrate",
+                        lambda extraction, *rest: measured.append(extraction.pooling)
+                        or real(extraction, *rest))
+    monkeypatch.setattr(calibrate_module, "read_calibration", lambda path: dict(record))
+
+    def calibrate(pooling):
+        extraction = Extraction.load(model, torch.device("cpu"), recipe.METHOD, "soft-average",
+                                     0.55, shortlist_options(recipe.SHORTLIST), pooling=pooling)
+        calibrate_module.calibrated_extraction(extraction, bitext, 1, record["precision"],
+                                               write=False)
+
+    calibrate("max")
+    assert measured == []
+    calibrate("mean")
+    assert measured == ["mean"]
+    del record["subword pooling"]   # as written before the key: the mean's
+    calibrate("mean")
+    assert measured == ["mean"]
+    calibrate("max")
+    assert measured == ["mean", "max"]
 
 
 def test_a_damaged_calibration_is_one_error_line(calibrated, tmp_path):

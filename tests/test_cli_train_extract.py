@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,6 +64,35 @@ def test_round_trip_train_extract_symmetrize_score(tmp_path, corpus):
         assert sorted(j for _, j in links) == list(range(len(tgt)))
     score = run("score-aer", "-g", corpus["vgold"], "-a", outputs["both"])
     assert re.search(r"AER \d+\.\d", score.output)
+
+
+def test_subword_pooling_of_the_soft_matrices_and_their_links(tmp_path, corpus):
+    """--subword-pooling mean / max (default max) on a model with BPE: a word's row in the
+    --soft matrices is its subwords' mean or maximum, so max >= mean everywhere, the two
+    differ where a word has subwords, each fwd column sums to 1 under the mean; each output
+    is soft-average of its own matrices."""
+    from aligner.links.soft_symmetrize import soft_average_corpus
+
+    model = tmp_path / "model"
+    run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 3,
+        *TINY)
+    matrices = {}
+    for pooling in ("mean", "max", None):
+        name = pooling or "default"
+        out, soft = tmp_path / f"{name}.align", tmp_path / f"{name}.npz"
+        run("extract", model, "-s", corpus["src"], "-t", corpus["tgt"], "-H", "soft-average",
+            "--threshold", "0.3", "-o", out, "--soft", soft, "-q",
+            *(["--subword-pooling", pooling] if pooling else []))
+        loaded = np.load(soft)
+        matrices[name] = {d: [loaded[f"{d}_{k}"] for k in range(40)] for d in ("fwd", "rev")}
+        assert read_pharaoh(str(out)) == soft_average_corpus(
+            matrices[name]["fwd"], matrices[name]["rev"], 0.3)
+    mean, high = matrices["mean"], matrices["max"]
+    assert all(np.array_equal(a, b) for d in ("fwd", "rev")
+               for a, b in zip(high[d], matrices["default"][d]))
+    assert all(np.allclose(m.sum(axis=0), 1.0, atol=1e-5) for m in mean["fwd"])
+    assert all(np.all(h >= m - 1e-6) for d in ("fwd", "rev") for h, m in zip(high[d], mean[d]))
+    assert any(not np.allclose(h, m) for d in ("fwd", "rev") for h, m in zip(high[d], mean[d]))
 
 
 def test_joint_input_and_stdout_and_blank_lines(tmp_path, corpus):
@@ -270,8 +300,10 @@ def test_extract_writes_soft_matrices(tmp_path, corpus):
     run("train", "-s", corpus["src"], "-t", corpus["tgt"], "-o", model, "--max-updates", 1,
         *TINY)
     soft = tmp_path / "soft.npz"
+    # the mean of a word's subwords: each word's distribution sums to 1 (the default max: at
+    # least 1, test_subword_pooling_of_the_soft_matrices_and_their_links)
     run("extract", model, "-s", corpus["vsrc"], "-t", corpus["vtgt"], "--soft", soft, "-q",
-        "-o", tmp_path / "out.txt")
+        "-o", tmp_path / "out.txt", "--subword-pooling", "mean")
     arrays = np.load(soft)
     assert sorted(arrays.files) == sorted(f"{d}_{k}" for d in ("fwd", "rev") for k in range(6))
     for k in range(6):

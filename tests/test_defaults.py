@@ -59,6 +59,7 @@ def test_extract_defaults_are_the_kinds_best():
     kind = model_class(recipe.MODEL_KIND)
     assert kind.METHODS[0] == recipe.METHOD          # the method extract takes by default
     assert kind.BEST_HEURISTIC == recipe.HEURISTIC   # the -H extract takes by default
+    assert defaults["subword_pooling"] == recipe.SUBWORD_POOLING
 
 
 def test_run_defaults_are_the_recipe():
@@ -75,6 +76,7 @@ def test_run_defaults_are_the_recipe():
     assert recipe.device_defaults("cpu")["max_tokens"] == recipe.TRAINING["max_tokens"]
     assert defaults["agreement_weight"] == recipe.AGREEMENT_WEIGHT
     assert defaults["rounds"] == recipe.ROUNDS and defaults["shortlist"] == recipe.SHORTLIST
+    assert defaults["subword_pooling"] == recipe.SUBWORD_POOLING
     # None: recipe.TRAIN_MAX_LEN, within -M max_positions (tests/test_run.py)
     assert defaults["max_len"] is None
 

@@ -283,6 +283,24 @@ def test_soft_alignments_by_hand():
     assert soft_alignments(model, [empty], "fwd", "fixed")[0].shape == (0, 2)
 
 
+def test_max_pooling_takes_each_words_most_aligned_subword_by_hand():
+    """The rows of test_soft_alignments_by_hand: target word 0 (subwords 0, 1) by source word
+    [0.25, 0.75] and [0.0, 1.0]: their maximum [0.25, 1.0], not their mean [0.125, 0.875];
+    target word 1 has one subword, the same row either way."""
+    from aligner.extract.inference import soft_alignments, word_matrix
+
+    table = [[1.0, 1.0, 2.0, 99.0], [0.0, 2.0, 2.0, 99.0], [3.0, 1.0, 0.0, 99.0], [5.0] * 4]
+    model = FixedScores(table)
+    fwd_pair = pair([5, 6, 7], [8, 9, 10], [0, 1, 1], [0, 0, 1])
+    (matrix,) = soft_alignments(model, [fwd_pair], "fwd", "fixed", pooling="max")
+    assert np.allclose(matrix, [[0.25, 0.75], [1.0, 0.25]])
+    rev_pair = pair([8, 9, 10], [5, 6, 7], [0, 0, 1], [0, 1, 1])
+    (matrix,) = soft_alignments(model, [rev_pair], "rev", "fixed", pooling="max")
+    assert np.allclose(matrix, [[0.25, 1.0], [0.75, 0.25]])
+    with pytest.raises(AlignerError, match="subword pooling must be one of mean, max, not sum"):
+        word_matrix(np.ones((4, 4)), fwd_pair, "fwd", pooling="sum")
+
+
 def test_extraction_keeps_the_unaligned_mass_of_a_model_with_an_empty_word():
     """leaves_unaligned_mass: soft rows are not renormalized, so a target word's column sums to
     its probability of being aligned (the EOS column is dropped, its mass counts as unaligned);

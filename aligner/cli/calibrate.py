@@ -6,7 +6,8 @@ from typing import Optional
 import click
 
 from aligner.cli.options import (device_option, inference_precision_option, quiet_option,
-                                 seed_option, shortlist_option, threads_option)
+                                 seed_option, shortlist_option, subword_pooling_option,
+                                 threads_option)
 from aligner.cli.train import bitext_options, check_bitext_args, set_threads
 from aligner.training import recipe
 
@@ -15,14 +16,15 @@ from aligner.training import recipe
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
 @bitext_options
 @shortlist_option
+@subword_pooling_option
 @device_option
 @inference_precision_option
 @seed_option
 @threads_option()
 @quiet_option
 def command(model_dir: str, source: Optional[str], target: Optional[str],
-            joint: Optional[str], shortlist: int, device: str, precision: str, seed: int,
-            threads: int, quiet: bool) -> None:
+            joint: Optional[str], shortlist: int, subword_pooling: str, device: str,
+            precision: str, seed: int, threads: int, quiet: bool) -> None:
     """Calibrate MODEL_DIR's soft-average output on a bitext: measure how its posteriors
     spread with the line length (up to 300 lines per length bucket: under 15 words, 15-24,
     25-39, 40 and more) and write MODEL_DIR/calibration.json, with which align extract
@@ -48,7 +50,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str],
     model = next(iter(loaded.models.values()))
     method = model.METHODS[0]
     options = {"shortlist": shortlist} if method in model.SHORTLIST_METHODS else {}
-    extraction = Extraction(loaded, method, "both", heuristic, threshold, torch_device, options)
+    extraction = Extraction(loaded, method, "both", heuristic, threshold, torch_device, options,
+                            pooling=subword_pooling)
     inference_precision = resolve_precision(precision, torch_device, inference=True)
     record = calibrate(extraction, bitext, seed, recipe.CALIBRATION_LINES, inference_precision)
     path = write_calibration(model_dir, record)

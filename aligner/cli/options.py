@@ -372,6 +372,17 @@ def shortlist_option(function):
              "shortlist=N; eval/results/profile_extract.md).")(function)
 
 
+def subword_pooling_option(function):
+    """--subword-pooling of the output's soft matrices (align run, extract, calibrate)."""
+    return click.option(
+        "--subword-pooling", type=click.Choice(C.SUBWORD_POOLINGS),
+        default=recipe.SUBWORD_POOLING, show_default=True,
+        help="How a word's row of the soft matrices (soft-average, --soft, --link-probs, the "
+             "calibration) combines the rows of its subwords: 'max' the most-aligned "
+             "subword's, 'mean' their average (a word whose subwords align to two words "
+             "then gets half a link to each; eval/results/subword_pooling.md).")(function)
+
+
 def resume_option(function):
     """--resume of a run in --model-dir (aligner.config.RESUMABLE_CHANGES: what may change)."""
     return click.option(

@@ -25,6 +25,7 @@ from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (INPUT, FiniteFloat, agreement_weight_option, bitext_options,
                                  join_lines_option, lowercase_option, shortlist_option,
+                                 subword_pooling_option,
                                  block_lines_option, bpe_merges_option, deterministic_option,
                                  processes_option,
                                  device_option, guide_options, lr_option, max_tokens_option,
@@ -79,6 +80,7 @@ bitext of 1,000+ pairs train at the same time, each with half of the threads.
                    f"{recipe.THRESHOLD} after self-training rounds, {DEFAULT_THRESHOLD} with "
                    f"--rounds 1]")
 @shortlist_option
+@subword_pooling_option
 @model_dir_option(required=False, default_help="a temporary directory, removed at the end")
 @overwrite_option
 @resume_option
@@ -121,7 +123,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str],
             model_kind: str, output: str, forward_links: Optional[str],
             reverse_links: Optional[str], soft: Optional[str],
             heuristic: str, threshold: Optional[float], self_guide_threshold: float,
-            shortlist: int, model_dir: Optional[str], overwrite: bool, resume: bool,
+            shortlist: int, subword_pooling: str, model_dir: Optional[str], overwrite: bool,
+            resume: bool,
             gold: Optional[str], gold_first_line: Optional[int], guide: Optional[str],
             guide_weight: Optional[float], rounds: int, self_guide_weight: float,
             fine_tune: bool, agreement_weight: float, join_lines: Optional[int], epochs: int,
@@ -244,7 +247,8 @@ def command(source: Optional[str], target: Optional[str], joint: Optional[str],
             extraction = Extraction.load(
                 model_dir, resolve_device(device, context.local_rank,
                                           context.local_world_size),
-                recipe.METHOD, heuristic, threshold, shortlist_options(shortlist))
+                recipe.METHOD, heuristic, threshold, shortlist_options(shortlist),
+                pooling=subword_pooling)
             # auto: bf16 on a CPU with bfloat16 instructions too (training: fp32)
             inference_precision = resolve_precision(precision, extraction.device,
                                                     inference=True)

@@ -65,7 +65,7 @@ def calibrate(extraction, bitext, seed: int, per_bucket: int, precision: str = "
     with autocast_context(precision, extraction.device):
         soft = inference.soft_alignments_by_direction(
             loaded.models, encoded, C.DIRECTIONS, extraction.method, extraction.max_tokens,
-            extraction.device, extraction.options)
+            extraction.device, extraction.options, pooling=extraction.pooling)
     calibration = Calibration()
     calibration.add_lines(zip(soft["fwd"], soft["rev"]))
     return {"format": 1, **_identity(extraction, precision), "seed": seed,
@@ -75,13 +75,17 @@ def calibrate(extraction, bitext, seed: int, per_bucket: int, precision: str = "
 
 def _identity(extraction, precision: str) -> Dict[str, Any]:
     """What the posteriors of a calibration depend on: the model's files, the method, its
-    options and the precision."""
+    options, the precision and the subword pooling (a record without ``subword pooling``
+    was measured with the mean, as every record before the key)."""
     from aligner.model_dir import model_checksums
     from aligner.precision import resolve_precision
 
-    return {"model": model_checksums(extraction.loaded.path, C.DIRECTIONS),
-            "method": extraction.method, "options": extraction.options,
-            "precision": resolve_precision(precision, extraction.device)}
+    identity = {"model": model_checksums(extraction.loaded.path, C.DIRECTIONS),
+                "method": extraction.method, "options": extraction.options,
+                "precision": resolve_precision(precision, extraction.device)}
+    if extraction.pooling != "mean":
+        identity["subword pooling"] = extraction.pooling
+    return identity
 
 
 def write_calibration(model_dir: str, record: Dict[str, Any]) -> str:
@@ -110,13 +114,15 @@ def read_calibration(model_dir: str) -> Optional[Dict[str, Any]]:
 def calibrated_extraction(extraction, bitext, seed: int, precision: str, write: bool):
     """`extraction` with its soft-average threshold (the base) calibrated per line length
     (:meth:`Calibration.thresholds`): from the model directory's calibration.json when it was
-    made for this model, method, options and precision, else measured now on `bitext` (and
-    kept there when `write`: rank 0 of a torchrun job, which writes alone)."""
+    made for this model, method, options, precision and subword pooling, else measured now
+    on `bitext` (and kept there when `write`: rank 0 of a torchrun job, which writes
+    alone)."""
     import dataclasses
 
     record = read_calibration(extraction.loaded.path)
     identity = json.loads(json.dumps(_identity(extraction, precision)))
-    if record is None or any(record.get(key) != value for key, value in identity.items()):
+    if (record is None or any(record.get(key) != value for key, value in identity.items())
+            or record.get("subword pooling", "mean") != extraction.pooling):
         check_condition(extraction.direction == "both", "calibration needs both directions")
         record = calibrate(extraction, bitext, seed, recipe.CALIBRATION_LINES, precision)
         if write:

@@ -61,7 +61,9 @@ class Extraction:
     `threshold`). device: a torch.device. options: the method's options (-O KEY=VALUE,
     ``shortlist``). max_tokens: positions per inference batch (None: the device's).
     mixture: another model directory whose soft matrices are mixed into these
-    (aligner/extract/mixture.py; ``align extract --mix``), or None.
+    (aligner/extract/mixture.py; ``align extract --mix``), or None. pooling: how a word's
+    row combines its subwords' in the soft matrices (aligner.extract.inference.word_matrix;
+    ``align extract --subword-pooling``).
     """
 
     loaded: "LoadedModelDir"
@@ -73,6 +75,7 @@ class Extraction:
     options: Dict[str, Any] = field(default_factory=dict)
     max_tokens: Optional[int] = None
     mixture: Optional["Mixture"] = None
+    pooling: str = "mean"
 
     @classmethod
     def load(cls, model_dir: str, device: Any, method: str, heuristic: str, threshold: float,
@@ -80,7 +83,7 @@ class Extraction:
              checkpoint: str = "best", max_tokens: Optional[int] = None,
              mix_dir: Optional[str] = None, mix_weight: Optional[float] = None,
              mix_length: Optional[int] = None,
-             mix_threshold: Optional[float] = None) -> "Extraction":
+             mix_threshold: Optional[float] = None, pooling: str = "mean") -> "Extraction":
         """The model directory's `checkpoint` weights of the directions used, on `device`,
         and the mixture of `mix_dir` / `mix_weight` / `mix_length` / `mix_threshold`
         (:func:`aligner.extract.mixture.resolve_mixture`: by default the teacher the
@@ -93,7 +96,7 @@ class Extraction:
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic, device,
                                   mix_length, mix_threshold)
         return cls(loaded, method, direction, heuristic, threshold, device, options or {},
-                   max_tokens, mixture)
+                   max_tokens, mixture, pooling)
 
     @property
     def directions(self) -> Tuple[str, ...]:
@@ -163,14 +166,15 @@ def lines_of_block(extraction: Extraction, pairs: Sequence[EncodedPair], names: 
     if soft_main or scored or keep_soft:   # one pass, used for all
         soft = inference.soft_alignments_by_direction(
             extraction.loaded.models, pairs, extraction.directions, extraction.method,
-            extraction.max_tokens, extraction.device, extraction.options, parallel=workers)
+            extraction.max_tokens, extraction.device, extraction.options, parallel=workers,
+            pooling=extraction.pooling)
         if extraction.mixture is not None:
             from aligner.extract.mixture import mix
 
             check_condition(mix_pairs is not None and len(mix_pairs) == len(pairs),
                             "a mixture needs its model's encoding of every line")
             other = extraction.mixture.soft(mix_pairs, extraction.max_tokens,
-                                            extraction.device, workers)
+                                            extraction.device, workers, extraction.pooling)
             # each line's threshold: each model's share at its own
             threshold = extraction.mixture.thresholds(extraction.threshold, soft["fwd"],
                                                       other["fwd"])
@@ -410,7 +414,8 @@ class BlockProcesses:
 
         settings = dict(method=extraction.method, heuristic=extraction.heuristic,
                         threshold=extraction.threshold, options=extraction.options,
-                        direction=extraction.direction, max_tokens=extraction.max_tokens)
+                        direction=extraction.direction, max_tokens=extraction.max_tokens,
+                        pooling=extraction.pooling)
         # the mixture's settings, without the models it may have loaded here
         mixture = (None if extraction.mixture is None
                    else dataclasses.replace(extraction.mixture, _loaded=None))
@@ -553,6 +558,7 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "options": extraction.options, "direction": extraction.direction,
               "heuristic": extraction.heuristic,
               "threshold": threshold_record(extraction.threshold),
+              "subword pooling": extraction.pooling,
               "precision": resolve_precision(precision, device),
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(

@@ -198,19 +198,30 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
     return results
 
 
-def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
-                 renormalize: bool = True) -> np.ndarray:
+def word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
+                renormalize: bool = True, pooling: str = "mean") -> np.ndarray:
     """Word-level soft alignment (source words, target words) of one pair.
 
     scores (I+1, J+1): the model's scores in its own orientation (rows = decoder positions).
     Each real decoder subword's row is renormalized over the real encoder subwords (negative
-    scores count as 0); a word's row is the mean of its subwords' rows, summed within each
-    word of the other side. So for fwd every target word's column sums to 1 over the source
-    words, for rev every source word's row sums to 1 over the target words. Without
-    ``renormalize`` (a model whose rows sum to p(aligned): ``leaves_unaligned_mass`` of the
-    model and method, aligner/models/base.py) the rows are taken as they are: a column (fwd) /
-    row (rev) sums to p(word aligned).
+    scores count as 0) and summed within each word of the encoder side. A decoder-side word's
+    row is then its subwords' rows combined by `pooling` (constants.SUBWORD_POOLINGS):
+
+    - ``mean``: the average subword's. For fwd every target word's column sums to 1 over the
+      source words, for rev every source word's row sums to 1 over the target words; a word
+      whose two subwords align to two words gets 0.5 for each.
+    - ``max``: the most-aligned subword's, the probability that the word has a subword aligned
+      there where its subwords' alignments go together (as a first-order HMM's consecutive
+      positions mostly do); the word above gets 1 for each. A word of one subword gets the
+      same row either way.
+
+    Without ``renormalize`` (a model whose rows sum to p(aligned): ``leaves_unaligned_mass``
+    of the model and method, aligner/models/base.py) the rows are taken as they are: under
+    ``mean`` a column (fwd) / row (rev) sums to p(word aligned).
     """
+    check_condition(pooling in C.SUBWORD_POOLINGS,
+                    f"subword pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
+                    f"not {pooling}")
     enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
                             else (pair.tgt_word_index, pair.src_word_index))
     rows = np.clip(scores[:len(dec_words), :len(enc_words)].astype(np.float64), 0.0, None)
@@ -222,8 +233,11 @@ def _word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     by_enc_word = np.zeros((len(dec_words), n_enc))
     np.add.at(by_enc_word.T, np.asarray(enc_words), rows.T)       # sum within encoder words
     matrix = np.zeros((n_dec, n_enc))
-    np.add.at(matrix, np.asarray(dec_words), by_enc_word)          # then mean over subwords
-    matrix /= np.bincount(np.asarray(dec_words), minlength=n_dec)[:, None]
+    if pooling == "max":   # rows are >= 0, so the zeros take the first subword's row
+        np.maximum.at(matrix, np.asarray(dec_words), by_enc_word)
+    else:                  # the mean over subwords
+        np.add.at(matrix, np.asarray(dec_words), by_enc_word)
+        matrix /= np.bincount(np.asarray(dec_words), minlength=n_dec)[:, None]
     return (matrix.T if direction == "fwd" else matrix).astype(np.float32)
 
 
@@ -243,11 +257,11 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
                     method: str, max_tokens: Optional[int] = None,
                     device: Optional[torch.device] = None,
                     options: Optional[Dict[str, Any]] = None,
-                    progress: bool = False) -> List[np.ndarray]:
+                    progress: bool = False, pooling: str = "mean") -> List[np.ndarray]:
     """Word-level soft alignment matrices (source words, target words), float32, input order.
 
-    See :func:`_word_matrix` for the normalization. Pairs that get no alignment get a matrix
-    without elements (:func:`no_alignment`). ``progress``: a tqdm bar on stderr.
+    See :func:`word_matrix` for the normalization and `pooling`. Pairs that get no alignment
+    get a matrix without elements (:func:`no_alignment`). ``progress``: a tqdm bar on stderr.
     """
     options = options or {}
     model.eval()
@@ -258,7 +272,7 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
         scores = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out, method,
                                         **options).float().cpu().numpy()
         for row, k in enumerate(indices):
-            results[k] = _word_matrix(scores[row], pairs[k], direction, renormalize)
+            results[k] = word_matrix(scores[row], pairs[k], direction, renormalize, pooling)
         if (b + 1) % RELEASE_BATCHES == 0:   # the heap's free pages back (aligner/malloc.py)
             release_free_memory()
     return results
@@ -267,15 +281,15 @@ def soft_alignments(model: AlignmentModel, pairs: Sequence[EncodedPair], directi
 def _soft_alignments_process(model: AlignmentModel, pairs: Sequence[EncodedPair],
                              direction: str, method: str, max_tokens: Optional[int],
                              options: Optional[Dict[str, Any]], threads: int,
-                             progress: bool, autocast: Optional[torch.dtype] = None
-                             ) -> List[np.ndarray]:
+                             progress: bool, autocast: Optional[torch.dtype] = None,
+                             pooling: str = "mean") -> List[np.ndarray]:
     """Body of one worker of :func:`soft_alignments_by_direction` (a "spawn" process);
     `autocast`: the caller's CPU autocast dtype (None: none), entered here."""
     torch.set_num_threads(threads)
     with (torch.autocast("cpu", dtype=autocast) if autocast is not None
           else contextlib.nullcontext()):
         return soft_alignments(model, pairs, direction, method, max_tokens,
-                               torch.device("cpu"), options, progress)
+                               torch.device("cpu"), options, progress, pooling)
 
 
 def _exit_on_sigterm() -> None:
@@ -345,9 +359,10 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
                                  device: Optional[torch.device] = None,
                                  options: Optional[Dict[str, Any]] = None,
                                  progress: bool = False,
-                                 parallel: Union[bool, DirectionWorkers] = False
-                                 ) -> Dict[str, List[np.ndarray]]:
-    """:func:`soft_alignments` of every direction in `directions`: {direction: matrices}.
+                                 parallel: Union[bool, DirectionWorkers] = False,
+                                 pooling: str = "mean") -> Dict[str, List[np.ndarray]]:
+    """:func:`soft_alignments` of every direction in `directions`: {direction: matrices}
+    (`pooling`: :func:`word_matrix`'s).
 
     ``parallel`` (the command line asks for it): on a CPU with two or more cores, both
     directions and at least :data:`PARALLEL_MIN_PAIRS` pairs, each direction runs in its own
@@ -369,11 +384,11 @@ def soft_alignments_by_direction(models: Dict[str, AlignmentModel],
                        else stack.enter_context(DirectionWorkers()))
             threads = max(1, torch.get_num_threads() // 2)
             results = workers.pool().starmap(_soft_alignments_process, [
-                (models[d], pairs, d, method, max_tokens, options, threads, progress, autocast)
-                for d in directions])
+                (models[d], pairs, d, method, max_tokens, options, threads, progress, autocast,
+                 pooling) for d in directions])
         return dict(zip(directions, results))
     return {d: soft_alignments(models[d], pairs, d, method, max_tokens, device, options,
-                               progress) for d in directions}
+                               progress, pooling) for d in directions}
 
 
 def loaded_max_positions(loaded: LoadedModelDir) -> Optional[int]:
@@ -450,8 +465,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 threshold: float = DEFAULT_THRESHOLD,
-                progress: bool = False, parallel: Union[bool, "DirectionWorkers"] = False
-                ) -> Dict[str, List[Set[Link]]]:
+                progress: bool = False, parallel: Union[bool, "DirectionWorkers"] = False,
+                pooling: str = "mean") -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
@@ -460,7 +475,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     best checkpoint, only the directions asked for). The heuristics combine the two
     directions through aligner.links.combine: a Moses heuristic their hard links; ``soft-average``
     averages their word-level soft alignments (:func:`soft_alignments`, computed once for
-    all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``:
+    all, only when a heuristic needs them; `pooling`: :func:`word_matrix`'s) and keeps the
+    links above `threshold`. ``progress``:
     tqdm bars on stderr, one per direction and pass.
     ``parallel``: the soft matrices of the two directions in two processes on a multi-core
     CPU (:func:`soft_alignments_by_direction`).
@@ -477,7 +493,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         if any(needs_soft(heuristic) for heuristic in heuristics):   # one pass for all
             soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
                                                 max_tokens, device, options, progress,
-                                                parallel)
+                                                parallel, pooling)
         for heuristic in heuristics:
             out[heuristic] = combine(heuristic, threshold, hard=out, soft=soft)
     return out
@@ -489,10 +505,11 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
             threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
-            parallel: Union[bool, "DirectionWorkers"] = False) -> List[Set[Link]]:
+            parallel: Union[bool, "DirectionWorkers"] = False,
+            pooling: str = "mean") -> List[Set[Link]]:
     """Word-level source–target links per input line: one direction, or both symmetrized
-    (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel`: see
-    extract_all).
+    (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel` and
+    `pooling`: see extract_all).
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
@@ -501,10 +518,12 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
         pairs = encode_bitext(loaded, bitext)
         soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
-                                            max_tokens, device, options, progress, parallel)
+                                            max_tokens, device, options, progress, parallel,
+                                            pooling)
         return combine(heuristic, threshold, soft=soft)
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
-                           device, options, threshold, progress, parallel)[heuristic]
+                           device, options, threshold, progress, parallel,
+                           pooling)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
                        options, progress=progress)[direction]

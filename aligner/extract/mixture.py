@@ -173,13 +173,14 @@ class Mixture:
         return encode_bitext(self.loaded, block)
 
     def soft(self, pairs: Sequence["EncodedPair"], max_tokens: Optional[int], device: Any,
-             workers: Any = False) -> Dict[str, List[np.ndarray]]:
-        """OTHER's soft matrices of its encoded `pairs`, per direction."""
+             workers: Any = False, pooling: str = "mean") -> Dict[str, List[np.ndarray]]:
+        """OTHER's soft matrices of its encoded `pairs`, per direction, its subwords pooled as
+        the main model's (`pooling`; a classical OTHER has words only)."""
         from aligner.extract.inference import soft_alignments_by_direction
 
         return soft_alignments_by_direction(self.loaded.models, pairs, C.DIRECTIONS,
                                             self.method, max_tokens, device, self.options,
-                                            parallel=workers)
+                                            parallel=workers, pooling=pooling)
 
 
 def resolve_mixture(loaded: "LoadedModelDir", mix_dir: Optional[str],

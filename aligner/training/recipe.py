@@ -125,6 +125,15 @@ CALIBRATION_LINES = 300
 #: guides stay exact (GUIDE_SHORTLIST)
 SHORTLIST = 2000
 GUIDE_SHORTLIST = 0
+#: how the output's soft matrices combine a word's subwords (aligner.extract.inference
+#: word_matrix; `align run`'s final alignment and calibration, `align extract`'s, `align
+#: calibrate`'s and the API's default): the most-aligned subword's row, not their mean, which
+#: halves a link wherever a word's subwords align apart (a German compound to two English
+#: words). Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each: better on
+#: bicici100 and ja-en dev, within 0.1 on en-fr dev (subword_pooling.md). The self-training
+#: rounds' guides keep the mean (GUIDE_SUBWORD_POOLING): the rounds train as they did.
+SUBWORD_POOLING = "max"
+GUIDE_SUBWORD_POOLING = "mean"
 #: W of the output's mixture: each direction's soft matrices (1 - W) · the network's + W · the
 #: teacher's (MODEL/rounds/0; `align extract --mix OTHER` without --mix-weight: OTHER's;
 #: aligner/extract/mixture.py). Chosen with the classical aligner of the same bitext as the

@@ -166,7 +166,8 @@ def train_guide(request: TrainRequest, context: DistributedContext) -> TrainRequ
         # the recipe's output, as align run writes it: its posteriors mixed with its
         # teacher's (aligner/extract/mixture.py), calibrated per line length
         extraction = Extraction.load(folder, device, recipe.METHOD, plan.heuristic,
-                                     plan.output_threshold, shortlist_options(plan.shortlist))
+                                     plan.output_threshold, shortlist_options(plan.shortlist),
+                                     pooling=recipe.SUBWORD_POOLING)
         if needs_soft(plan.heuristic):   # calibrated per line length on the bitext
             extraction = calibrated_extraction(
                 extraction, request.bitext, request.train_config.seed,

@@ -460,7 +460,8 @@ def _calibrate(request: TrainRequest, plan: SelfTraining, device, record) -> flo
     start = time.time()
     extraction = Extraction.load(request.model_dir, device,
                                  model_class(request.model_kind).METHODS[0], plan.heuristic,
-                                 plan.output_threshold, shortlist_options(recipe.SHORTLIST))
+                                 plan.output_threshold, shortlist_options(recipe.SHORTLIST),
+                                 pooling=recipe.SUBWORD_POOLING)
     calibrated_extraction(extraction, lines_as_given(request.bitext), request.train_config.seed,
                           resolve_precision(request.train_config.precision, device,
                                             inference=True), write=True)
@@ -480,7 +481,8 @@ def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, d
     path = guide_path(request.model_dir, round_number)
     align_bitext(Extraction.load(round_dir(request.model_dir, round_number), device,
                                  model_class(request.model_kind).METHODS[0], plan.heuristic,
-                                 plan.guide_threshold, shortlist_options(plan.shortlist)),
+                                 plan.guide_threshold, shortlist_options(plan.shortlist),
+                                 pooling=recipe.GUIDE_SUBWORD_POOLING),
                  training_lines(request, plan, round_number + 1), {plan.heuristic: path},
                  quiet=request.quiet or not context.is_main,
                  precision=request.train_config.precision, parts=path + C.PARTS_SUFFIX,
