@@ -151,8 +151,9 @@ class Aligner:
             than the model directory's recorded ``mix_length`` (``align extract
             --mix-length``), and the teacher's share of a line is judged at the teacher's own
             threshold (aligner.extract.mixture.Mixture.thresholds), as in `align extract`.
-        subword_pooling: how a word's soft alignment combines its subwords' (``align extract
-            --subword-pooling``): "max" or "mean" (default: ``align extract``'s, the recipe's;
+        subword_pooling: how the soft alignments combine a word's subwords (``align extract
+            --subword-pooling``): "max" or "mean" (default as ``align extract``'s: the one the
+            model directory's calibration was measured with, else the recipe's;
             aligner.extract.inference.word_matrix).
         method_options: passed to the method, e.g. ``layer=2`` (attention), ``sgd_steps=3``,
             ``sgd_lr=1.0``, ``init="random"`` (layer-sgd), ``shortlist=0`` (hmm0/hmm1: the
@@ -175,7 +176,6 @@ class Aligner:
         from aligner.formats import Bitext, check_same_length
         from aligner.links.combine import check_heuristic, combine, needs_soft
         from aligner.precision import autocast_context
-        from aligner.training import recipe
 
         src_words, tgt_words = _as_words(src, "src"), _as_words(tgt, "tgt")
         check_same_length("src", len(src_words), "tgt", len(tgt_words))
@@ -190,10 +190,7 @@ class Aligner:
         missing = [d for d in directions if d not in self.loaded.models]
         check_condition(not missing, f"direction {', '.join(missing)} was not loaded (use "
                                      f"Aligner.load(..., directions={tuple(directions)}))")
-        pooling = recipe.SUBWORD_POOLING if subword_pooling is None else subword_pooling
-        check_condition(pooling in C.SUBWORD_POOLINGS,
-                        f"subword_pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
-                        f"not {pooling!r}")
+        pooling = self.loaded.subword_pooling(subword_pooling)
         method = method or self.methods[0]
         check_condition(method in self.methods,
                         f"unknown method '{method}' for model kind '{self.model_kind}' "

@@ -622,6 +622,25 @@ class LoadedModelDir:
                   for d in directions}
         return cls(model_dir, config, preprocessor, src_vocab, tgt_vocab, models)
 
+    def subword_pooling(self, given: Optional[str] = None) -> str:
+        """How the soft matrices combine a word's subwords (aligner.extract.inference
+        word_matrix): `given`, else the pooling the directory's calibration.json was measured
+        with (a record without ``subword pooling``: the mean, as every record before the key),
+        so that its thresholds fit the posteriors they scale, else the recipe's
+        (recipe.SUBWORD_POOLING)."""
+        from aligner.extract.calibrate import read_calibration
+        from aligner.training import recipe
+
+        if given is not None:
+            check_condition(given in C.SUBWORD_POOLINGS,
+                            f"subword pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
+                            f"not {given!r}")
+            return given
+        record = read_calibration(self.path)
+        if record is None:
+            return recipe.SUBWORD_POOLING
+        return record.get("subword pooling", "mean")
+
     def symmetrization(self, heuristic: Optional[str] = None,
                        threshold: Optional[float] = None,
                        calibrated: bool = True) -> Tuple[str, Any]:

@@ -16,7 +16,8 @@ shortest lines' ("calibrated beta B": what `align extract` does, at beta 0.7). `
 W ...`` also scores each ensemble with the first model's matrices weighted W and the others
 sharing 1 - W (a neural model mixed with a classical one, say). The matrices
 here are the exact float32 ones (`align extract` uses the lexicon shortlist and, on a CPU
-with bf16 instructions, bf16).
+with bf16 instructions, bf16), their subwords pooled as `align extract` pools them by default
+(the model directory's calibration's ``--subword-pooling``).
 
     python eval/ensemble_aer.py MODEL_DIR [MODEL_DIR ...] --text train.en train.fr \
         --gold dev ../shared/data/enfr/dev.{src,tgt,talp} \
@@ -108,8 +109,9 @@ def main() -> None:
     for model_dir in args.models:
         loaded = LoadedModelDir.load(model_dir, device=torch.device("cpu"))
         pairs = inference.encode_bitext(loaded, bitext)
-        per_model.append(inference.soft_alignments_by_direction(
-            loaded.models, pairs, ("fwd", "rev"), "hmm-posterior", parallel=True))
+        per_model.append(inference.soft_alignments_by_direction(   # as align extract pools
+            loaded.models, pairs, ("fwd", "rev"), "hmm-posterior", parallel=True,
+            pooling=loaded.subword_pooling()))
         record = read_calibration(model_dir) if args.calibration else None
         report(model_dir, per_model[-1]["fwd"], per_model[-1]["rev"],
                Calibration.from_dict(record) if record else None)

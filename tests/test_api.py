@@ -165,7 +165,7 @@ def test_hmm1_methods_through_the_api(tmp_path):
     (lambda a: a.align([["s1"]], [["t1"]], direction="up"), r"direction must be fwd, rev or"),
     (lambda a: a.align([["s1"]], [["t1"]], heuristic="diag"), r"unknown heuristic 'diag'"),
     (lambda a: a.align([["s1"]], [["t1"]], subword_pooling="sum"),
-     r"subword_pooling must be one of mean, max, not 'sum'"),
+     r"subword pooling must be one of mean, max, not 'sum'"),
 ])
 def test_bad_input_is_one_aligner_error(aligner, call, message):
     with pytest.raises(AlignerError, match=message):

@@ -188,6 +188,34 @@ def test_a_calibration_is_kept_only_for_its_own_subword_pooling(calibrated, monk
     assert measured == ["mean", "max"]
 
 
+def test_extract_takes_the_subword_pooling_its_calibration_was_measured_with(calibrated,
+                                                                            tmp_path):
+    """LoadedModelDir.subword_pooling (align extract's and the API's default): a given one,
+    else the calibration record's (a record without the key: the mean, as written before it),
+    else the recipe's; align calibrate records the one it measured with."""
+    import shutil
+
+    from aligner.model_dir import LoadedModelDir
+
+    model = tmp_path / "m"
+    shutil.copytree(calibrated["model"], model)
+    path = model / "calibration.json"
+
+    def pooling(given=None):
+        return LoadedModelDir.load(str(model)).subword_pooling(given)
+
+    assert pooling() == recipe.SUBWORD_POOLING == "max" and pooling("mean") == "mean"
+    run("calibrate", model, "-s", calibrated["src"], "-t", calibrated["tgt"], "-q",
+        "--subword-pooling", "mean")
+    assert "subword pooling" not in json.loads(path.read_text()) and pooling() == "mean"
+    run("calibrate", model, "-s", calibrated["src"], "-t", calibrated["tgt"], "-q")
+    assert json.loads(path.read_text())["subword pooling"] == "max" and pooling() == "max"
+    path.unlink()
+    assert pooling() == recipe.SUBWORD_POOLING
+    with pytest.raises(AlignerError, match="subword pooling must be one of mean, max"):
+        pooling("sum")
+
+
 def test_a_damaged_calibration_is_one_error_line(calibrated, tmp_path):
     import shutil
 

@@ -5,7 +5,7 @@ Changing a default is a deliberate commit: this test names each one.
 from __future__ import annotations
 
 from aligner.training import recipe
-from aligner.cli import demo, extract, run, train
+from aligner.cli import calibrate, demo, extract, run, train
 from aligner.models import model_class
 
 
@@ -59,7 +59,9 @@ def test_extract_defaults_are_the_kinds_best():
     kind = model_class(recipe.MODEL_KIND)
     assert kind.METHODS[0] == recipe.METHOD          # the method extract takes by default
     assert kind.BEST_HEURISTIC == recipe.HEURISTIC   # the -H extract takes by default
-    assert defaults["subword_pooling"] == recipe.SUBWORD_POOLING
+    # None: the model directory's calibration's, else the recipe's (tests/test_calibration.py)
+    assert defaults["subword_pooling"] is None
+    assert _defaults(calibrate.command)["subword_pooling"] == recipe.SUBWORD_POOLING
 
 
 def test_run_defaults_are_the_recipe():

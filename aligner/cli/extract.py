@@ -16,7 +16,7 @@ from aligner import constants as C
 from aligner.training import recipe
 from aligner.cli.options import (block_lines_option, checkpoint_option, device_option,
                                  inference_precision_option, processes_option, quiet_option,
-                                 subword_pooling_option, threads_option)
+                                 extract_subword_pooling_option, threads_option)
 from aligner.cli.train import FiniteFloat, bitext_options, check_bitext_args, set_threads
 from aligner.utils import (AlignerError, check_condition, check_distinct_files,
                            check_outside_model_dir, check_writable)
@@ -153,7 +153,7 @@ METHODS_HELP = ("transformer: attention, attention-avg; alignment-layer: layer-s
               help="Input from a pipe or terminal: the longest wait, in seconds, after a "
                    "batch's first pair for more pairs to join it (0: align what has "
                    "arrived at once).")
-@subword_pooling_option
+@extract_subword_pooling_option
 @block_lines_option
 @processes_option
 @click.option("--resume", is_flag=True,
@@ -179,7 +179,7 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
             calibrated: bool, mix_dir: Optional[str], mix_weight: Optional[float],
             mix_length: Optional[int], mix_threshold: Optional[float], output: str,
             soft: Optional[str], link_probs: Optional[str], inline_probs: bool,
-            stream_wait: float, subword_pooling: str, block_lines: Optional[int],
+            stream_wait: float, subword_pooling: Optional[str], block_lines: Optional[int],
             processes: int, resume: bool, overwrite: bool,
             checkpoint: str, max_tokens: Optional[int], device: str, precision: str,
             threads: int, quiet: bool) -> None:
@@ -299,7 +299,8 @@ def command(model_dir: str, source: Optional[str], target: Optional[str], joint:
         mixture = resolve_mixture(loaded, mix_dir, mix_weight, direction, heuristic,
                                   torch_device, mix_length, mix_threshold)
         extraction = Extraction(loaded, method, direction, heuristic, threshold,
-                                torch_device, options, max_tokens, mixture, subword_pooling)
+                                torch_device, options, max_tokens, mixture,
+                                loaded.subword_pooling(subword_pooling))
         with autocast_context(precision, torch_device):
             if stream:   # pairs as they arrive, each batch written and flushed at once
                 n_pairs, n_links = stream_extract(extraction, source, target, joint, output,

@@ -372,15 +372,28 @@ def shortlist_option(function):
              "shortlist=N; eval/results/profile_extract.md).")(function)
 
 
+_SUBWORD_POOLING_HELP = (
+    "How the soft matrices (soft-average, --soft, --link-probs, the calibration) combine a "
+    "word's subwords: 'max' gives a word pair the highest of the word's subwords' "
+    "probabilities, 'mean' their average (a word whose two subwords align to two words then "
+    "gets half a link to each; eval/results/subword_pooling.md).")
+
+
 def subword_pooling_option(function):
-    """--subword-pooling of the output's soft matrices (align run, extract, calibrate)."""
+    """--subword-pooling of the soft matrices measured or written: align run, calibrate."""
     return click.option(
         "--subword-pooling", type=click.Choice(C.SUBWORD_POOLINGS),
         default=recipe.SUBWORD_POOLING, show_default=True,
-        help="How a word's row of the soft matrices (soft-average, --soft, --link-probs, the "
-             "calibration) combines the rows of its subwords: 'max' the most-aligned "
-             "subword's, 'mean' their average (a word whose subwords align to two words "
-             "then gets half a link to each; eval/results/subword_pooling.md).")(function)
+        help=_SUBWORD_POOLING_HELP)(function)
+
+
+def extract_subword_pooling_option(function):
+    """--subword-pooling of align extract: by default the model directory's calibration's."""
+    return click.option(
+        "--subword-pooling", type=click.Choice(C.SUBWORD_POOLINGS), default=None,
+        help=_SUBWORD_POOLING_HELP + f"  [default: the one MODEL_DIR/calibration.json was "
+             f"measured with (align run's: {recipe.SUBWORD_POOLING}; a record that names none: "
+             f"mean), else {recipe.SUBWORD_POOLING}]")(function)
 
 
 def resume_option(function):

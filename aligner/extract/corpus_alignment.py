@@ -558,12 +558,13 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "options": extraction.options, "direction": extraction.direction,
               "heuristic": extraction.heuristic,
               "threshold": threshold_record(extraction.threshold),
-              "subword pooling": extraction.pooling,
               "precision": resolve_precision(precision, device),
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(
                   device, extraction.loaded.models[extraction.directions[0]]),
               "gold lines": [gold_lines.start, gold_lines.stop]}
+    if extraction.pooling != "mean":   # (a record without it: the mean, as every one before)
+        record["subword pooling"] = extraction.pooling
     if extraction.mixture is not None:
         record["mix"] = extraction.mixture.identity()
     if trained_by is not None:

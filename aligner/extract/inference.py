@@ -210,10 +210,10 @@ def word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     - ``mean``: the average subword's. For fwd every target word's column sums to 1 over the
       source words, for rev every source word's row sums to 1 over the target words; a word
       whose two subwords align to two words gets 0.5 for each.
-    - ``max``: the most-aligned subword's, the probability that the word has a subword aligned
-      there where its subwords' alignments go together (as a first-order HMM's consecutive
-      positions mostly do); the word above gets 1 for each. A word of one subword gets the
-      same row either way.
+    - ``max``: for each encoder-side word, the highest of its subwords' probabilities: the
+      probability that the word has a subword aligned there where its subwords' alignments go
+      together (as a first-order HMM's consecutive positions mostly do); the word above gets
+      1 for each. A word of one subword gets the same row either way.
 
     Without ``renormalize`` (a model whose rows sum to p(aligned): ``leaves_unaligned_mass``
     of the model and method, aligner/models/base.py) the rows are taken as they are: under

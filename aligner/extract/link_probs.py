@@ -2,7 +2,8 @@
 
 The numbers come from the word-level soft alignments of the run (aligner.extract.inference.
 soft_alignments: the matrices ``align extract --soft`` writes, source–target orientation,
-subword rows averaged within a word and summed over the other side's subwords):
+summed over the other side's subwords and pooled over a word's own, by their maximum or mean:
+``--subword-pooling``, aligner.extract.inference.word_matrix):
 
 * ``--direction fwd``: ``fwd[i, j]`` = p(source word i | target word j) of the model
   p(target | source); ``--direction rev``: ``rev[i, j]`` = p(target word j | source word i).

@@ -13,9 +13,10 @@ source–target orientation, shape (I, J) for I source and J target words:
 
 * ``forward[i, j]`` = p(source word i | target word j) of the model p(target | source): each
   column is a distribution over source words (it may sum to less than 1 when the model
-  also aligns to NULL/EOS).
+  also aligns to NULL/EOS, and to more where target word j has several subwords pooled by
+  their maximum: aligner.extract.inference.word_matrix).
 * ``reverse[i, j]`` = p(target word j | source word i) of the model p(source | target): each
-  row is a distribution over target words.
+  row is a distribution over target words (likewise).
 
 The threshold trades precision for recall. At the default 0.5 a link is kept when the two
 directions together call it more likely than not; a word can still get several links (two

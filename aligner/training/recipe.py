@@ -126,10 +126,10 @@ CALIBRATION_LINES = 300
 SHORTLIST = 2000
 GUIDE_SHORTLIST = 0
 #: how the output's soft matrices combine a word's subwords (aligner.extract.inference
-#: word_matrix; `align run`'s final alignment and calibration, `align extract`'s, `align
-#: calibrate`'s and the API's default): the most-aligned subword's row, not their mean, which
-#: halves a link wherever a word's subwords align apart (a German compound to two English
-#: words). Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each: better on
+#: word_matrix; `align run`'s final alignment and calibration and `align calibrate`'s default;
+#: `align extract` and the API take the one the model directory was calibrated with): a word
+#: pair gets the highest of the word's subwords' probabilities, not their mean, which halves a
+#: link wherever a word's subwords align apart (a German compound to two English words). Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each: better on
 #: bicici100 and ja-en dev, within 0.1 on en-fr dev (subword_pooling.md). The self-training
 #: rounds' guides keep the mean (GUIDE_SUBWORD_POOLING): the rounds train as they did.
 SUBWORD_POOLING = "max"
