@@ -629,17 +629,14 @@ class LoadedModelDir:
         so that its thresholds fit the posteriors they scale, else the recipe's
         (recipe.SUBWORD_POOLING)."""
         from aligner.extract.calibrate import read_calibration
+        from aligner.extract.inference import check_subword_pooling, recorded_pooling
         from aligner.training import recipe
 
         if given is not None:
-            check_condition(given in C.SUBWORD_POOLINGS,
-                            f"subword pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
-                            f"not {given!r}")
+            check_subword_pooling(given)
             return given
         record = read_calibration(self.path)
-        if record is None:
-            return recipe.SUBWORD_POOLING
-        return record.get("subword pooling", "mean")
+        return recipe.SUBWORD_POOLING if record is None else recorded_pooling(record)
 
     def symmetrization(self, heuristic: Optional[str] = None,
                        threshold: Optional[float] = None,

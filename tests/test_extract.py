@@ -297,7 +297,7 @@ def test_max_pooling_takes_each_words_most_aligned_subword_by_hand():
     rev_pair = pair([8, 9, 10], [5, 6, 7], [0, 0, 1], [0, 1, 1])
     (matrix,) = soft_alignments(model, [rev_pair], "rev", "fixed", pooling="max")
     assert np.allclose(matrix, [[0.25, 1.0], [0.75, 0.25]])
-    with pytest.raises(AlignerError, match="subword pooling must be one of mean, max, not sum"):
+    with pytest.raises(AlignerError, match="subword pooling must be one of mean, max, not 'sum'"):
         word_matrix(np.ones((4, 4)), fwd_pair, "fwd", pooling="sum")
 
 

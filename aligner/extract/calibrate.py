@@ -77,15 +77,14 @@ def _identity(extraction, precision: str) -> Dict[str, Any]:
     """What the posteriors of a calibration depend on: the model's files, the method, its
     options, the precision and the subword pooling (a record without ``subword pooling``
     was measured with the mean, as every record before the key)."""
+    from aligner.extract.inference import pooling_entry
     from aligner.model_dir import model_checksums
     from aligner.precision import resolve_precision
 
-    identity = {"model": model_checksums(extraction.loaded.path, C.DIRECTIONS),
-                "method": extraction.method, "options": extraction.options,
-                "precision": resolve_precision(precision, extraction.device)}
-    if extraction.pooling != "mean":
-        identity["subword pooling"] = extraction.pooling
-    return identity
+    return {"model": model_checksums(extraction.loaded.path, C.DIRECTIONS),
+            "method": extraction.method, "options": extraction.options,
+            "precision": resolve_precision(precision, extraction.device),
+            **pooling_entry(extraction.pooling)}
 
 
 def write_calibration(model_dir: str, record: Dict[str, Any]) -> str:
@@ -119,10 +118,12 @@ def calibrated_extraction(extraction, bitext, seed: int, precision: str, write: 
     alone)."""
     import dataclasses
 
+    from aligner.extract.inference import recorded_pooling
+
     record = read_calibration(extraction.loaded.path)
     identity = json.loads(json.dumps(_identity(extraction, precision)))
     if (record is None or any(record.get(key) != value for key, value in identity.items())
-            or record.get("subword pooling", "mean") != extraction.pooling):
+            or recorded_pooling(record) != extraction.pooling):
         check_condition(extraction.direction == "both", "calibration needs both directions")
         record = calibrate(extraction, bitext, seed, recipe.CALIBRATION_LINES, precision)
         if write:

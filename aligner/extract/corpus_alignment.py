@@ -562,9 +562,8 @@ def align_bitext(extraction: Extraction, bitext, outputs: Dict[str, Optional[str
               "inline_probs": inline_probs,
               "max_tokens": extraction.max_tokens or inference.default_max_tokens(
                   device, extraction.loaded.models[extraction.directions[0]]),
-              "gold lines": [gold_lines.start, gold_lines.stop]}
-    if extraction.pooling != "mean":   # (a record without it: the mean, as every one before)
-        record["subword pooling"] = extraction.pooling
+              "gold lines": [gold_lines.start, gold_lines.stop],
+              **inference.pooling_entry(extraction.pooling)}
     if extraction.mixture is not None:
         record["mix"] = extraction.mixture.identity()
     if trained_by is not None:

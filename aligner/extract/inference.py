@@ -198,6 +198,29 @@ def align_pairs(model: AlignmentModel, pairs: Sequence[EncodedPair], direction: 
     return results
 
 
+#: the key under which a calibration record or a parts record names its subword pooling; a
+#: record without it was made with the mean, as every record before the key
+POOLING_KEY = "subword pooling"
+
+
+def check_subword_pooling(pooling: str) -> None:
+    """One error line unless `pooling` is one of constants.SUBWORD_POOLINGS."""
+    check_condition(pooling in C.SUBWORD_POOLINGS,
+                    f"subword pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
+                    f"not {pooling!r}")
+
+
+def pooling_entry(pooling: str) -> Dict[str, str]:
+    """What a record holds of `pooling`: nothing for the mean (as a record from before the
+    key), else :data:`POOLING_KEY`."""
+    return {} if pooling == "mean" else {POOLING_KEY: pooling}
+
+
+def recorded_pooling(record: Dict[str, Any]) -> str:
+    """The subword pooling a record (of :func:`pooling_entry`) was made with."""
+    return record.get(POOLING_KEY, "mean")
+
+
 def word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
                 renormalize: bool = True, pooling: str = "mean") -> np.ndarray:
     """Word-level soft alignment (source words, target words) of one pair.
@@ -219,9 +242,7 @@ def word_matrix(scores: np.ndarray, pair: EncodedPair, direction: str,
     of the model and method, aligner/models/base.py) the rows are taken as they are: under
     ``mean`` a column (fwd) / row (rev) sums to p(word aligned).
     """
-    check_condition(pooling in C.SUBWORD_POOLINGS,
-                    f"subword pooling must be one of {', '.join(C.SUBWORD_POOLINGS)}, "
-                    f"not {pooling}")
+    check_subword_pooling(pooling)
     enc_words, dec_words = ((pair.src_word_index, pair.tgt_word_index) if direction == "fwd"
                             else (pair.tgt_word_index, pair.src_word_index))
     rows = np.clip(scores[:len(dec_words), :len(enc_words)].astype(np.float64), 0.0, None)
@@ -465,8 +486,8 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
                 max_tokens: Optional[int] = None, device: Optional[torch.device] = None,
                 options: Optional[Dict[str, Any]] = None,
                 threshold: float = DEFAULT_THRESHOLD,
-                progress: bool = False, parallel: Union[bool, "DirectionWorkers"] = False,
-                pooling: str = "mean") -> Dict[str, List[Set[Link]]]:
+                progress: bool = False, parallel: Union[bool, "DirectionWorkers"] = False
+                ) -> Dict[str, List[Set[Link]]]:
     """Alignments of every line of `bitext` per direction and per symmetrization heuristic.
 
     Returns ``{"fwd": [...], "rev": [...], "grow-diag": [...], ...}`` (directions requested,
@@ -475,8 +496,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
     best checkpoint, only the directions asked for). The heuristics combine the two
     directions through aligner.links.combine: a Moses heuristic their hard links; ``soft-average``
     averages their word-level soft alignments (:func:`soft_alignments`, computed once for
-    all, only when a heuristic needs them; `pooling`: :func:`word_matrix`'s) and keeps the
-    links above `threshold`. ``progress``:
+    all, only when a heuristic needs them) and keeps the links above `threshold`. ``progress``:
     tqdm bars on stderr, one per direction and pass.
     ``parallel``: the soft matrices of the two directions in two processes on a multi-core
     CPU (:func:`soft_alignments_by_direction`).
@@ -493,7 +513,7 @@ def extract_all(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
         if any(needs_soft(heuristic) for heuristic in heuristics):   # one pass for all
             soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
                                                 max_tokens, device, options, progress,
-                                                parallel, pooling)
+                                                parallel)
         for heuristic in heuristics:
             out[heuristic] = combine(heuristic, threshold, hard=out, soft=soft)
     return out
@@ -505,11 +525,10 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             device: Optional[torch.device] = None,
             options: Optional[Dict[str, Any]] = None,
             threshold: float = DEFAULT_THRESHOLD, progress: bool = False,
-            parallel: Union[bool, "DirectionWorkers"] = False,
-            pooling: str = "mean") -> List[Set[Link]]:
+            parallel: Union[bool, "DirectionWorkers"] = False) -> List[Set[Link]]:
     """Word-level source–target links per input line: one direction, or both symmetrized
-    (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel` and
-    `pooling`: see extract_all).
+    (`heuristic`: a Moses heuristic or soft-average with `threshold`; `parallel`: see
+    extract_all).
 
     `loaded`: a :class:`LoadedModelDir` or a model directory path.
     """
@@ -518,12 +537,10 @@ def extract(loaded: Union[LoadedModelDir, str], bitext: Bitext, method: str,
             loaded = LoadedModelDir.load(loaded, C.DIRECTIONS, "best", device)
         pairs = encode_bitext(loaded, bitext)
         soft = soft_alignments_by_direction(loaded.models, pairs, C.DIRECTIONS, method,
-                                            max_tokens, device, options, progress, parallel,
-                                            pooling)
+                                            max_tokens, device, options, progress, parallel)
         return combine(heuristic, threshold, soft=soft)
     if direction == "both":
         return extract_all(loaded, bitext, method, C.DIRECTIONS, (heuristic,), max_tokens,
-                           device, options, threshold, progress, parallel,
-                           pooling)[heuristic]
+                           device, options, threshold, progress, parallel)[heuristic]
     return extract_all(loaded, bitext, method, (direction,), (), max_tokens, device,
                        options, progress=progress)[direction]

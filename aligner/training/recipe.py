@@ -129,9 +129,10 @@ GUIDE_SHORTLIST = 0
 #: word_matrix; `align run`'s final alignment and calibration and `align calibrate`'s default;
 #: `align extract` and the API take the one the model directory was calibrated with): a word
 #: pair gets the highest of the word's subwords' probabilities, not their mean, which halves a
-#: link wherever a word's subwords align apart (a German compound to two English words). Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each: better on
-#: bicici100 and ja-en dev, within 0.1 on en-fr dev (subword_pooling.md). The self-training
-#: rounds' guides keep the mean (GUIDE_SUBWORD_POOLING): the rounds train as they did.
+#: link wherever a word's subwords align apart (a German compound to two English words).
+#: Chosen on en-fr dev, de-en bicici100 and ja-en dev, two seeds each: better on bicici100 and
+#: ja-en dev, within 0.1 on en-fr dev (subword_pooling.md). The self-training rounds' guides
+#: keep the mean (GUIDE_SUBWORD_POOLING): the rounds train as they did.
 SUBWORD_POOLING = "max"
 GUIDE_SUBWORD_POOLING = "mean"
 #: W of the output's mixture: each direction's soft matrices (1 - W) · the network's + W · the
