@@ -57,6 +57,8 @@ from aligner.links.combine import combine  # noqa: E402
 from aligner.formats import format_links, read_bitext  # noqa: E402
 from aligner.extract import inference  # noqa: E402
 from aligner.extract.mixture import mix, resolve_mixture  # noqa: E402
+from aligner.malloc import (RELEASE_BATCHES, keep_freed_memory, limit_kernel_cache,  # noqa: E402
+                            release_free_memory)
 from aligner.model_dir import LoadedModelDir  # noqa: E402
 from aligner.models import hmm_algorithms  # noqa: E402
 from aligner.training import recipe  # noqa: E402
@@ -138,6 +140,7 @@ def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float,
         matrices = [inference.no_alignment(p) for p in pairs]
         batches = inference.pair_batches(model, pairs, direction, max_tokens,
                                          torch.device("cpu"))
+        batches_done = 0
         while True:
             with clock.stage("batches"):
                 item = next(batches, None)
@@ -145,6 +148,9 @@ def profile(loaded, bitext, clock: Clock, max_tokens, options, threshold: float,
                 break
             indices, batch = item
             gamma = staged_posteriors(model, batch, clock, options)
+            batches_done += 1
+            if batches_done % RELEASE_BATCHES == 0:   # as align extract does (inference.py)
+                release_free_memory()
             if direction not in checked:
                 reference = model.alignment_scores(batch.src, batch.tgt_in, batch.tgt_out,
                                                    "hmm-posterior", **options)
@@ -209,6 +215,10 @@ def gemm_rate(threads: int, shapes, dtype=torch.float32, seconds: float = 1.0) -
 def main(model_dir, source, target, pairs, threads, max_tokens, shortlist, threshold,
          precision, output, links, teacher):
     """Profile the final alignment of MODEL stage by stage and write the table."""
+    # the process settings of the align command (aligner/cli/__init__.py): freed memory kept
+    # for the next batch's tensors, a bounded oneDNN kernel cache
+    keep_freed_memory()
+    limit_kernel_cache()
     torch.set_num_threads(threads)
     options = {"shortlist": shortlist} if shortlist else {}
     loaded = LoadedModelDir.load(model_dir, C.DIRECTIONS, "best", torch.device("cpu"))
