@@ -150,22 +150,25 @@ def test_a_small_bitext_trains_the_recipes_smaller_network():
     assert other["d_model"] == recipe.MODEL_OPTIONS["d_model"]
 
 
-def test_the_classical_aligner_lowercases_and_the_neural_kinds_do_not():
-    """build_job: lowercase None is recipe.CLASSICAL_LOWERCASE for --model classical and off
-    for the neural kinds; a value given wins."""
+def test_the_classical_aligner_and_the_recipe_lowercase_and_one_neural_round_does_not():
+    """build_job: lowercase None is recipe.CLASSICAL_LOWERCASE for --model classical,
+    recipe.NETWORK_LOWERCASE for a neural kind with self-training rounds (the recipe), off for
+    a neural kind in one round; a value given wins."""
     from aligner.formats import Bitext
     from aligner.training.builder import build_job
 
-    def lowercase(kind, **given):
+    def lowercase(kind, rounds=1, **given):
         bitext = Bitext([["A", "b"]] * 50, [["c"]] * 50, "s", "t")
         request = build_job("m", bitext, model_kind=kind, device="cpu",
-                            prep_options=dict(given), rounds=1)[0]
+                            prep_options=dict(given), rounds=rounds)[0]
         return request.prep_config.lowercase
 
-    assert recipe.CLASSICAL_LOWERCASE is True
+    assert recipe.CLASSICAL_LOWERCASE is True and recipe.NETWORK_LOWERCASE is True
     assert lowercase("classical") is True and lowercase("classical", lowercase=None) is True
     assert lowercase("classical", lowercase=False) is False
     assert lowercase("hmm1") is False and lowercase("hmm1", lowercase=True) is True
+    assert lowercase("hmm1", rounds=2) is True and lowercase("hmm0", rounds=2) is True
+    assert lowercase("hmm1", rounds=2, lowercase=False) is False
 
 
 def test_align_train_applies_the_small_bitext_rule(tmp_path):

@@ -38,6 +38,8 @@ def test_the_recipe_is_pinned():
     assert recipe.ROUND_PAIRS == 40000 and recipe.TRAIN_MAX_LEN == 200
     assert (recipe.ROUND_MIN_PAIRS, recipe.ROUND_MAX_REPEATS) == (25000, 25)
     assert (recipe.CALIBRATION_BETA, recipe.CALIBRATION_LINES, recipe.JOIN_LINES) == (0.7, 300, 1)
+    # the teacher's and the network's words are lowercased
+    assert recipe.CLASSICAL_LOWERCASE is True and recipe.NETWORK_LOWERCASE is True
     # the guided alignment layer's own stage (stage 2)
     assert (recipe.LAYER_GUIDE_WEIGHT, recipe.LAYER_EPOCHS, recipe.LAYER_LR_SCHEDULE) == \
         (10.0, 8, "linear")
@@ -239,6 +241,34 @@ def test_rounds_train_again_guided_by_the_previous_rounds_alignments(tmp_path):
     # the output is the round-2 model's: what align extract gives with the kept model
     run("extract", model, "-s", src, "-t", tgt, "-o", tmp_path / "x", "-q")
     assert (tmp_path / "o").read_text() == (tmp_path / "x").read_text()
+
+
+def test_the_recipe_aligns_a_cased_bitext_as_its_lowercased_copy(tmp_path):
+    """align run (teacher and rounds) lowercases the network's words as the teacher's: a
+    bitext and its copy with words in capitals give the same links, indexing the input's
+    words; --no-lowercase keeps the capitals as other words."""
+    import json
+    sources, targets, _ = monotone_corpus(12, seed=4)
+    cased = [[w.upper() if k % 2 == 0 else w for k, w in enumerate(line)] for line in sources]
+    assert cased != sources
+    outputs = {}
+    for name, side, flags in (("lower", sources, ()), ("cased", cased, ()),
+                              ("kept", cased, ("--no-lowercase",))):
+        src, tgt, _ = write_corpus(tmp_path, name, side, targets)
+        with restored_aligner_logger():
+            run("run", "-s", src, "-t", tgt, "-o", tmp_path / f"{name}.align", "--model-dir",
+                tmp_path / name, "--rounds", "2", "--seed", "3", *flags, *TINY)
+        outputs[name] = (tmp_path / f"{name}.align").read_text()
+        for model in (tmp_path / name, tmp_path / name / "rounds" / "1"):
+            prep = json.loads((model / "prep.json").read_text())
+            assert prep["lowercase"] is (not flags)
+    assert outputs["cased"] == outputs["lower"]
+    assert len(outputs["lower"].splitlines()) == 12 and outputs["lower"].strip()
+    def tokens(name):
+        return json.loads((tmp_path / name / "vocab.src.json").read_text())["tokens"]
+
+    assert not any(w.isupper() for w in tokens("cased"))
+    assert any(w.isupper() for w in tokens("kept"))
 
 
 def test_rounds_afresh_train_from_new_weights(tmp_path):

@@ -143,12 +143,14 @@ def bpe_merges_option(default: Optional[int] = None,
 
 def lowercase_option() -> Decorator:
     """--lowercase/--no-lowercase: None = the kind's (recipe.CLASSICAL_LOWERCASE for the
-    classical aligner, off for the neural kinds; aligner/training/builder.py)."""
+    classical aligner, recipe.NETWORK_LOWERCASE for a neural kind with self-training rounds,
+    off for one round; aligner/training/builder.py)."""
     return click.option(
         "--lowercase/--no-lowercase", default=None,
         help="Lowercase both sides' words (the output's word positions are the input's).  "
              f"[default: {'on' if recipe.CLASSICAL_LOWERCASE else 'off'} for --model "
-             "classical, off for the neural kinds]")
+             f"classical, {'on' if recipe.NETWORK_LOWERCASE else 'off'} for a neural model "
+             "with self-training rounds (align run), off for one round]")
 
 
 #: the kinds `align run` trains (`align train` takes every kind of aligner.models.MODELS,

@@ -156,7 +156,8 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     them), then the device's chunk budget; the guided
     alignment layer gets ``layer_query`` "target" unless given. prep_options: PrepConfig's
     fields given (tokenization, languages, ...; lowercase None: recipe.CLASSICAL_LOWERCASE for
-    the classical aligner, off for the others); bpe_merges None: recipe.bpe_merges of the
+    the classical aligner, recipe.NETWORK_LOWERCASE for a neural kind with self-training
+    rounds, off for one round); bpe_merges None: recipe.bpe_merges of the
     number of pairs. max_len None: the recipe's cap for its kind (DataConfig's for the
     others), within what the model takes. guide / guide_weight: round 1's --guide and its
     weight (None: the kind's, when guided). max_tokens / lr / warmup None: the device's
@@ -248,8 +249,9 @@ def build_job(model_dir: str, bitext: Bitext, *, model_kind: str = recipe.MODEL_
     if bpe_merges is None:   # the classical aligner's units are words
         bpe_merges = 0 if cls.TRAINED_BY_EM else recipe.bpe_merges(n_lines)
     prep_options = dict(prep_options or {})
-    if prep_options.get("lowercase") is None:   # the classical aligner's words: lowercased
-        prep_options["lowercase"] = bool(cls.TRAINED_BY_EM and recipe.CLASSICAL_LOWERCASE)
+    if prep_options.get("lowercase") is None:   # the classical aligner's and the recipe's
+        prep_options["lowercase"] = bool(recipe.CLASSICAL_LOWERCASE if cls.TRAINED_BY_EM
+                                         else recipe.NETWORK_LOWERCASE and rounds > 1)
     prep_config = PrepConfig(**prep_options, bpe_merges=bpe_merges)
     final_agreement_weight = resolve_final_agreement_weight(final_agreement_weight, rounds)
     check_condition(not (parallel_directions and final_agreement_weight > 0 and rounds > 1),

@@ -195,8 +195,16 @@ BPE_MERGES_MAX = 10000
 #: maximum-likelihood lexicon aligns worst. de-en bicici100 (lowercased gold lines in a cased
 #: bitext) 27.5 -> 18.5 AER, en-fr dev 8.4 -> 7.9 (classical_lowercase.md); the recipe with
 #: the lowercased teacher: en-fr dev 5.09 / 4.82 -> 4.74 / 4.94, bicici100 16.56 / 15.83 ->
-#: 15.70 / 14.85 (teacher_lowercase.md). The neural kinds see subwords and keep case
+#: 15.70 / 14.85 (teacher_lowercase.md)
 CLASSICAL_LOWERCASE = True
+#: the recipe's network (a neural kind with self-training rounds: align run, align train
+#: --rounds N) lowercases its words too: a word's subwords are learned from both cases'
+#: counts, and the lowercased gold lines of bicici100 are no longer made of words the cased
+#: bitext hardly has ("kommissar", "richtlinie"): de-en bicici100 14.37 / 13.61 -> 12.54 /
+#: 13.14, en-fr dev 4.84 / 4.41 -> 4.49 / 4.80 (the mean 4.63 -> 4.65; network_lowercase.md).
+#: A neural model trained in one round (the plain transformer, a model that translates)
+#: keeps case unless --lowercase is given
+NETWORK_LOWERCASE = True
 
 
 def round_epoch_repeats(n_pairs: int) -> int:
