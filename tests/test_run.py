@@ -264,6 +264,7 @@ def test_the_recipe_aligns_a_cased_bitext_as_its_lowercased_copy(tmp_path):
             assert prep["lowercase"] is (not flags)
     assert outputs["cased"] == outputs["lower"]
     assert len(outputs["lower"].splitlines()) == 12 and outputs["lower"].strip()
+
     def tokens(name):
         return json.loads((tmp_path / name / "vocab.src.json").read_text())["tokens"]
 
