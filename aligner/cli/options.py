@@ -301,6 +301,11 @@ def self_training_options(function):
                      default=recipe.SELF_GUIDE_THRESHOLD, show_default=True,
                      help="Threshold of -H soft-average for the alignments that guide the "
                           "next self-training round."),
+        click.option("--self-guide-mix-weight", type=FiniteFloat(0.0, 1.0),
+                     default=recipe.SELF_GUIDE_MIX_WEIGHT, show_default=True,
+                     help="Self-training with a teacher: the alignments that guide the next "
+                          "round mix the teacher's posteriors into the round's at this weight, "
+                          "as the output does (--mix-weight; 0 = the round's alone)."),
         click.option("--teacher/--no-teacher", default=recipe.TEACHER, show_default=True,
                      help="Self-training: round 1 is guided by the links of a classical "
                           "aligner trained by EM on the words of its lines and more, up to "

@@ -73,6 +73,10 @@ FINE_TUNE_LR_SCHEDULE = "linear"
 SELF_GUIDE_WEIGHT = 0.5
 #: -H soft-average threshold of those alignments (selftrain_rounds_enfr.md)
 SELF_GUIDE_THRESHOLD = 0.5
+#: W of those alignments' mixture with the teacher (rounds/0; aligner/extract/mixture.py, as the
+#: output's MIX_WEIGHT, with its long-line length and TEACHER_MIX_THRESHOLD): 0 = the round's
+#: network alone (guide_mix.md)
+SELF_GUIDE_MIX_WEIGHT = 0.0
 #: lines each round trains on, a sample drawn anew per round (aligner/training/samples.py): a
 #: bitext of at most this many lines trains on all of it (scale_enfr.md, round_pairs_deen.md)
 ROUND_PAIRS = 40000

@@ -96,7 +96,10 @@ class SelfTraining:
     last round's model; for a soft heuristic, the threshold of the shortest lines, scaled
     for longer ones by the calibration written after the last round,
     aligner/extract/calibrate.py). fine_tune: round r+1 starts from round r's weights (else from new
-    ones). fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
+    ones). guide_mix_weight: W of the teacher's posteriors mixed into a round's own for the
+    links that guide the next round (aligner/extract/mixture.py; 0 = the round's alone; only
+    where the run keeps its teacher, :func:`aligner.training.rounds.output_mix_weight`).
+    fine_tune_epochs / fine_tune_lr_schedule: a fine-tuned round's passes over the
     bitext (unless the request limits updates) and learning-rate decay. shortlist: the
     lexicon shortlist of the guides' extraction (0 = exact). round_pairs: the lines each
     round trains on, a sample of the bitext drawn anew per round (aligner/training/samples.py; 0
@@ -113,6 +116,7 @@ class SelfTraining:
     rounds: int = recipe.ROUNDS
     guide_weight: float = recipe.SELF_GUIDE_WEIGHT
     guide_threshold: float = recipe.SELF_GUIDE_THRESHOLD
+    guide_mix_weight: float = recipe.SELF_GUIDE_MIX_WEIGHT
     heuristic: str = recipe.HEURISTIC
     output_threshold: float = recipe.THRESHOLD
     fine_tune: bool = recipe.FINE_TUNE_ROUNDS

@@ -479,10 +479,15 @@ def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, d
     aligning = time.time()
     faults.reached("guide-alignment")
     path = guide_path(request.model_dir, round_number)
+    mixing = plan.guide_mix_weight > 0 and output_mix_weight(request, plan) is not None
+    mixture = dict(mix_dir=round_dir(request.model_dir, 0),
+                   mix_weight=plan.guide_mix_weight,
+                   mix_length=long_line_length(request.bitext, recipe.MIX_LENGTH_QUANTILE),
+                   mix_threshold=recipe.TEACHER_MIX_THRESHOLD) if mixing else {}
     align_bitext(Extraction.load(round_dir(request.model_dir, round_number), device,
                                  model_class(request.model_kind).METHODS[0], plan.heuristic,
                                  plan.guide_threshold, shortlist_options(plan.shortlist),
-                                 pooling=recipe.GUIDE_SUBWORD_POOLING),
+                                 pooling=recipe.GUIDE_SUBWORD_POOLING, **mixture),
                  training_lines(request, plan, round_number + 1), {plan.heuristic: path},
                  quiet=request.quiet or not context.is_main,
                  precision=request.train_config.precision, parts=path + C.PARTS_SUFFIX,
@@ -539,6 +544,7 @@ def plan_settings(plan: SelfTraining) -> Dict[str, Any]:
     align extract's would differ)."""
     return {"--self-guide-weight": plan.guide_weight,
             "--self-guide-threshold": plan.guide_threshold,
+            "--self-guide-mix-weight": plan.guide_mix_weight,
             "-H/--symmetrize": plan.heuristic, "--fine-tune/--afresh": plan.fine_tune,
             "--fine-tune-epochs": plan.fine_tune_epochs,
             "--fine-tune-lr-schedule": plan.fine_tune_lr_schedule,
@@ -557,7 +563,9 @@ def _check_same_plan(model_dir: str, saved: Optional[Dict[str, Any]],
     if saved is None:
         return
     # runs from before the options: no agreement in the last round, round 1 unguided
-    saved = {"--final-agreement-weight": 0.0, "--teacher/--no-teacher": False, **saved}
+    # (and the guides of the network alone)
+    saved = {"--final-agreement-weight": 0.0, "--teacher/--no-teacher": False,
+             "--self-guide-mix-weight": 0.0, **saved}
     asked = plan_settings(plan)
     differences = [f"{option} ({saved[option]!r} saved, {value!r} asked)"
                    for option, value in asked.items()
