@@ -172,6 +172,41 @@ def test_round_1_is_guided_by_the_teachers_links_of_its_lines(tmp_path, corpus):
     assert _config(guided / "rounds" / "1")["data"]["guide"] == str(_links(model, 0))
 
 
+def test_self_guide_mix_weight_guides_a_round_by_the_teachers_mixture(tmp_path, corpus):
+    """--self-guide-mix-weight W: the links that guide round 2 are round 1's posteriors mixed
+    with the teacher's (rounds/0) at W, as `align extract rounds/1 --mix rounds/0` writes them
+    at the guide's threshold, exact lexicon and subword pooling; 0 (the default) is round 1's
+    alone; a run is not resumed with another W."""
+    from aligner.extract.mixture import long_line_length
+    from aligner.formats import read_bitext
+
+    src, tgt = corpus
+    args = ["--rounds", "2", "--max-updates", "2", *TRAIN_TINY]
+    mixed, alone = tmp_path / "m", tmp_path / "a"
+    with restored_aligner_logger():
+        run("train", "-s", src, "-t", tgt, "-o", mixed, "--self-guide-mix-weight", "0.5", *args)
+        run("train", "-s", src, "-t", tgt, "-o", alone, *args)
+    settings = json.loads((mixed / "rounds" / "settings.json").read_text())["settings"]
+    assert settings["--self-guide-mix-weight"] == 0.5
+    length = long_line_length(read_bitext(str(src), str(tgt)), recipe.MIX_LENGTH_QUANTILE)
+    extract = ["-s", src, "-t", tgt, "--threshold", str(recipe.SELF_GUIDE_THRESHOLD),
+               "-O", "shortlist=0", "--uncalibrated", "--subword-pooling",
+               recipe.GUIDE_SUBWORD_POOLING, "-q"]
+    with restored_aligner_logger():
+        run("extract", mixed / "rounds" / "1", "-o", tmp_path / "x", "--mix",
+            mixed / "rounds" / "0", "--mix-weight", "0.5", "--mix-length", str(length),
+            "--mix-threshold", str(recipe.TEACHER_MIX_THRESHOLD), *extract)
+        run("extract", mixed / "rounds" / "1", "-o", tmp_path / "y", *extract)
+        run("extract", alone / "rounds" / "1", "-o", tmp_path / "z", *extract)
+    guide = _links(mixed, 1).read_text()
+    assert guide == (tmp_path / "x").read_text()
+    assert guide != (tmp_path / "y").read_text()     # the teacher's share changed links
+    assert _links(alone, 1).read_text() == (tmp_path / "z").read_text()
+    line = error_line(run("train", "-s", src, "-t", tgt, "-o", mixed, "--rounds", "3",
+                          "--max-updates", "2", "--resume", *TRAIN_TINY, ok=False))
+    assert "--self-guide-mix-weight (0.5 saved, 0.0 asked)" in line
+
+
 def test_final_agreement_weight_trains_the_last_round_together(tmp_path, corpus):
     """--final-agreement-weight: rounds 1..N-1 train each direction on its own, round N both
     together with the agreement term (its joint/ state, config), fine-tuning round N-1 and
