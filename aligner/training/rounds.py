@@ -23,7 +23,8 @@ the links of a classical aligner trained by EM on round 1's lines and more, up t
 recipe.TEACHER_PAIRS lines in all (aligner/training/teacher.py),
 which rank 0 writes before round 1 trains: "round 0". After each round but the last,
 the round's model aligns the lines the next round trains on (the kind's first extraction
-method, both directions combined by the plan's heuristic at ``guide_threshold``), and round
+method, both directions combined by the plan's heuristic at ``guide_threshold``; with
+``guide_mix_weight`` its posteriors mixed with the teacher's, as the output's), and round
 r+1 trains guided by them at ``guide_weight``, fine-tuning round r's weights (``align train
 --init-from rounds/r``) for ``fine_tune_epochs`` with ``fine_tune_lr_schedule``, or from new
 weights (``fine_tune`` off). config.json records the round in ``extra["self_training"]`` and,
