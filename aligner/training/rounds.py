@@ -164,6 +164,13 @@ def output_mix_weight(request: TrainRequest, plan: SelfTraining) -> Optional[flo
     return None
 
 
+def output_mix_length(request: TrainRequest) -> int:
+    """The long-line length of the teacher's mixture (aligner/extract/mixture.py): the
+    recipe.MIX_LENGTH_QUANTILE of the lengths of the bitext's lines as the rounds train on
+    them (with --join-lines: its runs), for the output and the guides alike."""
+    return long_line_length(request.bitext, recipe.MIX_LENGTH_QUANTILE)
+
+
 def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
                   ) -> TrainRequest:
     """The training request of round `round_number` (1-based) of `plan` on `request` (round
@@ -176,8 +183,7 @@ def round_request(request: TrainRequest, plan: SelfTraining, round_number: int
         extra.pop(C.ALIGN_RUN_SETTINGS, None)
         if round_number == plan.rounds:   # the output's defaults, for align extract
             mix_weight = output_mix_weight(request, plan)
-            mix_length = None if mix_weight is None else long_line_length(
-                request.bitext, recipe.MIX_LENGTH_QUANTILE)   # --join-lines: the runs
+            mix_length = None if mix_weight is None else output_mix_length(request)
             extra[C.ALIGN_RUN_SETTINGS] = output_settings(
                 plan.heuristic, plan.output_threshold, mix_weight, mix_length)
         request = dataclasses.replace(request, model_dir=round_dir(model_dir, round_number))
@@ -483,7 +489,7 @@ def _align_guide(request: TrainRequest, plan: SelfTraining, round_number: int, d
     mixing = plan.guide_mix_weight > 0 and output_mix_weight(request, plan) is not None
     mixture = dict(mix_dir=round_dir(request.model_dir, 0),
                    mix_weight=plan.guide_mix_weight,
-                   mix_length=long_line_length(request.bitext, recipe.MIX_LENGTH_QUANTILE),
+                   mix_length=output_mix_length(request),
                    mix_threshold=recipe.TEACHER_MIX_THRESHOLD) if mixing else {}
     align_bitext(Extraction.load(round_dir(request.model_dir, round_number), device,
                                  model_class(request.model_kind).METHODS[0], plan.heuristic,
